@@ -1,0 +1,67 @@
+"""The canonical, hashable description of one attention request.
+
+Every backend receives the same `AttentionSpec`. It is built once by the API
+layer after validation, so backends never re-interpret user arguments.
+
+Canonical array shapes seen by backends:
+  q          [B, T, H, D]
+  k, v       [B, S, H_kv, D]       (H % H_kv == 0)
+  q_segment  [B, T] int32          (only when spec.has_segment_ids)
+  kv_segment [B, S] int32
+  o          [B, T, H, D]          (q.dtype)
+  lse        [B, H, T] float32     natural-log logsumexp; -inf for fully masked rows
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+UNBOUNDED = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+  """Static options of an attention call (everything except the arrays).
+
+  Masking convention. Query row i sits at absolute position i + (S - T), i.e.
+  queries are aligned to the *end* of the keys ("bottom-right", as
+  FlashAttention >= 2.1). Key j is visible from query i when
+      window_left  == -1 or  j >= i + (S - T) - window_left
+      window_right == -1 or  j <= i + (S - T) + window_right
+  and, with segment ids, q_segment[i] == kv_segment[j]. `causal=True` is
+  folded into window_right = 0 by the API layer; `causal` is kept for
+  backends that specialise on it.
+  """
+
+  scale: float
+  causal: bool = False
+  window_left: int = UNBOUNDED
+  window_right: int = UNBOUNDED
+  softcap: float | None = None
+  has_segment_ids: bool = False
+  # Shapes, so that backends can decide support without seeing arrays.
+  batch: int = 1
+  q_len: int = 1
+  kv_len: int = 1
+  num_heads: int = 1
+  num_kv_heads: int = 1
+  head_dim: int = 1
+  dtype: str = "float32"
+  # Backward option: fixed accumulation order where the backend offers one.
+  deterministic: bool = False
+
+  @property
+  def has_window(self) -> bool:
+    return self.window_left != UNBOUNDED or self.window_right != UNBOUNDED
+
+  @property
+  def kv_offset(self) -> int:
+    """Absolute position of query row 0 relative to key 0 (bottom-right)."""
+    return self.kv_len - self.q_len
+
+  @property
+  def group_size(self) -> int:
+    return self.num_heads // self.num_kv_heads
+
+  def with_shapes(self, **kw) -> "AttentionSpec":
+    return dataclasses.replace(self, **kw)

@@ -1,0 +1,188 @@
+"""Pure-JAX blockwise backend: the same online-softmax algorithm as the kernels.
+
+Memory is O(seq): a `lax.map` over query blocks, and inside it a loop over only
+the KV blocks that can be visible (causal/window sparsity), so no T x S matrix
+is ever built. The backward loops over KV blocks, keeps dK/dV for the block,
+recomputes P from the saved LSE per (q block, kv block), and accumulates dQ in
+an fp32 buffer carried through the loop. It is the CPU default and the
+in-graph reference for the other backends.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_flash._src import masking, softmax
+from jax_flash._src.backends import Unsupported, register
+from jax_flash._src.spec import AttentionSpec
+
+BLOCK = 512
+
+
+def _round_up(x: int, m: int) -> int:
+  return (x + m - 1) // m * m
+
+
+def _block_sizes(spec: AttentionSpec):
+  bq = min(BLOCK, _round_up(spec.q_len, 8))
+  bk = min(BLOCK, _round_up(spec.kv_len, 8))
+  return bq, bk
+
+
+def _to_blocks(x, block, num_kv_heads):
+  """[B, L, Hx, D] -> [n, B, H_kv, Hx/H_kv, block, D], zero-padded."""
+  B, L, Hx, D = x.shape
+  n = -(-L // block)
+  x = jnp.pad(x, ((0, 0), (0, n * block - L), (0, 0), (0, 0)))
+  x = x.reshape(B, n, block, num_kv_heads, Hx // num_kv_heads, D)
+  return x.transpose(1, 0, 3, 4, 2, 5)
+
+
+def _from_blocks(x, length):
+  """Inverse of _to_blocks: [n, B, H_kv, G, block, D] -> [B, L, H, D]."""
+  n, B, Hk, G, block, D = x.shape
+  x = x.transpose(1, 0, 4, 2, 3, 5).reshape(B, n * block, Hk * G, D)
+  return x[:, :length]
+
+
+def _seg_blocks(seg, block):
+  if seg is None:
+    return None
+  B, L = seg.shape
+  n = -(-L // block)
+  return jnp.pad(seg, ((0, 0), (0, n * block - L))).reshape(B, n, block).transpose(1, 0, 2)
+
+
+def _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk):
+  """Visibility of (q block i, kv block j): [B or 1, 1, 1, bq, bk]."""
+  q_pos = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
+  k_pos = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
+  q_seg = k_seg = None
+  if qs_blk is not None:
+    q_seg = qs_blk[:, None, None, :, None]
+    k_seg = ks_blk[:, None, None, None, :]
+  return masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
+
+
+def _qk(q_blk, k_blk, acc):
+  # q [B,Hk,G,bq,D], k [B,Hk,1,bk,D] -> [B,Hk,G,bq,bk]
+  return jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk[:, :, 0],
+                    preferred_element_type=acc)
+
+
+def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
+  acc_t = softmax.accum_dtype(q.dtype)
+  bq, bk = _block_sizes(spec)
+  Hk = spec.num_kv_heads
+  qb, kb, vb = (_to_blocks(x, b, Hk) for x, b in ((q, bq), (k, bk), (v, bk)))
+  qsb, ksb = _seg_blocks(q_seg, bq), _seg_blocks(kv_seg, bk)
+  nk = kb.shape[0]
+
+  def one_q_block(args):
+    i, q_blk, qs_blk = args
+    rows = q_blk.shape[:-1]
+
+    def body(j, state):
+      k_blk, v_blk = kb[j], vb[j]
+      ks_blk = None if ksb is None else ksb[j]
+      s = softmax.scores(spec, _qk(q_blk, k_blk, acc_t))
+      mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
+      pv = lambda p: jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v.dtype),
+                                v_blk[:, :, 0], preferred_element_type=acc_t)
+      return softmax.update(state, s, mask, pv)
+
+    first, last = masking.kv_block_range(spec, i * bq, bq, bk, nk)
+    state = lax.fori_loop(first, last, body,
+                          softmax.init_state(rows, q_blk.shape, acc_t))
+    o, lse = softmax.finalize(state)
+    return o.astype(q.dtype), lse
+
+  idx = jnp.arange(qb.shape[0], dtype=jnp.int32)
+  xs = (idx, qb, qsb if qsb is not None else idx)
+  if qsb is None:
+    o, lse = lax.map(lambda a: one_q_block((a[0], a[1], None)), xs)
+  else:
+    o, lse = lax.map(one_q_block, xs)
+  o = _from_blocks(o, spec.q_len)
+  # lse [nq, B, Hk, G, bq] -> [B, H, T]
+  nq, B = lse.shape[:2]
+  lse = lse.transpose(1, 2, 3, 0, 4).reshape(B, spec.num_heads, nq * bq)
+  lse = lse[:, :, :spec.q_len]
+  return o, lse.astype(jnp.float64 if acc_t == jnp.float64 else jnp.float32)
+
+
+def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg):
+  del o  # only needed through delta
+  acc_t = softmax.accum_dtype(q.dtype)
+  bq, bk = _block_sizes(spec)
+  Hk, G = spec.num_kv_heads, spec.group_size
+  qb, dob = _to_blocks(q, bq, Hk), _to_blocks(do, bq, Hk)
+  kb, vb = _to_blocks(k, bk, Hk), _to_blocks(v, bk, Hk)
+  qsb, ksb = _seg_blocks(q_seg, bq), _seg_blocks(kv_seg, bk)
+  nq, nk = qb.shape[0], kb.shape[0]
+
+  def rows_to_blocks(x):  # [B, H, T] -> [nq, B, Hk, G, bq]
+    B = x.shape[0]
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, nq * bq - spec.q_len)))
+    return x.reshape(B, Hk, G, nq, bq).transpose(3, 0, 1, 2, 4)
+
+  lseb = rows_to_blocks(lse.astype(acc_t))
+  deltab = rows_to_blocks(delta.astype(acc_t))
+
+  def one_kv_block(dq_acc, args):
+    j, k_blk, v_blk, ks_blk = args
+    k2, v2 = k_blk[:, :, 0], v_blk[:, :, 0]
+
+    def body(i, carry):
+      dk, dv, dq_acc = carry
+      q_blk, do_blk = qb[i], dob[i]
+      qs_blk = None if qsb is None else qsb[i]
+      qk = _qk(q_blk, k_blk, acc_t)
+      s = softmax.scores(spec, qk)
+      mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
+      p = softmax.probs_from_lse(s, lseb[i], mask)
+      dv = dv + jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_blk,
+                           preferred_element_type=acc_t)
+      dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_blk, v2,
+                      preferred_element_type=acc_t)
+      ds = p * (dp - deltab[i][..., None])
+      ds = softmax.scores_grad(spec, qk, ds).astype(q.dtype)
+      dk = dk + jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_blk,
+                           preferred_element_type=acc_t)
+      dq_i = jnp.einsum("bhgqk,bhkd->bhgqd", ds, k2,
+                        preferred_element_type=acc_t)
+      dq_acc = dq_acc.at[i].add(dq_i)
+      return dk, dv, dq_acc
+
+    first, last = masking.q_block_range(spec, j * bk, bk, bq, nq)
+    zeros = jnp.zeros(k2.shape, acc_t)
+    dk, dv, dq_acc = lax.fori_loop(first, last, body, (zeros, zeros, dq_acc))
+    return dq_acc, (dk, dv)
+
+  idx = jnp.arange(nk, dtype=jnp.int32)
+  dq_acc = jnp.zeros(qb.shape, acc_t)
+  xs = (idx, kb, vb, ksb if ksb is not None else idx)
+  if ksb is None:
+    step = lambda c, a: one_kv_block(c, (a[0], a[1], a[2], None))
+  else:
+    step = one_kv_block
+  dq_acc, (dk, dv) = lax.scan(step, dq_acc, xs)
+  dq = _from_blocks(dq_acc, spec.q_len).astype(q.dtype)
+  dk = _from_blocks(dk[:, :, :, None], spec.kv_len).astype(k.dtype)
+  dv = _from_blocks(dv[:, :, :, None], spec.kv_len).astype(v.dtype)
+  return dq, dk, dv
+
+
+class XlaBackend:
+  name = "xla"
+
+  def check(self, spec: AttentionSpec, platform: str) -> None:
+    del spec, platform  # serves every request the API accepts, everywhere
+
+  forward = staticmethod(forward)
+  backward = staticmethod(backward)
+
+
+register("xla", XlaBackend)
