@@ -59,3 +59,65 @@ def q_block_range(spec: AttentionSpec, k_start, block_k: int, block_q: int,
     hi = k_last - spec.kv_offset + spec.window_left
     last = jnp.clip(hi // block_q + 1, 0, num_q_blocks)
   return first, jnp.maximum(last, first)
+
+
+def _floor_div(a, b: int):
+  return a // b  # floor division, also for negative a (Python and jnp agree)
+
+
+def _ceil_div(a, b: int):
+  return -((-a) // b)
+
+
+def _i32(x):
+  # Strongly typed: Pallas' Triton lowering mistypes a select between two
+  # weakly typed integer literals (it gives them the predicate's i1 type).
+  return jnp.asarray(x, jnp.int32)
+
+
+def kv_block_full_range(spec: AttentionSpec, q_start, block_q: int,
+                        block_k: int):
+  """[lo, hi) KV blocks in which every key is visible from every query row.
+
+  Kernels skip the mask (one select per score) on these interior blocks and
+  apply it only on the edges. The range may be empty (hi <= lo) and may reach
+  past `kv_block_range`; callers clip it into that range. Segment ids make
+  visibility data-dependent, so with them no block is known to be full.
+  """
+  if spec.has_segment_ids:
+    return 0, 0
+  q_end = q_start + block_q
+  lo = 0
+  hi = spec.kv_len // block_k  # blocks without padded keys
+  if spec.window_left != UNBOUNDED:
+    # every key of the block >= the window start of the block's last row
+    lo = _ceil_div(q_end - 1 + spec.kv_offset - spec.window_left, block_k)
+  if spec.window_right != UNBOUNDED:
+    # every key of the block <= the window end of the block's first row
+    hi = jnp.minimum(hi, _floor_div(
+        q_start + spec.kv_offset + spec.window_right + 1, block_k))
+  # A q block holding padded rows (>= q_len) needs the mask everywhere.
+  hi = jnp.where(q_end <= spec.q_len, _i32(hi), _i32(lo))
+  return lo, hi
+
+
+def q_block_full_range(spec: AttentionSpec, k_start, block_k: int,
+                       block_q: int):
+  """[lo, hi) query blocks that see every key of this KV block (no mask).
+
+  The transpose of `kv_block_full_range`, for kernels that loop over queries.
+  """
+  if spec.has_segment_ids:
+    return 0, 0
+  k_end = k_start + block_k
+  lo = 0
+  hi = spec.q_len // block_q  # blocks without padded rows
+  if spec.window_right != UNBOUNDED:
+    # the block's first row already sees the block's last key
+    lo = _ceil_div(k_end - 1 - spec.kv_offset - spec.window_right, block_q)
+  if spec.window_left != UNBOUNDED:
+    # the block's last row still sees the block's first key
+    hi = jnp.minimum(hi, _floor_div(
+        k_start - spec.kv_offset + spec.window_left + 1, block_q))
+  hi = jnp.where(k_end <= spec.kv_len, _i32(hi), _i32(lo))
+  return lo, hi

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax_flash._src.spec import AttentionSpec
 
 LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
 NEG_INF = float("-inf")
 
 
@@ -23,6 +24,17 @@ def scores(spec: AttentionSpec, qk):
   if spec.softcap is not None:
     s = spec.softcap * jnp.tanh(s / spec.softcap)
   return s
+
+
+def scores_base2(spec: AttentionSpec, qk):
+  """`scores(spec, qk) * LOG2E`, with the constants folded into one multiply.
+
+  Kernels that run the online softmax in base 2 (`base2=True` below) use this,
+  so each score costs one multiply before the exp2 instead of three.
+  """
+  if spec.softcap is None:
+    return qk * (spec.scale * LOG2E)
+  return (spec.softcap * LOG2E) * jnp.tanh(qk * (spec.scale / spec.softcap))
 
 
 def scores_grad(spec: AttentionSpec, qk, ds):
@@ -46,36 +58,64 @@ def init_state(shape_rows, head_dim_shape, dtype=jnp.float32):
   return m, l, acc
 
 
-def update(state, s, mask, pv_fn):
+def _to_base2(x, base2: bool):
+  return x if base2 else x * LOG2E
+
+
+def update(state, s, mask, pv_fn, *, base2: bool = False):
   """Fold one block of scores s [..., bq, bk] into (m, l, acc).
 
   `pv_fn(p)` returns p @ v for the block (shape of acc). Masked entries get
   probability exactly 0. A row that has seen no visible key keeps m = -inf;
   the `m_safe` trick avoids exp(-inf - -inf) = NaN for such rows.
+  `mask=None` means every entry is visible (kernels skip the select on
+  interior blocks). With `base2=True`, s (and so m) are already multiplied by
+  LOG2E (see `scores_base2`), which saves a multiply per score.
   """
   m, l, acc = state
-  s = jnp.where(mask, s, NEG_INF)
+  if mask is not None:
+    s = jnp.where(mask, s, NEG_INF)
   m_new = jnp.maximum(m, jnp.max(s, axis=-1))
   m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
-  p = jnp.exp2((s - m_safe[..., None]) * LOG2E)
-  alpha = jnp.exp2((m - m_safe) * LOG2E)  # rescales what was accumulated so far
+  p = jnp.exp2(_to_base2(s - m_safe[..., None], base2))
+  # rescales what was accumulated so far
+  alpha = jnp.exp2(_to_base2(m - m_safe, base2))
   l_new = alpha * l + jnp.sum(p, axis=-1)
   acc_new = alpha[..., None] * acc + pv_fn(p)
   return m_new, l_new, acc_new
 
 
-def finalize(state):
-  """One division at the end. Fully masked rows: o = 0, lse = -inf."""
+def finalize(state, *, base2: bool = False):
+  """One division at the end. Fully masked rows: o = 0, lse = -inf.
+
+  The returned lse is natural-log; with `base2=True` the state's m is in
+  base 2 (as produced by `update(..., base2=True)`).
+  """
   m, l, acc = state
   empty = l == 0.0
   inv = jnp.where(empty, 0.0, 1.0 / jnp.where(empty, 1.0, l))
   o = acc * inv[..., None]
-  lse = jnp.where(empty, NEG_INF, m + jnp.log(jnp.where(empty, 1.0, l)))
+  l_safe = jnp.where(empty, 1.0, l)
+  if base2:
+    lse = (m + jnp.log2(l_safe)) * LN2
+  else:
+    lse = m + jnp.log(l_safe)
+  lse = jnp.where(empty, NEG_INF, lse)
   return o, lse
 
 
-def probs_from_lse(s, lse, mask):
-  """Recompute P = exp(s - lse) for the backward; 0 where masked/empty rows."""
+def probs_from_lse(s, lse, mask, *, base2: bool = False,
+                   transposed: bool = False):
+  """Recompute P = exp(s - lse) for the backward; 0 where masked/empty rows.
+
+  lse is natural-log (the saved residual) either way; `base2=True` means s
+  comes from `scores_base2`. `transposed=True` means s is [..., bk, bq] (keys
+  on rows, as a dK/dV kernel computes it), so lse broadcasts along rows.
+  `mask=None` means every entry is visible.
+  """
   lse_safe = jnp.where(lse == NEG_INF, 0.0, lse)
-  p = jnp.exp2((s - lse_safe[..., None]) * LOG2E)
-  return jnp.where(mask, p, 0.0)
+  if base2:
+    lse_safe = lse_safe * LOG2E  # per row: cheaper than scaling every score
+  lse_b = lse_safe[..., None, :] if transposed else lse_safe[..., None]
+  p = jnp.exp2(_to_base2(s - lse_b, base2))
+  return p if mask is None else jnp.where(mask, p, 0.0)

@@ -1,0 +1,365 @@
+"""Side-by-side attention timings (TFLOP/s) in one process.
+
+    python benchmarks/bench_attention.py                    # reference shape
+    python benchmarks/bench_attention.py --sweep --plot sweep.png
+    python benchmarks/bench_attention.py --shapes tiny      # CPU smoke test
+
+Implementations (--impls, comma separated):
+  jax_flash_cuda     jax_flash.attention(implementation="cuda")
+  jax_flash_pallas   jax_flash.attention(implementation="pallas")
+  jax_flash_xla      jax_flash.attention(implementation="xla")
+  cudnn              jax.nn.dot_product_attention(implementation="cudnn")
+  xla                jax.nn.dot_product_attention(implementation="xla")
+  jax_pallas_triton  jax.experimental.pallas.ops.gpu.attention.mha
+Default: every one that can run on this platform (GPU: all but
+jax_flash_xla; CPU: jax_flash_pallas, jax_flash_xla, xla).
+
+Method (DESIGN.md): random normal inputs, jit, warm up, then N back-to-back
+calls between two `block_until_ready` syncs, median over repeats. FLOPs:
+fwd = 4*B*H*T*S*D (halved when causal), fwd_bwd = 3.5x fwd, where fwd_bwd is
+the gradient of sum(o * do) w.r.t. q, k, v (forward included). A failing
+implementation is recorded with its error and the run goes on. Results are
+merged into a JSON list (--out), replacing records with the same
+(impl, mode, dtype, B, T, S, H, H_kv, D, causal); a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+try:
+  import jax_flash
+except ImportError:  # run from a checkout without installing
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+  import jax_flash
+
+DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results" / "h200.json"
+KEY_FIELDS = ("impl", "mode", "dtype", "B", "T", "S", "H", "H_kv", "D",
+              "causal")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  B: int
+  T: int
+  S: int
+  H: int
+  H_kv: int
+  D: int
+  causal: bool
+
+  def flops(self, mode: str) -> float:
+    f = 4.0 * self.B * self.H * self.T * self.S * self.D
+    if self.causal:
+      f /= 2
+    return f * (3.5 if mode == "fwd_bwd" else 1.0)
+
+  def label(self) -> str:
+    kv = f"/{self.H_kv}" if self.H_kv != self.H else ""
+    return (f"B{self.B} T{self.T} S{self.S} H{self.H}{kv} D{self.D}"
+            f"{' causal' if self.causal else ''}")
+
+
+def _reference_shapes():
+  return [Shape(2, 8192, 8192, 16, 16, 128, c) for c in (False, True)]
+
+
+def _sweep_shapes():
+  """D=64 (H=32), D=128 (H=16), D=256 (H=8); seq 512..16k at B*T = 16k."""
+  shapes = []
+  for D, H in ((64, 32), (128, 16), (256, 8)):
+    for causal in (False, True):
+      seq = 512
+      while seq <= 16384:
+        shapes.append(Shape(16384 // seq, seq, seq, H, H, D, causal))
+        seq *= 2
+  return shapes
+
+
+PRESETS = {
+    "reference": _reference_shapes,
+    "sweep": _sweep_shapes,
+    "tiny": lambda: [Shape(1, 128, 128, 2, 2, 64, c) for c in (False, True)],
+    "gqa": lambda: [Shape(2, 8192, 8192, 32, 8, 128, c) for c in (False,
+                                                                    True)],
+}
+
+
+# ---------------------------------------------------------------------------
+# Implementations: name -> fn(q, k, v, causal) -> o   ([B, T, H, D] layout)
+# ---------------------------------------------------------------------------
+
+
+def _jax_flash(impl):
+  def fn(q, k, v, causal):
+    return jax_flash.attention(q, k, v, causal=causal, implementation=impl)
+  return fn
+
+
+def _dot_product_attention(impl):
+  def fn(q, k, v, causal):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
+                                        implementation=impl)
+  return fn
+
+
+def _jax_pallas_triton(q, k, v, causal):
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
+  if k.shape[2] != q.shape[2]:
+    raise NotImplementedError("jax's Triton mha has no GQA")
+  return pallas_attention.mha(q, k, v, None, sm_scale=q.shape[-1]**-0.5,
+                              causal=causal)
+
+
+IMPLS = {
+    "jax_flash_cuda": _jax_flash("cuda"),
+    "jax_flash_pallas": _jax_flash("pallas"),
+    "jax_flash_xla": _jax_flash("xla"),
+    "cudnn": _dot_product_attention("cudnn"),
+    "xla": _dot_product_attention("xla"),
+    "jax_pallas_triton": _jax_pallas_triton,
+}
+
+
+def default_impls(platform: str) -> list[str]:
+  if platform != "gpu":
+    return ["jax_flash_pallas", "jax_flash_xla", "xla"]
+  impls = ["jax_flash_pallas", "cudnn", "xla", "jax_pallas_triton"]
+  if "cuda" in jax_flash.available_implementations():
+    impls.insert(0, "jax_flash_cuda")
+  return impls
+
+
+# ---------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------
+
+
+def make_inputs(shape: Shape, dtype, seed=0):
+  kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(kq, (shape.B, shape.T, shape.H, shape.D), dtype)
+  k = jax.random.normal(kk, (shape.B, shape.S, shape.H_kv, shape.D), dtype)
+  v = jax.random.normal(kv, (shape.B, shape.S, shape.H_kv, shape.D), dtype)
+  do = jax.random.normal(kd, q.shape, dtype)
+  return q, k, v, do
+
+
+def make_step(fn, mode: str, causal: bool, do):
+  if mode == "fwd":
+    return jax.jit(lambda q, k, v: fn(q, k, v, causal))
+
+  def loss(q, k, v):
+    o = fn(q, k, v, causal)
+    return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
+
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def time_ms(step, args, *, iters: int, repeats: int, warmup: int) -> float:
+  for _ in range(warmup):
+    jax.block_until_ready(step(*args))
+  samples = []
+  for _ in range(repeats):
+    jax.block_until_ready(args)
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(iters):
+      out = step(*args)
+    jax.block_until_ready(out)
+    samples.append((time.perf_counter() - t0) * 1e3 / iters)
+  return statistics.median(samples)
+
+
+def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
+        command, device):
+  dtype = jnp.dtype(dtype_name)
+  date = datetime.date.today().isoformat()
+  records = []
+  for shape in shapes:
+    q, k, v, do = make_inputs(shape, dtype)
+    for mode in modes:
+      rows = []
+      for impl in impls:
+        rec = dict(impl=impl, mode=mode, dtype=dtype.name, B=shape.B,
+                   T=shape.T, S=shape.S, H=shape.H, H_kv=shape.H_kv,
+                   D=shape.D, causal=shape.causal, ms=None, tflops=None,
+                   date=date, command=command, device=device)
+        try:
+          step = make_step(IMPLS[impl], mode, shape.causal, do)
+          ms = time_ms(step, (q, k, v), iters=iters, repeats=repeats,
+                       warmup=warmup)
+          rec.update(ms=round(ms, 4),
+                     tflops=round(shape.flops(mode) / (ms * 1e-3) / 1e12, 2))
+        except Exception as e:  # one failure must not end the run
+          rec["error"] = f"{type(e).__name__}: {e}"[:500]
+        rows.append(rec)
+        status = (f"{rec['ms']:.3f} ms  {rec['tflops']:.1f} TF/s"
+                  if rec["ms"] is not None else rec["error"][:120])
+        print(f"  {shape.label():36s} {mode:7s} {impl:18s} {status}",
+              flush=True)
+      cudnn = next((r["tflops"] for r in rows if r["impl"] == "cudnn"), None)
+      for r in rows:
+        r["cudnn_tflops"] = cudnn
+        r["ratio_vs_cudnn"] = (round(r["tflops"] / cudnn, 3)
+                               if cudnn and r["tflops"] else None)
+      records += rows
+  return records
+
+
+# ---------------------------------------------------------------------------
+# Results file, table, plot
+# ---------------------------------------------------------------------------
+
+
+def _key(r):
+  return tuple(r.get(f) for f in KEY_FIELDS)
+
+
+def merge_into(path: pathlib.Path, records):
+  old = []
+  if path.exists():
+    try:
+      old = json.loads(path.read_text())
+    except (json.JSONDecodeError, OSError) as e:
+      print(f"warning: could not read {path} ({e}); starting afresh")
+  new_keys = {_key(r) for r in records}
+  merged = [r for r in old if _key(r) not in new_keys] + list(records)
+  merged.sort(key=lambda r: tuple(str(x) for x in _key(r)))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(merged, indent=1) + "\n")
+
+
+def print_table(records):
+  print()
+  print(f"{'shape':36s} {'mode':7s} {'impl':18s} {'ms':>9s} {'TF/s':>7s} "
+        f"{'vs cuDNN':>8s}")
+  for r in records:
+    shape = Shape(r["B"], r["T"], r["S"], r["H"], r["H_kv"], r["D"],
+                  r["causal"])
+    if r["ms"] is None:
+      print(f"{shape.label():36s} {r['mode']:7s} {r['impl']:18s} "
+            f"{'failed':>9s}  {r['error'][:60]}")
+      continue
+    ratio = (f"{r['ratio_vs_cudnn']:.2f}x" if r.get("ratio_vs_cudnn")
+             else "-")
+    print(f"{shape.label():36s} {r['mode']:7s} {r['impl']:18s} "
+          f"{r['ms']:9.3f} {r['tflops']:7.1f} {ratio:>8s}")
+
+
+def plot_sweep(records, path):
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    print("matplotlib is not installed; no plot")
+    return
+  panels = sorted({(r["D"], r["causal"], r["mode"]) for r in records})
+  if not panels:
+    return
+  cols = 4
+  rows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows),
+                           squeeze=False)
+  for ax, (D, causal, mode) in zip(axes.flat, panels):
+    sel = [r for r in records if (r["D"], r["causal"], r["mode"]) ==
+           (D, causal, mode) and r["tflops"]]
+    for impl in sorted({r["impl"] for r in sel}):
+      pts = sorted((r["T"], r["tflops"]) for r in sel if r["impl"] == impl)
+      ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+              label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{mode}, D={D}{', causal' if causal else ''}", fontsize=9)
+    ax.set_xlabel("seq (B*T = 16k)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(panels):]:
+    ax.axis("off")
+  axes.flat[0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  print(f"plot: {path}")
+
+
+# ---------------------------------------------------------------------------
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--impls", help="comma-separated; default: all that can "
+                 f"run here. Known: {', '.join(IMPLS)}")
+  p.add_argument("--shapes", default="reference",
+                 help=f"preset: {', '.join(PRESETS)}")
+  p.add_argument("--sweep", action="store_true",
+                 help="the seq/head-dim sweep (same as --shapes sweep)")
+  p.add_argument("--dims", help="only these head dims, e.g. 128 or 64,256")
+  p.add_argument("--seqs", help="only these T, e.g. 4096,8192")
+  p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+  p.add_argument("--modes", default="fwd,fwd_bwd")
+  p.add_argument("--dtype", default="bfloat16")
+  p.add_argument("--iters", type=int, default=20,
+                 help="back-to-back calls per timing (>= 20 for results)")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+  p.add_argument("--plot", type=pathlib.Path,
+                 help="PNG of TFLOP/s against seq (for the sweep)")
+  args = p.parse_args(argv)
+
+  warnings.filterwarnings("ignore", category=DeprecationWarning)
+  platform = jax.default_backend()
+  device = jax.devices()[0].device_kind
+  impls = (args.impls.split(",") if args.impls else default_impls(platform))
+  unknown = [i for i in impls if i not in IMPLS]
+  if unknown:
+    p.error(f"unknown --impls {unknown}; known: {', '.join(IMPLS)}")
+  if platform != "gpu":
+    skipped = [i for i in impls if i in ("cudnn", "jax_flash_cuda",
+                                         "jax_pallas_triton")]
+    if skipped:
+      print(f"not on a GPU: skipping {', '.join(skipped)}")
+    impls = [i for i in impls if i not in skipped]
+  preset = "sweep" if args.sweep else args.shapes
+  if preset not in PRESETS:
+    p.error(f"unknown --shapes {preset!r}; known: {', '.join(PRESETS)}")
+  shapes = PRESETS[preset]()
+  if args.dims:
+    shapes = [s for s in shapes if s.D in {int(d) for d in
+                                            args.dims.split(",")}]
+  if args.seqs:
+    shapes = [s for s in shapes if s.T in {int(t) for t in
+                                            args.seqs.split(",")}]
+  if args.causal != "both":
+    shapes = [s for s in shapes if s.causal == (args.causal == "yes")]
+  modes = args.modes.split(",")
+  command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+  print(f"device: {device} ({platform}), jax {jax.__version__}, "
+        f"{args.dtype}, impls: {', '.join(impls)}")
+
+  records = run(impls, shapes, modes, args.dtype, iters=args.iters,
+                repeats=args.repeats, warmup=args.warmup, command=command,
+                device=device)
+  merge_into(args.out, records)
+  print(f"results merged into {args.out}")
+  if args.plot:
+    plot_sweep(records, args.plot)
+  print_table(records)
+  return records
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,170 @@
+"""Pieces shared by the Pallas kernels: tiling, padding, the block loop,
+matmuls, launch parameters and output poisoning.
+
+Everything inside a kernel must lower through Pallas' Triton backend as well
+as run in interpret mode, so the kernels stick to: 2-D `lax.dot_general`,
+elementwise jnp, row reductions, `pl.ds` slices of refs with power-of-two
+sizes, and `lax.fori_loop` (which the Triton lowering turns into `scf.for`,
+the loop form Triton software-pipelines).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jax_flash._src.pallas.config import KernelConfig
+from jax_flash._src.spec import AttentionSpec
+
+POISON_ENV = "JAX_FLASH_POISON_OUTPUTS"
+MIN_BLOCK = 16  # Triton's tl.dot needs every matmul dim >= 16
+
+
+def next_pow2(n: int) -> int:
+  return 1 << max(0, (n - 1).bit_length())
+
+
+def round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def fit_block(block: int, length: int) -> int:
+  """The configured tile, shrunk for short sequences (power of two >= 16)."""
+  return max(MIN_BLOCK, min(next_pow2(block), next_pow2(length)))
+
+
+def padded_head_dim(head_dim: int) -> int:
+  """Triton tensors need power-of-two dims: 96 -> 128 (zeros, sliced away)."""
+  return max(MIN_BLOCK, next_pow2(head_dim))
+
+
+def pad_to(x, sizes: dict[int, int]):
+  """Zero-pad axes of x up to the given sizes; no copy when nothing to do."""
+  widths = [(0, sizes.get(a, n) - n) for a, n in enumerate(x.shape)]
+  if all(hi == 0 for _, hi in widths):
+    return x
+  return jnp.pad(x, widths)
+
+
+def unpad(x, sizes: dict[int, int]):
+  idx = tuple(slice(0, sizes[a]) if a in sizes else slice(None)
+              for a in range(x.ndim))
+  return x[idx]
+
+
+class MaskMode(enum.Enum):
+  """Which blocks of a loop need the visibility mask (decided statically)."""
+  NONE = "none"    # no window, no segment ids, no padding: never
+  EDGES = "edges"  # only blocks outside the fully visible interior
+  ALL = "all"      # segment ids: visibility is data-dependent everywhere
+
+
+def mask_mode(spec: AttentionSpec, q_len_padded: int,
+              kv_len_padded: int) -> MaskMode:
+  if spec.has_segment_ids:
+    return MaskMode.ALL
+  if (spec.has_window or q_len_padded != spec.q_len or
+      kv_len_padded != spec.kv_len):
+    return MaskMode.EDGES
+  return MaskMode.NONE
+
+
+def visit_blocks(first, last, full, body, carry, mode: MaskMode):
+  """carry = body(idx, carry, masked) for idx in [first, last).
+
+  With MaskMode.EDGES the loop is split in three so that the interior blocks
+  `full` = [lo, hi) run without computing the mask; each piece is its own
+  `fori_loop` (so Triton pipelines each one).
+  """
+  if mode is not MaskMode.EDGES:
+    masked = mode is MaskMode.ALL
+    return lax.fori_loop(first, last,
+                         functools.partial(body, masked=masked), carry)
+  lo = jnp.minimum(jnp.maximum(full[0], first), last)
+  hi = jnp.minimum(jnp.maximum(full[1], lo), last)
+  with_mask = functools.partial(body, masked=True)
+  carry = lax.fori_loop(first, lo, with_mask, carry)
+  carry = lax.fori_loop(lo, hi, functools.partial(body, masked=False), carry)
+  return lax.fori_loop(hi, last, with_mask, carry)
+
+
+def positions(start, size: int, axis: int):
+  """Absolute indices start + [0, size) laid out along `axis` of a 2-D tile."""
+  shape = (size, 1) if axis == 0 else (1, size)
+  return start + lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def block_start(idx, block: int):
+  # The hint lets Triton prove alignment and vectorise the tile loads.
+  return pl.multiple_of(idx * block, block)
+
+
+def dot(a, b, acc_dtype, *, trans_a: bool = False, trans_b: bool = False):
+  """2-D matmul in the input dtype with acc_dtype accumulation.
+
+  float32 inputs ask for HIGHEST precision (IEEE on Triton, not TF32) so the
+  float32 path is as accurate as the XLA backend's.
+  """
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  precision = (lax.Precision.HIGHEST
+               if jnp.dtype(a.dtype) in (jnp.float32, jnp.float64) else None)
+  return lax.dot_general(a, b, dims, precision=precision,
+                         preferred_element_type=acc_dtype)
+
+
+def compiler_params(interpret: bool, cfg: KernelConfig):
+  if interpret:
+    return None
+  # The Triton CompilerParams type is what selects the Triton lowering on GPU
+  # (jax 0.11 otherwise may pick Mosaic GPU, which has no `dot` lowering).
+  from jax.experimental.pallas import triton as pltriton
+  return pltriton.CompilerParams(num_warps=cfg.num_warps,
+                                 num_stages=cfg.num_stages)
+
+
+def poison_requested() -> bool:
+  return os.environ.get(POISON_ENV, "") not in ("", "0")
+
+
+def with_poisoned_outputs(args: list, in_specs: list, out_specs: list,
+                          out_shapes: list):
+  """Append NaN-filled output buffers, aliased to the outputs.
+
+  An element the kernel fails to write then stays NaN and the tests see it.
+  Only done when JAX_FLASH_POISON_OUTPUTS is set (at trace time).
+  Returns (args, in_specs, input_output_aliases).
+  """
+  if not poison_requested():
+    return args, in_specs, {}
+  first = len(args)
+  poison = [jnp.full(s.shape, jnp.nan, s.dtype) for s in out_shapes]
+  aliases = {first + n: n for n in range(len(out_shapes))}
+  return args + poison, in_specs + list(out_specs), aliases
+
+
+def launch(kernel, *, name: str, grid, args, in_specs, out_specs, out_shapes,
+           interpret: bool, cfg: KernelConfig):
+  """pl.pallas_call with the shared plumbing (poisoning, Triton params)."""
+  args, in_specs, aliases = with_poisoned_outputs(list(args), list(in_specs),
+                                                  out_specs, out_shapes)
+  return pl.pallas_call(
+      kernel,
+      grid=grid,
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shapes,
+      input_output_aliases=aliases,
+      interpret=interpret,
+      compiler_params=compiler_params(interpret, cfg),
+      name=name,
+  )(*args)
+
+
+def sds(shape, dtype):
+  return jax.ShapeDtypeStruct(tuple(shape), dtype)
