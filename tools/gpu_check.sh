@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, run on the H200 (device machine) from the repo root:
 #   build -> GPU test suite (outputs poisoned with NaN) -> sanitizer -> benchmark
-# and a short table printed last. Stages can be chosen: tools/gpu_check.sh [build] [test] [sanitize] [bench] [sweep]
+# and a short table printed last. Stages can be chosen:
+#   tools/gpu_check.sh [build] [selftest] [test] [sanitize] [sanitize_jax] [bench] [sweep]
+# Environment knobs: GPU_TESTS (pytest paths), PYTEST_ARGS, TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT.
 # Logs and results go to $OUT (the device tool brings them back) or ./gpu_out.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,10 +20,10 @@ $PY -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 
 if has build; then
   t0=$SECONDS
-  if [[ -d build_carry/lib ]]; then
-    # Built on the CPU machine and carried: just put it on the path.
-    export PYTHONPATH=$PWD:$PWD/build_carry/lib${PYTHONPATH:+:$PYTHONPATH}
-    note "build: using carried build_carry/lib"
+  if compgen -G "jax_flash/_jax_flash_cuda*.so" >/dev/null; then
+    # Built on the CPU machine (same nvcc, jax 0.11.2 FFI headers) and carried.
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    note "build: using the carried extension $(ls jax_flash/_jax_flash_cuda*.so)"
   elif [[ -f cuda/CMakeLists.txt ]]; then
     if $PY -m pip install --no-build-isolation --no-deps -q . >"$OUT/build.log" 2>&1; then
       note "build: pip install ok ($((SECONDS-t0)) s)"
@@ -35,23 +37,45 @@ if has build; then
   fi
 fi
 
+if has selftest; then
+  # Standalone kernel self-test (no JAX): odd sizes, all features, NaN-poisoned outputs.
+  if [[ ! -x build_carry/selftest ]]; then
+    mkdir -p build_carry
+    nvcc -O3 -std=c++17 --expt-relaxed-constexpr --threads 8 -gencode=arch=compute_90,code=sm_90 \
+      -Icuda/include -Icuda cuda/tests/selftest.cu cuda/sm80/dispatch.cu cuda/instantiations/*_sm80.cu \
+      -o build_carry/selftest >"$OUT/selftest_build.log" 2>&1 || tail -20 "$OUT/selftest_build.log"
+  fi
+  t0=$SECONDS
+  timeout 120 build_carry/selftest >"$OUT/selftest.log" 2>&1
+  rc=$?
+  tail -60 "$OUT/selftest.log"
+  note "selftest: rc=$rc $(tail -1 "$OUT/selftest.log") ($((SECONDS-t0)) s)"
+fi
+
 if has test; then
   t0=$SECONDS
   # Poison every output buffer with NaN so unwritten elements fail the tests.
-  JAX_FLASH_POISON_OUTPUTS=1 $PY -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/test_pallas.py tests/test_composition.py} \
-      -x --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-1200} $PY -m pytest -q -p no:cacheprovider ${GPU_TESTS:-tests/test_pallas.py tests/test_composition.py} \
+      ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   rc=${PIPESTATUS[0]}
   note "tests: rc=$rc $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1) ($((SECONDS-t0)) s)"
 fi
 
-if has sanitize && [[ -f tools/sanitize_case.py ]]; then
+if has sanitize; then
+  for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
+    t0=$SECONDS
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 build_carry/selftest --quick >"$OUT/$tool.log" 2>&1
+    note "$tool (selftest --quick): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$tool.log" | tail -1) ($((SECONDS-t0)) s)"
+  done
+fi
+if has sanitize_jax; then
   t0=$SECONDS
-  compute-sanitizer --tool memcheck --error-exitcode 1 $PY tools/sanitize_case.py >"$OUT/memcheck.log" 2>&1
-  note "memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) ($((SECONDS-t0)) s)"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $PY tools/sanitize_case.py >"$OUT/memcheck_jax.log" 2>&1
+  note "memcheck (jax, tools/sanitize_case.py): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_jax.log" | tail -1) ($((SECONDS-t0)) s)"
 fi
 
 if has bench; then
-  $PY benchmarks/bench_attention.py ${BENCH_ARGS:-} --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log" | tail -40
+  timeout ${BENCH_TIMEOUT:-900} $PY benchmarks/bench_attention.py ${BENCH_ARGS:-} --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log" | tail -40
   note "bench: rc=${PIPESTATUS[0]}"
 fi
 if has sweep; then

@@ -19,10 +19,11 @@ from jax_flash._src.spec import AttentionSpec
 
 
 def softmax_delta(o, do, dlse):
-  """delta[b, h, t] = sum_d do*o - dlse, float32."""
-  d = jnp.einsum("bthd,bthd->bht", do.astype(jnp.float32),
-                 o.astype(jnp.float32))
-  return d - dlse.astype(jnp.float32)
+  """delta[b, h, t] = sum_d do*o - dlse, float32 (float64 for float64 o)."""
+  acc = jnp.float64 if o.dtype == jnp.float64 else jnp.float32
+  d = jnp.einsum("bthd,bthd->bht", do.astype(acc), o.astype(acc),
+                 precision=jax.lax.Precision.HIGHEST)  # not TF32 on GPU
+  return d - dlse.astype(acc)
 
 
 @functools.lru_cache(maxsize=None)

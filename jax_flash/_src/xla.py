@@ -66,10 +66,20 @@ def _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk):
   return masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
 
 
+def _precision(dtype):
+  """float32/64 inputs get true float32/64 matmuls, not TF32 (GPU default)."""
+  return (lax.Precision.HIGHEST
+          if jnp.dtype(dtype) in (jnp.float32, jnp.float64) else None)
+
+
+def _einsum(spec_str, a, b, acc):
+  return jnp.einsum(spec_str, a, b, preferred_element_type=acc,
+                    precision=_precision(a.dtype))
+
+
 def _qk(q_blk, k_blk, acc):
   # q [B,Hk,G,bq,D], k [B,Hk,1,bk,D] -> [B,Hk,G,bq,bk]
-  return jnp.einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk[:, :, 0],
-                    preferred_element_type=acc)
+  return _einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk[:, :, 0], acc)
 
 
 def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
@@ -89,8 +99,8 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
       ks_blk = None if ksb is None else ksb[j]
       s = softmax.scores(spec, _qk(q_blk, k_blk, acc_t))
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
-      pv = lambda p: jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v.dtype),
-                                v_blk[:, :, 0], preferred_element_type=acc_t)
+      pv = lambda p: _einsum("bhgqk,bhkd->bhgqd", p.astype(v.dtype),
+                             v_blk[:, :, 0], acc_t)
       return softmax.update(state, s, mask, pv)
 
     first, last = masking.kv_block_range(spec, i * bq, bq, bk, nk)
@@ -143,16 +153,13 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg):
       s = softmax.scores(spec, qk)
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
       p = softmax.probs_from_lse(s, lseb[i], mask)
-      dv = dv + jnp.einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_blk,
-                           preferred_element_type=acc_t)
-      dp = jnp.einsum("bhgqd,bhkd->bhgqk", do_blk, v2,
-                      preferred_element_type=acc_t)
+      dv = dv + _einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_blk,
+                        acc_t)
+      dp = _einsum("bhgqd,bhkd->bhgqk", do_blk, v2, acc_t)
       ds = p * (dp - deltab[i][..., None])
       ds = softmax.scores_grad(spec, qk, ds).astype(q.dtype)
-      dk = dk + jnp.einsum("bhgqk,bhgqd->bhkd", ds, q_blk,
-                           preferred_element_type=acc_t)
-      dq_i = jnp.einsum("bhgqk,bhkd->bhgqd", ds, k2,
-                        preferred_element_type=acc_t)
+      dk = dk + _einsum("bhgqk,bhgqd->bhkd", ds, q_blk, acc_t)
+      dq_i = _einsum("bhgqk,bhkd->bhgqd", ds, k2, acc_t)
       dq_acc = dq_acc.at[i].add(dq_i)
       return dk, dv, dq_acc
 

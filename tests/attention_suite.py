@@ -1,0 +1,398 @@
+"""Backend-agnostic correctness suite for `jax_flash.attention`.
+
+A backend's test module subclasses `AttentionSuite` and names itself:
+
+    from attention_suite import AttentionSuite
+
+    class TestPallasSuite(AttentionSuite):
+      implementation = "pallas"
+      long_seq = 200             # > one block of this backend, but cheap
+
+Every test is parametrised from class attributes (see `pytest_generate_tests`
+below), so a subclass can change `dtypes`, `head_dims`, `cases`, `long_seq`
+and `batch` and gets its own parametrisation. The criterion (DESIGN.md) is
+`reference.assert_close_to_reference`:
+
+    max|impl - ref64| <= 2 * max|dense same-dtype XLA - ref64| + 1e-5
+
+for o, lse, dq, dk, dv, with ref64 the float64 numpy reference computed from
+the same (already rounded) inputs. On top of that: shapes/dtypes of every
+output, fully masked rows give o == 0 exactly and lse == -inf, every gradient
+is finite.
+
+Knobs for slow backends (Pallas interpret mode on CPU): `long_seq` (the
+"longer than one block" length; keep it above the backend's block size),
+`batch` (default leading batch), `cases` (a tuple of `Case`; filter it with
+`select_cases`), `dtypes`, `head_dims`; `check_backward = False` for a
+backend whose backward is not written yet. `skip_unsupported = True` turns a
+`jax_flash.Unsupported` raised for a case into a skip (a backend serving a
+subset); set it False to make such a refusal a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+import reference
+from reference import assert_close_to_reference
+
+LONG = "long"  # placeholder for the class's `long_seq`
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One attention configuration. Features are combined, not crossed."""
+  name: str
+  T: Any = 64                 # int, or LONG
+  S: Any = None               # int, LONG, or None (= T)
+  H: int = 4
+  Hk: int | None = None       # None = H (MHA)
+  d: str = "mid"              # "small" | "mid" | "large": pick from head_dims
+  batch: tuple | None = None  # leading dims; None = (cls.batch,); () = rank 3
+  causal: bool = False
+  window: tuple | None = None
+  softcap: float | None = None
+  scale: float | None = None
+  segments: str | None = None  # None | "packed" (one array, T == S) | "pair"
+  dlse: bool = False          # backward through return_lse=True with a dLSE
+
+  def __str__(self):
+    return self.name
+
+
+CASES = (
+    Case("base_129", T=129, H=4, d="large"),
+    Case("odd_gqa_t_lt_s", T=37, S=53, H=4, Hk=2, d="small"),
+    Case("odd_mqa_t_gt_s", T=53, S=37, H=4, Hk=1, d="large", dlse=True),
+    Case("decode_mqa", T=1, S=LONG, H=4, Hk=1, d="mid"),
+    Case("decode_causal_window", T=1, S=LONG, H=4, Hk=2, d="small",
+         causal=True, window=(64, -1)),
+    Case("long_t_lt_s", T=77, S=LONG, H=4, Hk=2, d="mid", dlse=True),
+    Case("causal", T=96, H=4, d="large", causal=True, dlse=True),
+    Case("causal_t_lt_s", T=37, S=LONG, H=4, Hk=2, d="small", causal=True),
+    # T > S: the first T - S query rows see no key (bottom-right alignment).
+    Case("causal_t_gt_s_empty_rows", T=53, S=37, H=4, Hk=1, d="mid",
+         causal=True, dlse=True),
+    Case("causal_long_gqa", T=LONG, H=4, Hk=2, d="mid", causal=True),
+    Case("window_left", T=96, H=4, d="small", window=(16, -1)),
+    # T > S, right window 8: the first 8 rows see no key.
+    Case("window_right_empty_rows", T=53, S=37, H=4, d="mid", window=(-1, 8)),
+    Case("window_both", T=37, S=53, H=4, Hk=2, d="large", window=(7, 5)),
+    Case("window_both_long", T=LONG, H=2, Hk=1, d="mid", window=(40, 70),
+         dlse=True),
+    Case("window_causal_long", T=LONG, H=4, Hk=2, d="small", causal=True,
+         window=(64, -1)),
+    Case("window_causal_clipped", T=64, S=100, H=4, d="mid", causal=True,
+         window=(10, 5)),
+    Case("window_diagonal_only", T=40, H=2, d="small", window=(0, 0)),
+    Case("segments_packed_window", T=96, H=4, d="mid", segments="packed",
+         window=(8, 8)),
+    Case("segments_causal_gqa_long", T=LONG, H=4, Hk=2, d="small",
+         segments="packed", causal=True, dlse=True),
+    # q segment ids that never occur in kv: fully masked rows.
+    Case("segments_pair_empty_rows", T=37, S=53, H=4, Hk=1, d="mid",
+         segments="pair", dlse=True),
+    Case("softcap_scale", T=64, H=4, d="mid", softcap=5.0, scale=0.5),
+    Case("softcap_causal_gqa", T=37, S=53, H=4, Hk=2, d="small", softcap=1.0,
+         causal=True, dlse=True),
+    Case("scale_peaky", T=64, S=80, H=4, Hk=2, d="large", scale=0.9),
+    Case("batch_dims_causal", T=33, S=47, H=4, Hk=2, d="small",
+         batch=(2, 3), causal=True),
+    Case("batch_dims_segments", T=40, S=56, H=2, d="mid", batch=(2, 2),
+         segments="pair"),
+    Case("rank3_segments_window", T=45, H=4, Hk=2, d="mid", batch=(),
+         segments="packed", window=(5, -1)),
+)
+
+
+def select_cases(*names, exclude=()):
+  """A subset of CASES by name (all when no names are given)."""
+  known = {c.name for c in CASES}
+  unknown = (set(names) | set(exclude)) - known
+  if unknown:
+    raise ValueError(f"unknown case names {sorted(unknown)}")
+  return tuple(c for c in CASES
+               if (not names or c.name in names) and c.name not in exclude)
+
+
+@dataclasses.dataclass
+class Problem:
+  """Inputs of one test, in user layout and canonical [B, T, H, D] layout."""
+  q: Any
+  k: Any
+  v: Any
+  kwargs: dict          # attention kwargs except implementation/return_lse
+  segs: tuple           # jnp segment ids passed as jit args ((), (a,), (a, b))
+  ref_kwargs: dict      # for reference.* and dense_attention_jax (canonical)
+  q64: np.ndarray
+  k64: np.ndarray
+  v64: np.ndarray
+  batch_shape: tuple
+
+  def canon(self, x, trailing: int):
+    """[*batch, ...trailing dims] -> numpy [B, ...trailing] (bf16/f16 as
+    float32, everything else unchanged)."""
+    x = np.asarray(x.astype(jnp.float32) if jnp.asarray(x).dtype in (
+        jnp.bfloat16, jnp.float16) else x)
+    return x.reshape((-1,) + x.shape[x.ndim - trailing:])
+
+
+def _segment_ids(rng, kind, batch_shape, T, S):
+  """Segment ids. "packed": sorted ids (a packed batch), one array, T == S.
+  "pair": unsorted ids in {0,1,2} for kv and {0,1,2,3} for q; id 3 never
+  occurs in kv, so those query rows see no key (at least two per row)."""
+  if kind == "packed":
+    assert T == S, "packed segment ids need T == S"
+    starts = rng.random(batch_shape + (T,)) < 4.0 / T
+    ids = np.cumsum(starts, axis=-1).astype(np.int32)
+    return (ids,)
+  q = rng.integers(0, 4, batch_shape + (T,)).astype(np.int32)
+  q[..., :2] = 3
+  kv = rng.integers(0, 3, batch_shape + (S,)).astype(np.int32)
+  return (q, kv)
+
+
+class AttentionSuite:
+  """Subclass with `implementation = "<name>"` (None = default dispatch)."""
+
+  implementation: str | None = None
+  dtypes: tuple = ("float32", "bfloat16")
+  head_dims: tuple = (32, 64, 128)
+  cases: tuple = CASES
+  long_seq: int = 300     # a length above one block of the backend
+  batch: int = 2          # leading batch of cases that do not fix one
+  factor: float = 2.0     # err <= factor * err(dense XLA) + atol
+  atol: float = 1e-5
+  skip_unsupported: bool = True
+  check_backward: bool = True  # off for a backend whose backward is not ready
+  # float32 tests (implementation and baseline) run under
+  # jax.default_matmul_precision(this). On GPU, XLA's default float32 matmul
+  # is TF32 for some shapes and IEEE for others (its algorithm choice), so at
+  # default precision the "same-dtype XLA" baseline is ill-defined for
+  # float32: it can be exact where the blockwise backend uses TF32 (seen on
+  # the H200: T=1 decoding, err 3e-4 vs 1e-7). None = leave the default.
+  float32_matmul_precision: str | None = "highest"
+
+  # -- parametrisation from class attributes (works in subclasses) ----------
+
+  def pytest_generate_tests(self, metafunc):
+    if "case" in metafunc.fixturenames:
+      metafunc.parametrize("case", self.cases, ids=[c.name for c in
+                                                    self.cases])
+    if "dtype" in metafunc.fixturenames:
+      metafunc.parametrize("dtype", self.dtypes)
+    if "head_dim" in metafunc.fixturenames:
+      metafunc.parametrize("head_dim", self.head_dims)
+
+  @pytest.fixture(autouse=True)
+  def _require_implementation(self):
+    impl = self.implementation
+    if impl is not None and impl not in jax_flash.available_implementations():
+      pytest.skip(f"implementation {impl!r} is not registered (available: "
+                  f"{jax_flash.available_implementations()})")
+
+  @pytest.fixture(autouse=True)
+  def _float32_precision(self, request):
+    callspec = getattr(request.node, "callspec", None)
+    dtype = (callspec.params.get("dtype", self.dtypes[0]) if callspec else
+             self.dtypes[0])
+    if (self.float32_matmul_precision is None or
+        jnp.dtype(dtype) != jnp.float32):
+      yield
+      return
+    with jax.default_matmul_precision(self.float32_matmul_precision):
+      yield
+
+  # -- helpers ---------------------------------------------------------------
+
+  def _len(self, n):
+    return self.long_seq if n == LONG else n
+
+  def head_dim_of(self, case):
+    dims = self.head_dims
+    return {"small": dims[0], "mid": dims[len(dims) // 2],
+            "large": dims[-1]}[case.d]
+
+  def make_problem(self, case: Case, dtype, rng, head_dim=None) -> Problem:
+    T = self._len(case.T)
+    S = T if case.S is None else self._len(case.S)
+    H = case.H
+    Hk = case.Hk or H
+    D = head_dim or self.head_dim_of(case)
+    bs = (self.batch,) if case.batch is None else tuple(case.batch)
+    q = jnp.asarray(rng.standard_normal(bs + (T, H, D), np.float32), dtype)
+    k = jnp.asarray(rng.standard_normal(bs + (S, Hk, D), np.float32), dtype)
+    v = jnp.asarray(rng.standard_normal(bs + (S, Hk, D), np.float32), dtype)
+    kwargs = dict(causal=case.causal, window=case.window,
+                  softcap=case.softcap, scale=case.scale)
+    ref_kwargs = dict(kwargs)
+    segs = ()
+    if case.segments is not None:
+      ids = _segment_ids(rng, case.segments, bs, T, S)
+      segs = tuple(jnp.asarray(x) for x in ids)
+      q_ids, kv_ids = (ids * 2)[:2]
+      ref_kwargs["segment_ids"] = (q_ids.reshape(-1, T), kv_ids.reshape(-1, S))
+    f64 = lambda x: np.asarray(x.astype(jnp.float32), np.float64).reshape(
+        (-1,) + x.shape[-3:]) if x.dtype != jnp.float64 else np.asarray(
+            x).reshape((-1,) + x.shape[-3:])
+    return Problem(q=q, k=k, v=v, kwargs=kwargs, segs=segs,
+                   ref_kwargs=ref_kwargs, q64=f64(q), k64=f64(k), v64=f64(v),
+                   batch_shape=bs)
+
+  def attention(self, q, k, v, *segs, **kwargs):
+    """jax_flash.attention with this suite's implementation."""
+    if segs:
+      kwargs["segment_ids"] = segs[0] if len(segs) == 1 else tuple(segs)
+    return jax_flash.attention(q, k, v, implementation=self.implementation,
+                               **kwargs)
+
+  def _run(self, fn, *args):
+    try:
+      return fn(*args)
+    except jax_flash.Unsupported as e:
+      if self.skip_unsupported:
+        pytest.skip(f"{self.implementation} declines: {e}")
+      raise
+
+  def check(self, name, actual, ref64, baseline):
+    assert_close_to_reference(name, actual, ref64, baseline,
+                              factor=self.factor, atol=self.atol)
+
+  # -- tests -----------------------------------------------------------------
+
+  def test_attention(self, case, dtype, rng):
+    """o, lse and (unless check_backward is off) dq, dk, dv vs the reference.
+
+    Forward and backward share one compiled function (jax.vjp), which halves
+    the compile time that dominates this suite on CPU.
+    """
+    p = self.make_problem(case, dtype, rng)
+    self.check_problem(p, rng, with_dlse=case.dlse)
+
+  def test_head_dims(self, head_dim, dtype, rng):
+    """Every head dim in head_dims (odd T, T < S over several blocks, GQA,
+    causal, a dLSE cotangent)."""
+    case = Case("head_dim", T=37, S=LONG, H=4, Hk=2, causal=True, dlse=True)
+    p = self.make_problem(case, dtype, rng, head_dim=head_dim)
+    self.check_problem(p, rng, with_dlse=True)
+
+  def test_return_lse_false(self, rng):
+    """return_lse=False: same o; grad of sum(o * do) equals the vjp with a
+    zero lse cotangent (the symbolic-zero path of the custom_vjp)."""
+    p = self.make_problem(Case("x", T=37, S=53, H=4, Hk=2, d="small",
+                               causal=True), self.dtypes[0], rng)
+    do = jnp.asarray(rng.standard_normal(p.q.shape, np.float32), p.q.dtype)
+
+    def without_lse(q, k, v):
+      loss = lambda q, k, v: jnp.sum(
+          self.attention(q, k, v, **p.kwargs).astype(jnp.float32) *
+          do.astype(jnp.float32))
+      o = self.attention(q, k, v, **p.kwargs)
+      return o, jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    def with_lse(q, k, v):
+      f = lambda q, k, v: self.attention(q, k, v, return_lse=True, **p.kwargs)
+      (o, lse), vjp = jax.vjp(f, q, k, v)
+      return o, vjp((do, jnp.zeros_like(lse)))
+
+    o1, g1 = self._run(jax.jit(without_lse), p.q, p.k, p.v)
+    o2, g2 = jax.jit(with_lse)(p.q, p.k, p.v)
+    assert not isinstance(o1, tuple) and o1.shape == p.q.shape
+    np.testing.assert_array_equal(np.asarray(o1, np.float32),
+                                  np.asarray(o2, np.float32))
+    if self.check_backward:
+      for a, b in zip(g1, g2):  # two programs: equal up to reassociation
+        np.testing.assert_allclose(np.asarray(a, np.float32),
+                                   np.asarray(b, np.float32), rtol=1e-5,
+                                   atol=1e-5)
+
+  def test_deterministic_backward_is_reproducible(self, rng):
+    if not self.check_backward:
+      pytest.skip("check_backward is off for this backend")
+    p = self.make_problem(Case("x", T=LONG, H=4, Hk=2, d="small", causal=True),
+                          self.dtypes[0], rng)
+    do = jnp.asarray(rng.standard_normal(p.q.shape, np.float32), p.q.dtype)
+
+    def loss(q, k, v):
+      o = self.attention(q, k, v, deterministic=True, **p.kwargs)
+      return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    g1 = self._run(grad, p.q, p.k, p.v)
+    g2 = grad(p.q, p.k, p.v)
+    for a, b in zip(g1, g2):
+      np.testing.assert_array_equal(np.asarray(a, np.float32),
+                                    np.asarray(b, np.float32))
+
+  # -- the check shared by the tests -----------------------------------------
+
+  def check_problem(self, p: Problem, rng, *, with_dlse: bool):
+    H, T = p.q.shape[-2], p.q.shape[-3]
+    do = jnp.asarray(rng.standard_normal(p.q.shape, np.float32), p.q.dtype)
+    dlse = jnp.zeros(p.batch_shape + (H, T), jnp.float32)
+    if with_dlse:
+      # A cotangent for lse too (also on fully masked rows: must not NaN).
+      dlse = jnp.asarray(rng.standard_normal(dlse.shape, np.float32))
+    backward = self.check_backward
+
+    def run(q, k, v, *segs):
+      f = lambda q, k, v: self.attention(q, k, v, *segs, return_lse=True,
+                                         **p.kwargs)
+      if not backward:
+        return f(q, k, v), None
+      out, vjp = jax.vjp(f, q, k, v)
+      return out, vjp((do, dlse))
+
+    (o, lse), grads = self._run(jax.jit(run), p.q, p.k, p.v, *p.segs)
+
+    # Shapes and dtypes.
+    assert o.shape == p.q.shape and o.dtype == p.q.dtype, (o.shape, o.dtype)
+    assert lse.shape == p.batch_shape + (H, T), lse.shape
+    assert lse.dtype == jnp.float32 or (p.q.dtype == jnp.float64 and
+                                        lse.dtype == jnp.float64), lse.dtype
+    if backward:
+      for name, g, x in zip(("dq", "dk", "dv"), grads, (p.q, p.k, p.v)):
+        assert g.shape == x.shape and g.dtype == x.dtype, (name, g.shape,
+                                                           g.dtype)
+
+    # The same-dtype dense XLA baseline, forward and backward in one jit.
+    canon = lambda x: x.reshape((-1,) + x.shape[-3:])
+
+    def dense(q, k, v, do, dlse):
+      f = functools.partial(reference.dense_attention_jax, **p.ref_kwargs)
+      if not backward:
+        return f(q, k, v), None
+      out, vjp = jax.vjp(f, q, k, v)
+      return out, vjp((do, dlse))
+
+    (base_o, base_lse), base_grads = jax.jit(dense)(
+        canon(p.q), canon(p.k), canon(p.v), canon(do),
+        dlse.reshape((-1,) + dlse.shape[-2:]))
+
+    # Forward.
+    ref_o, ref_lse = reference.attention(p.q64, p.k64, p.v64, **p.ref_kwargs)
+    o_c, lse_c = p.canon(o, 3), p.canon(lse, 2)
+    self.check("o", o_c, ref_o, p.canon(base_o, 3))
+    self.check("lse", lse_c, ref_lse, p.canon(base_lse, 2))
+    empty = ~np.isfinite(ref_lse)                        # [B, H, T]
+    if empty.any():  # rows that see no key: exactly zero output, -inf lse
+      rows = o_c.transpose(0, 2, 1, 3)[empty]            # [n, D]
+      assert np.all(rows == 0), "fully masked rows must give o == 0 exactly"
+      assert np.all(lse_c[empty] == -np.inf)
+
+    # Backward (assert_close_to_reference also demands finite gradients).
+    if backward:
+      do64 = p.canon(do, 3)
+      dlse64 = p.canon(dlse, 2) if with_dlse else None
+      ref = reference.attention_vjp(p.q64, p.k64, p.v64, do64, dlse=dlse64,
+                                    **p.ref_kwargs)
+      for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref, base_grads):
+        self.check(name, p.canon(g, 3), r, p.canon(b, 3))
