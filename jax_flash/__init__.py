@@ -1,5 +1,6 @@
 """jax_flash: FlashAttention for JAX (CUDA, Pallas and pure-XLA backends)."""
 
+from jax_flash._src import cuda_backend as _cuda  # registers "cuda"
 from jax_flash._src import xla as _xla  # registers the "xla" backend
 from jax_flash._src.api import attention
 from jax_flash._src.backends import Unsupported

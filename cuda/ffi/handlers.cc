@@ -1,0 +1,287 @@
+// XLA FFI handlers: validate -> fill params -> launch -> check the launch.
+//
+// Python (jax_flash/_src/cuda_backend.py) validates everything first, so the
+// checks here are a second line of defence that turn a mismatch into an
+// InvalidArgument error with a readable message instead of a bad launch.
+// Workspaces are extra results sized in Python, so no handler allocates
+// memory and every handler can be captured in a CUDA graph
+// (kCmdBufferCompatible).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "jax_flash/params.h"
+#include "sm80/launch.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_flash {
+namespace {
+
+std::string ShapeStr(const ffi::AnyBuffer& b) {
+  std::string s = "[";
+  auto dims = b.dimensions();
+  for (size_t i = 0; i < dims.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(dims[i]);
+  }
+  return s + "]";
+}
+
+ffi::Error Invalid(const std::string& msg) {
+  return ffi::Error::InvalidArgument("jax_flash cuda: " + msg);
+}
+
+ffi::Error LaunchError(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("jax_flash cuda: ") + what +
+                              " launch failed: " + cudaGetErrorString(err));
+}
+
+// Q/K/V/O: rank-4 [batch, seq, heads, head_dim], contiguous.
+ffi::Error CheckQkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                    const ffi::AnyBuffer& v, DType* dtype) {
+  if (q.dimensions().size() != 4 || k.dimensions().size() != 4 ||
+      v.dimensions().size() != 4) {
+    return Invalid("q, k, v must be rank 4 [batch, seq, heads, head_dim]; got " +
+                   ShapeStr(q) + ", " + ShapeStr(k) + ", " + ShapeStr(v));
+  }
+  auto t = q.element_type();
+  if (t != ffi::DataType::BF16 && t != ffi::DataType::F16) {
+    return Invalid("dtype must be bfloat16 or float16");
+  }
+  if (k.element_type() != t || v.element_type() != t) {
+    return Invalid("q, k, v must have the same dtype");
+  }
+  *dtype = t == ffi::DataType::BF16 ? DType::kBFloat16 : DType::kFloat16;
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  for (int i = 0; i < 4; ++i) {
+    if (kd[i] != vd[i]) return Invalid("k and v shapes differ: " + ShapeStr(k) + " vs " + ShapeStr(v));
+  }
+  if (qd[0] != kd[0]) return Invalid("batch of q and k differ");
+  if (qd[3] != kd[3]) return Invalid("head_dim of q and k differ");
+  if (qd[3] < 1 || qd[3] > 256) return Invalid("head_dim must be in 1..256, got " + std::to_string(qd[3]));
+  if (kd[2] < 1 || qd[2] % kd[2] != 0) {
+    return Invalid("q heads must be a multiple of kv heads");
+  }
+  return ffi::Error::Success();
+}
+
+void FillShapes(FwdParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                const ffi::AnyBuffer& v) {
+  auto qd = q.dimensions(), kd = k.dimensions();
+  p.batch = static_cast<int>(qd[0]);
+  p.seqlen_q = static_cast<int>(qd[1]);
+  p.num_heads = static_cast<int>(qd[2]);
+  p.head_dim = static_cast<int>(qd[3]);
+  p.seqlen_k = static_cast<int>(kd[1]);
+  p.num_heads_k = static_cast<int>(kd[2]);
+  // Contiguous BTHD strides (elements).
+  const int64_t D = p.head_dim;
+  p.q_head_stride = D;
+  p.q_row_stride = D * p.num_heads;
+  p.q_batch_stride = p.q_row_stride * p.seqlen_q;
+  p.k_head_stride = p.v_head_stride = D;
+  p.k_row_stride = p.v_row_stride = D * p.num_heads_k;
+  p.k_batch_stride = p.v_batch_stride = p.k_row_stride * p.seqlen_k;
+  p.o_head_stride = p.q_head_stride;
+  p.o_row_stride = p.q_row_stride;
+  p.o_batch_stride = p.q_batch_stride;
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+}
+
+ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
+                       int32_t window_left, int32_t window_right, bool causal,
+                       bool has_segment_ids, const ffi::AnyBuffer& q_seg,
+                       const ffi::AnyBuffer& kv_seg) {
+  if (!std::isfinite(scale)) return Invalid("scale must be finite");
+  if (softcap < 0.f) return Invalid("softcap must be >= 0 (0 = off)");
+  if (window_left < -1 || window_right < -1) return Invalid("window sides must be >= -1");
+  p.scale = scale;
+  p.softcap = softcap;
+  p.window_left = window_left;
+  p.window_right = window_right;
+  p.causal = causal;
+  p.q_segment = nullptr;
+  p.kv_segment = nullptr;
+  if (has_segment_ids) {
+    if (q_seg.element_type() != ffi::DataType::S32 ||
+        kv_seg.element_type() != ffi::DataType::S32) {
+      return Invalid("segment ids must be int32");
+    }
+    if (q_seg.element_count() != static_cast<size_t>(p.batch) * p.seqlen_q ||
+        kv_seg.element_count() != static_cast<size_t>(p.batch) * p.seqlen_k) {
+      return Invalid("segment ids must be [batch, seqlen_q] and [batch, seqlen_k]; got " +
+                     ShapeStr(q_seg) + ", " + ShapeStr(kv_seg));
+    }
+    p.q_segment = static_cast<const int32_t*>(q_seg.untyped_data());
+    p.kv_segment = static_cast<const int32_t*>(kv_seg.untyped_data());
+  }
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, device);
+  return ffi::Error::Success();
+}
+
+// JAX_FLASH_POISON_OUTPUTS=1 (read once): fill outputs with NaN (all bits set
+// is a NaN in fp16, bf16 and fp32) before the launch so that any element a
+// kernel fails to write shows up in the tests.
+bool PoisonOutputs() {
+  static const bool poison = [] {
+    const char* env = std::getenv("JAX_FLASH_POISON_OUTPUTS");
+    return env != nullptr && env[0] == '1';
+  }();
+  return poison;
+}
+
+void Poison(void* ptr, size_t bytes, cudaStream_t stream) {
+  if (PoisonOutputs()) cudaMemsetAsync(ptr, 0xFF, bytes, stream);
+}
+
+bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+  auto x = a.dimensions(), y = b.dimensions();
+  if (x.size() != y.size()) return false;
+  for (size_t i = 0; i < x.size(); ++i) if (x[i] != y[i]) return false;
+  return a.element_type() == b.element_type();
+}
+
+ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                   ffi::AnyBuffer v, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
+                   ffi::Result<ffi::AnyBuffer> o,
+                   ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
+                   float softcap, int32_t window_left, int32_t window_right,
+                   bool causal, bool has_segment_ids) {
+  FwdParams p{};
+  if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
+  FillShapes(p, q, k, v);
+  if (!SameShape(q, *o)) return Invalid("o must have q's shape and dtype");
+  if (lse->element_count() != static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q) {
+    return Invalid("lse must be [batch, heads, seqlen_q] float32");
+  }
+  if (auto err = FillOptions(p, scale, softcap, window_left, window_right,
+                             causal, has_segment_ids, q_seg, kv_seg);
+      err.failure()) {
+    return err;
+  }
+  p.o = o->untyped_data();
+  p.lse = lse->typed_data();
+  Poison(p.o, o->size_bytes(), stream);
+  Poison(p.lse, lse->size_bytes(), stream);
+  return LaunchError(sm80::run_fwd(p, stream), "forward");
+}
+
+ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                   ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
+                   ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> delta,
+                   ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
+                   ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                   ffi::Result<ffi::AnyBuffer> dv,
+                   ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
+                   ffi::Result<ffi::Buffer<ffi::F32>> dk_accum,
+                   ffi::Result<ffi::Buffer<ffi::F32>> dv_accum, float scale,
+                   float softcap, int32_t window_left, int32_t window_right,
+                   bool causal, bool has_segment_ids, bool deterministic) {
+  BwdParams p{};
+  if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
+  FillShapes(p, q, k, v);
+  if (!SameShape(q, o) || !SameShape(q, dout) || !SameShape(q, *dq)) {
+    return Invalid("o, dout and dq must have q's shape and dtype");
+  }
+  if (!SameShape(k, *dk) || !SameShape(v, *dv)) {
+    return Invalid("dk and dv must have k's shape and dtype");
+  }
+  const size_t rows = static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q;
+  if (lse.element_count() != rows || delta.element_count() != rows) {
+    return Invalid("lse and delta must be [batch, heads, seqlen_q] float32");
+  }
+  if (auto err = FillOptions(p, scale, softcap, window_left, window_right,
+                             causal, has_segment_ids, q_seg, kv_seg);
+      err.failure()) {
+    return err;
+  }
+  p.seqlen_q_rounded = rounded_seqlen(p.seqlen_q);
+  p.seqlen_k_rounded = rounded_seqlen(p.seqlen_k);
+  p.head_dim_rounded = rounded_head_dim(p.head_dim);
+  const size_t dq_need = static_cast<size_t>(p.batch) * p.num_heads *
+                         p.seqlen_q_rounded * p.head_dim_rounded;
+  if (dq_accum->element_count() < dq_need) {
+    return Invalid("dq_accum workspace too small: " +
+                   std::to_string(dq_accum->element_count()) + " < " +
+                   std::to_string(dq_need));
+  }
+  const bool gqa = p.num_heads != p.num_heads_k;
+  const size_t dkv_need = static_cast<size_t>(p.batch) * p.num_heads_k *
+                          p.seqlen_k_rounded * p.head_dim_rounded;
+  const bool have_dkv_accum = dk_accum->element_count() >= dkv_need &&
+                              dv_accum->element_count() >= dkv_need;
+  p.o = const_cast<void*>(o.untyped_data());
+  p.lse = const_cast<float*>(lse.typed_data());
+  p.dout = dout.untyped_data();
+  p.delta = delta.typed_data();
+  p.dq = dq->untyped_data();
+  p.dk = dk->untyped_data();
+  p.dv = dv->untyped_data();
+  p.dq_accum = dq_accum->typed_data();
+  p.dk_accum = gqa && have_dkv_accum ? dk_accum->typed_data() : nullptr;
+  p.dv_accum = gqa && have_dkv_accum ? dv_accum->typed_data() : nullptr;
+  p.deterministic = deterministic;
+  Poison(p.dq, dq->size_bytes(), stream);
+  Poison(p.dk, dk->size_bytes(), stream);
+  Poison(p.dv, dv->size_bytes(), stream);
+  return LaunchError(sm80::run_bwd(p, stream), "backward");
+}
+
+}  // namespace
+}  // namespace jax_flash
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashFwdSm80, jax_flash::FwdImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Arg<ffi::AnyBuffer>()  // q
+        .Arg<ffi::AnyBuffer>()  // k
+        .Arg<ffi::AnyBuffer>()  // v
+        .Arg<ffi::AnyBuffer>()  // q_segment (1-element dummy when absent)
+        .Arg<ffi::AnyBuffer>()  // kv_segment
+        .Ret<ffi::AnyBuffer>()  // o
+        .Ret<ffi::Buffer<ffi::F32>>()  // lse
+        .Attr<float>("scale")
+        .Attr<float>("softcap")
+        .Attr<int32_t>("window_left")
+        .Attr<int32_t>("window_right")
+        .Attr<bool>("causal")
+        .Attr<bool>("has_segment_ids"),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashBwdSm80, jax_flash::BwdImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Arg<ffi::AnyBuffer>()  // q
+        .Arg<ffi::AnyBuffer>()  // k
+        .Arg<ffi::AnyBuffer>()  // v
+        .Arg<ffi::AnyBuffer>()  // o
+        .Arg<ffi::Buffer<ffi::F32>>()  // lse
+        .Arg<ffi::AnyBuffer>()  // dout
+        .Arg<ffi::Buffer<ffi::F32>>()  // delta
+        .Arg<ffi::AnyBuffer>()  // q_segment
+        .Arg<ffi::AnyBuffer>()  // kv_segment
+        .Ret<ffi::AnyBuffer>()  // dq
+        .Ret<ffi::AnyBuffer>()  // dk
+        .Ret<ffi::AnyBuffer>()  // dv
+        .Ret<ffi::Buffer<ffi::F32>>()  // dq_accum workspace
+        .Ret<ffi::Buffer<ffi::F32>>()  // dk_accum workspace (GQA)
+        .Ret<ffi::Buffer<ffi::F32>>()  // dv_accum workspace (GQA)
+        .Attr<float>("scale")
+        .Attr<float>("softcap")
+        .Attr<int32_t>("window_left")
+        .Attr<int32_t>("window_right")
+        .Attr<bool>("causal")
+        .Attr<bool>("has_segment_ids")
+        .Attr<bool>("deterministic"),
+    {xla::ffi::Traits::kCmdBufferCompatible});

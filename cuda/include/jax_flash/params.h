@@ -1,0 +1,81 @@
+// Plain parameter structs shared by the FFI handlers and every kernel family.
+// No CUDA/CUTLASS types here so that host-only code can include it.
+#pragma once
+
+#include <cstdint>
+
+namespace jax_flash {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// Forward: O = softmax(scale * Q K^T + mask) V, LSE = logsumexp (natural log).
+// Layout [batch, seq, heads, head_dim], head_dim contiguous. Strides are in
+// elements. Masking convention (bottom-right aligned, see spec.py):
+//   query row i sits at position i + (seqlen_k - seqlen_q);
+//   key j visible iff (window_left  < 0 || j >= i + off - window_left)
+//                  && (window_right < 0 || j <= i + off + window_right)
+//                  && (!q_segment || q_segment[b, i] == kv_segment[b, j]).
+// causal is already folded into window_right = 0 (the flag stays for kernels
+// that specialise on it). Fully masked rows: O = 0, LSE = -inf.
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // [batch, heads, seqlen_q]
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+
+  int batch;
+  int seqlen_q;
+  int seqlen_k;
+  int num_heads;
+  int num_heads_k;  // num_heads % num_heads_k == 0 (GQA/MQA)
+  int head_dim;     // the real head dim (<= the kernel's padded kHeadDim)
+
+  float scale;       // multiplier of q.k
+  float softcap;     // 0 = off; else scores = softcap * tanh(scale*qk/softcap)
+  int window_left;   // -1 = unbounded
+  int window_right;  // -1 = unbounded
+  bool causal;
+
+  const int32_t* q_segment;   // [batch, seqlen_q] or nullptr
+  const int32_t* kv_segment;  // [batch, seqlen_k] or nullptr
+
+  DType dtype;
+  int num_sms;  // filled by the handler (for persistent schedulers)
+};
+
+// Backward with recomputation. delta = rowsum(dO * O) - dLSE (fp32,
+// [batch, heads, seqlen_q]) is computed by the caller (XLA) beforehand.
+struct BwdParams : FwdParams {
+  const void* dout;     // same layout/strides as o
+  const float* delta;   // [batch, heads, seqlen_q]
+  void* dq;             // q layout (same strides as q)
+  void* dk;             // k layout
+  void* dv;             // v layout
+  // Workspaces, allocated by XLA as extra outputs (sizes computed in Python):
+  // Rounded sizes (see rounded_seqlen / rounded_head_dim below; Python uses the
+  // same rule in jax_flash/_src/cuda_backend.py to size the workspaces).
+  int seqlen_q_rounded;   // round_up(seqlen_q, 128)
+  int seqlen_k_rounded;   // round_up(seqlen_k, 128)
+  int head_dim_rounded;   // 64, 96, 128 or 256: the kernel's kHeadDim bucket
+  float* dq_accum;  // [batch, heads, seqlen_q_rounded, head_dim_rounded] fp32;
+                    // uninitialised on entry: the launcher zeroes it (async, on the stream)
+  float* dk_accum;  // [batch, heads_k, seqlen_k_rounded, head_dim_rounded] fp32,
+  float* dv_accum;  // only when num_heads != num_heads_k (GQA sums); else nullptr
+  bool deterministic;   // fixed dQ accumulation order
+};
+
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+inline int rounded_seqlen(int n) { return round_up(n, 128); }
+// Head dims are served by the next bucket; padding columns are zero-filled by
+// the kernels' loads, so they do not change the result.
+inline int rounded_head_dim(int d) {
+  return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 256;
+}
+
+}  // namespace jax_flash

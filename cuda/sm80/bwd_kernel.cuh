@@ -1,0 +1,241 @@
+// FlashAttention-2 backward (algorithm 2), dK/dV kernel with fused dQ atomics.
+//
+// CTA = (KV block of kBlockN keys, kv head, batch). K and V stay in shared
+// memory, dK and dV in registers. The CTA sweeps every (q head of the GQA
+// group, visible query block) pair, so GQA sums happen in registers in a fixed
+// order (no dk/dv atomics, deterministic). Per query block:
+//
+//   wait Q, dO[it] ------------------------ barrier
+//   issue cp.async Q, dO[it+1] (other stage)
+//   S = Q K^T, dP = dO V^T                  (warp tiles of the S layout)
+//   P = 2^(S*scale*log2e - LSE*log2e), dS = P (dP - delta) [* tanh']
+//   P, dS -> shared memory (16-bit) ------- barrier
+//   dV += P^T dO, dK += dS^T Q              (warp tiles of the dKV layout)
+//   dQ  = dS K -> atomicAdd into dq_accum   (fast mode only)
+//
+// Deterministic mode skips the dQ part; bwd_dq_kernel.cuh computes dQ.
+#pragma once
+
+#include "kernel_traits.cuh"
+#include "mask.cuh"
+#include "softmax.cuh"
+#include "warp_gemm.cuh"
+
+namespace jax_flash::sm80 {
+
+struct BwdKernelArgs {
+  BwdParams p;
+  MaskInfo mask;
+  SoftmaxScale sm;
+};
+
+// A thread's lane and its warp's origins in the three warp layouts (see
+// kernel_traits.cuh). Built from opaque_tid() in each phase of the loop so the
+// values are recomputed (a few integer ops) rather than held in registers.
+template <typename Cfg>
+struct BwdCoords {
+  int lane, s_row, s_col, kv_row, kv_col, q_row, q_col;
+  JF_DEVICE explicit BwdCoords(int tid) {
+    const int warp = tid / 32;
+    lane = tid % 32;
+    s_row = (warp % Cfg::kWarpsM_S) * Cfg::kRowsS;
+    s_col = (warp / Cfg::kWarpsM_S) * Cfg::kColsS;
+    kv_row = (warp % Cfg::kWarpsN_KV) * Cfg::kRowsKV;
+    kv_col = (warp / Cfg::kWarpsN_KV) * Cfg::kColsKV;
+    q_row = (warp % Cfg::kWarpsM_Q) * Cfg::kRowsQ;
+    q_col = (warp / Cfg::kWarpsM_Q) * Cfg::kColsQ;
+  }
+};
+
+template <typename Element, typename Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
+  JF_SMEM(smem);
+  check_smem_alignment(smem);
+  const BwdParams& p = args.p;
+  const int tid = threadIdx.x;
+  using QTile = typename Cfg::QTile;
+  using KTile = typename Cfg::KTile;
+  using PTile = typename Cfg::PTile;
+  constexpr int kT = Cfg::kThreads;
+
+  const int n_block = blockIdx.x, head_k = blockIdx.y, batch = blockIdx.z;
+  const int group = p.num_heads / p.num_heads_k;
+  const int n0 = n_block * Cfg::kBlockN;
+  const int keys_valid = p.seqlen_k - n0;
+
+  // Read from parameter space where used (keeps registers free).
+  const MaskInfo& mi = args.mask;
+
+  const Element* k = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
+                     head_k * p.k_head_stride + n0 * p.k_row_stride;
+  const Element* v = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
+                     head_k * p.v_head_stride + n0 * p.v_row_stride;
+  // The q-side pointers of (q head, query block); strides of dq follow q.
+  // (batch is laundered so that these are rebuilt at each use in the loop.)
+  auto q_ptr = [&](int hq, int m0) {
+    return static_cast<const Element*>(p.q) + launder(batch) * p.q_batch_stride +
+           hq * p.q_head_stride + m0 * p.q_row_stride;
+  };
+  auto do_ptr = [&](int hq, int m0) {
+    return static_cast<const Element*>(p.dout) + launder(batch) * p.o_batch_stride +
+           hq * p.o_head_stride + m0 * p.o_row_stride;
+  };
+
+  int m_first, m_last;
+  mi.q_block_range(n0, Cfg::kBlockN, Cfg::kBlockM, m_first, m_last);
+  const int num_m = m_last - m_first;
+  const int iters = num_m * group;
+
+  const uint32_t sK = smem_addr(smem + Cfg::kSmemK);
+  const uint32_t sV = smem_addr(smem + Cfg::kSmemV);
+  const uint32_t sQ0 = smem_addr(smem + Cfg::kSmemQ);
+  const uint32_t sdO0 = smem_addr(smem + Cfg::kSmemdO);
+  const uint32_t sP = smem_addr(smem + Cfg::kSmemP);
+  const uint32_t sdS = smem_addr(smem + Cfg::kSmemdS);
+
+  float acc_dk[Cfg::kMT_KV][Cfg::kNT_KV][4];
+  float acc_dv[Cfg::kMT_KV][Cfg::kNT_KV][4];
+  zero(acc_dk);
+  zero(acc_dv);
+
+  if (iters > 0) {
+    load_tile_async<KTile, kT>(sK, k, p.k_row_stride, keys_valid, p.head_dim, tid);
+    load_tile_async<KTile, kT>(sV, v, p.v_row_stride, keys_valid, p.head_dim, tid);
+    const int hq = head_k * group, m0 = m_first * Cfg::kBlockM;
+    load_tile_async<QTile, kT>(sQ0, q_ptr(hq, m0), p.q_row_stride, p.seqlen_q - m0, p.head_dim, tid);
+    load_tile_async<QTile, kT>(sdO0, do_ptr(hq, m0), p.o_row_stride, p.seqlen_q - m0, p.head_dim,
+                               tid);
+    cp_async_commit();
+  }
+
+  const float softcap_pre = args.sm.softcap_pre;
+  const float scale_log2 = args.sm.scale_log2;
+  const bool fused_dq = !p.deterministic;
+
+  // Iteration it visits (q head hq, query block m_block); the pair advances
+  // m_block first, then the head of the GQA group.
+  int hq = head_k * group, m_block = m_first;
+  for (int it = 0; it < iters; ++it) {
+    const int stage = it & 1;
+    const int m0 = m_block * Cfg::kBlockM;
+    int hq_n = hq, m_block_n = m_block + 1;
+    if (m_block_n == m_last) {
+      m_block_n = m_first;
+      ++hq_n;
+    }
+    const int rows_valid = p.seqlen_q - m0;
+    const uint32_t sQ = sQ0 + stage * QTile::kBytes;
+    const uint32_t sdO = sdO0 + stage * QTile::kBytes;
+
+    cp_async_wait<0>();
+    __syncthreads();  // Q/dO[it] visible; every warp is done with iteration it-1
+    if (it + 1 < iters) {
+      const int m0_n = m_block_n * Cfg::kBlockM;
+      const uint32_t off = (stage ^ 1) * QTile::kBytes;
+      load_tile_async<QTile, kT>(sQ0 + off, q_ptr(launder(hq_n), m0_n), p.q_row_stride,
+                                 p.seqlen_q - m0_n, p.head_dim, opaque_tid());
+      load_tile_async<QTile, kT>(sdO0 + off, do_ptr(launder(hq_n), m0_n), p.o_row_stride,
+                                 p.seqlen_q - m0_n, p.head_dim, opaque_tid());
+      cp_async_commit();
+    }
+
+    // ---- S = Q K^T and dP = dO V^T on the S warp tiles
+    const int64_t row_stat = (int64_t(launder(batch)) * p.num_heads + hq) * p.seqlen_q + m0;
+    float acc_s[Cfg::kMT_S][Cfg::kNT_S][4];
+    float acc_dp[Cfg::kMT_S][Cfg::kNT_S][4];
+    {
+      const BwdCoords<Cfg> c(opaque_tid());
+      const LdsmLane ldsm{c.lane};
+      float lse_log2[Cfg::kMT_S][2], delta[Cfg::kMT_S][2];
+      load_row_stats(lse_log2, delta, p.lse + row_stat, p.delta + row_stat, c.s_row, rows_valid,
+                     c.lane);
+      zero(acc_s);
+      zero(acc_dp);
+      gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
+          acc_s, sQ, c.s_row, sK, c.s_col, ldsm);
+      gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
+          acc_dp, sdO, c.s_row, sV, c.s_col, ldsm);
+      dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
+      if (mi.block_needs_mask(m0, Cfg::kBlockM, n0, Cfg::kBlockN))
+        apply_mask(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane);
+      probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
+    }
+    {
+      const BwdCoords<Cfg> c(opaque_tid());
+      store_c<Element, Cfg::kMT_S, Cfg::kNT_S, PTile>(smem + Cfg::kSmemP, acc_s, c.s_row, c.s_col,
+                                                      c.lane);
+      store_c<Element, Cfg::kMT_S, Cfg::kNT_S, PTile>(smem + Cfg::kSmemdS, acc_dp, c.s_row,
+                                                      c.s_col, c.lane);
+    }
+    __syncthreads();  // P and dS complete
+
+    // ---- dV += P^T dO, dK += dS^T Q on the dKV warp tiles
+    {
+      const BwdCoords<Cfg> c(opaque_tid());
+      gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_KV, Cfg::kBlockM, true, true, PTile, QTile>(
+          acc_dv, sP, c.kv_row, sdO, c.kv_col, LdsmLane{c.lane});
+    }
+    {
+      const BwdCoords<Cfg> c(opaque_tid());
+      gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_KV, Cfg::kBlockM, true, true, PTile, QTile>(
+          acc_dk, sdS, c.kv_row, sQ, c.kv_col, LdsmLane{c.lane});
+    }
+
+    // ---- dQ (unscaled) = dS K, accumulated in fp32 with atomics
+    if (fused_dq) {
+      const BwdCoords<Cfg> c(opaque_tid());
+      float acc_dq[Cfg::kMT_Q][Cfg::kNT_Q][4];
+      zero(acc_dq);
+      gemm_ss<Element, Cfg::kMT_Q, Cfg::kNT_Q, Cfg::kBlockN, false, true, PTile, KTile>(
+          acc_dq, sdS, c.q_row, sK, c.q_col, LdsmLane{c.lane});
+      float* dq = p.dq_accum +
+                  ((int64_t(launder(batch)) * p.num_heads + hq) * p.seqlen_q_rounded + m0) *
+                      Cfg::kHeadDim;
+      const int g = c.lane >> 2, t = c.lane & 3;
+#pragma unroll
+      for (int i = 0; i < Cfg::kMT_Q; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = c.q_row + i * 16 + g + 8 * h;
+          if (r < rows_valid) {
+#pragma unroll
+            for (int n = 0; n < Cfg::kNT_Q; ++n) {
+              const int col = c.q_col + n * 8 + 2 * t;
+              if (col < p.head_dim) {
+                atomicAdd(dq + r * Cfg::kHeadDim + col, acc_dq[i][n][2 * h]);
+                atomicAdd(dq + r * Cfg::kHeadDim + col + 1, acc_dq[i][n][2 * h + 1]);
+              }
+            }
+          }
+        }
+    }
+    hq = hq_n;
+    m_block = m_block_n;
+  }
+
+  // ---- epilogue: dK (times the softmax scale), dV -> 16-bit -> global
+  __syncthreads();  // every warp is done reading K and V
+  const float scale = args.sm.scale;
+#pragma unroll
+  for (int i = 0; i < Cfg::kMT_KV; ++i)
+#pragma unroll
+    for (int n = 0; n < Cfg::kNT_KV; ++n)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc_dk[i][n][j] *= scale;
+  {
+    const BwdCoords<Cfg> c(tid);
+    store_c<Element, Cfg::kMT_KV, Cfg::kNT_KV, KTile>(smem + Cfg::kSmemK, acc_dk, c.kv_row,
+                                                      c.kv_col, c.lane);
+    store_c<Element, Cfg::kMT_KV, Cfg::kNT_KV, KTile>(smem + Cfg::kSmemV, acc_dv, c.kv_row,
+                                                      c.kv_col, c.lane);
+  }
+  __syncthreads();
+  Element* dk = static_cast<Element*>(p.dk) + batch * p.k_batch_stride + head_k * p.k_head_stride +
+                n0 * p.k_row_stride;
+  Element* dv = static_cast<Element*>(p.dv) + batch * p.v_batch_stride + head_k * p.v_head_stride +
+                n0 * p.v_row_stride;
+  store_tile<KTile, kT>(smem + Cfg::kSmemK, dk, p.k_row_stride, keys_valid, p.head_dim, tid);
+  store_tile<KTile, kT>(smem + Cfg::kSmemV, dv, p.v_row_stride, keys_valid, p.head_dim, tid);
+}
+
+}  // namespace jax_flash::sm80

@@ -1,0 +1,22 @@
+// Declarations of the per-(dtype, head-dim bucket) launchers. Each one is
+// defined in launch_templates.cuh and explicitly instantiated in exactly one
+// generated file under cuda/instantiations/ (tools/gen_instantiations.py), so
+// the dispatcher compiles in seconds and a build can leave buckets out with
+// -DJAX_FLASH_DISABLE_{HDIM64,HDIM96,HDIM128,HDIM256,FP16,BACKWARD}.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "jax_flash/params.h"
+
+namespace jax_flash::sm80 {
+
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream);
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream);
+
+}  // namespace jax_flash::sm80

@@ -1,0 +1,112 @@
+// Host-side launch of one (dtype, head-dim bucket): grid shapes, dynamic
+// shared memory opt-in, workspace zeroing, error checks. Included only by the
+// generated files in cuda/instantiations/ (one explicit instantiation each).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "bwd_dq_kernel.cuh"
+#include "bwd_kernel.cuh"
+#include "bwd_postprocess.cuh"
+#include "fwd_kernel.cuh"
+#include "instantiations.h"
+#include "kernel_traits.cuh"
+
+namespace jax_flash::sm80 {
+
+// Opt in to more than 48 KB of dynamic shared memory (needed once per
+// function and device; cheap enough to repeat on every launch).
+template <typename Kernel>
+inline cudaError_t set_smem(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Opt-in shared memory per block of the current device (cached per device).
+inline int max_smem_optin() {
+  static int cache[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 48 * 1024;
+  if (cache[dev] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      return 48 * 1024;
+    cache[dev] = v;
+  }
+  return cache[dev];
+}
+
+template <typename Element, typename Cfg>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  const FwdKernelArgs args{p, make_mask_info(p), make_softmax_scale(p.scale, p.softcap)};
+  auto kernel = p.softcap > 0.f ? fwd_kernel<Element, Cfg, true> : fwd_kernel<Element, Cfg, false>;
+  cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
+  JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(args);
+  return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
+  using Pref = typename FwdConfigFor<kHeadDim>::type;
+  using Small = typename FwdConfigSmallFor<kHeadDim>::type;
+  const int optin = max_smem_optin();
+  if (Pref::kSmemBytes <= optin) return launch_fwd<Element, Pref>(p, stream);
+  if (Small::kSmemBytes <= optin) return launch_fwd<Element, Small>(p, stream);
+  return cudaErrorNotSupported;  // not enough shared memory on this GPU
+}
+
+template <typename Element, int kHeadDim, typename Cfg, typename DqCfg>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  const BwdKernelArgs args{p, make_mask_info(p), make_softmax_scale(p.scale, p.softcap)};
+  cudaError_t err;
+
+  if (!p.deterministic) {  // dq_accum is uninitialised on entry
+    const size_t bytes = size_t(p.batch) * p.num_heads * p.seqlen_q_rounded * kHeadDim * sizeof(float);
+    err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream);
+    if (err != cudaSuccess) return err;
+  }
+
+  if (p.seqlen_k > 0) {  // dK, dV (and dQ atomics in fast mode)
+    auto kernel = bwd_kernel<Element, Cfg>;
+    err = set_smem(kernel, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_heads_k, p.batch);
+    JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(args);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+
+  if (p.seqlen_q == 0) return cudaSuccess;  // no dQ rows
+  if (p.deterministic) {  // dQ by its own sweep over KV blocks
+    auto kernel = bwd_dq_kernel<Element, DqCfg>;
+    err = set_smem(kernel, DqCfg::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid((p.seqlen_q + DqCfg::kBlockM - 1) / DqCfg::kBlockM, p.num_heads, p.batch);
+    JF_LAUNCH(kernel, grid, DqCfg::kThreads, DqCfg::kSmemBytes, stream)(args);
+  } else {  // dq = scale * dq_accum
+    const int64_t chunks = int64_t(p.seqlen_q) * (kHeadDim / 8);
+    const dim3 grid(unsigned((chunks + kConvertThreads - 1) / kConvertThreads), p.num_heads, p.batch);
+    auto kernel = dq_convert_kernel<Element, kHeadDim>;
+    JF_LAUNCH(kernel, grid, kConvertThreads, 0, stream)(args);
+  }
+  return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
+  using Pref = typename BwdConfigFor<kHeadDim>::type;
+  using Small = typename BwdConfigSmallFor<kHeadDim>::type;
+  using DqPref = typename DqConfigFor<kHeadDim>::type;
+  using DqSmall = typename DqConfigSmallFor<kHeadDim>::type;
+  const int optin = max_smem_optin();
+  if (Pref::kSmemBytes <= optin && DqPref::kSmemBytes <= optin)
+    return launch_bwd<Element, kHeadDim, Pref, DqPref>(p, stream);
+  if (Small::kSmemBytes <= optin && DqSmall::kSmemBytes <= optin)
+    return launch_bwd<Element, kHeadDim, Small, DqSmall>(p, stream);
+  return cudaErrorNotSupported;  // not enough shared memory on this GPU
+}
+
+}  // namespace jax_flash::sm80

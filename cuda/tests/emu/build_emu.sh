@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the self-test against the host emulator (no GPU needed):
+#   cuda/tests/emu/build_emu.sh [OUT_DIR]   ->   OUT_DIR/selftest_emu
+# Then: OUT_DIR/selftest_emu [--quick] [filter]; stress variants:
+#   JF_EMU_CPASYNC=eager JF_EMU_SHUFFLE=1 OUT_DIR/selftest_emu --quick
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
+OUT=${1:-$ROOT/build/emu}
+CUDA_INC=${CUDA_INC:-$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/../include}
+mkdir -p "$OUT"
+FLAGS=(-std=c++17 -O2 -g -DJAX_FLASH_HOST_EMULATION -I"$ROOT/cuda/include" -I"$ROOT/cuda"
+       -I"$ROOT/cuda/tests/emu" -I"$CUDA_INC" -I/usr/local/cuda/include)
+SRCS=("$ROOT"/cuda/instantiations/*_sm80.cu "$ROOT/cuda/sm80/dispatch.cu" "$ROOT/cuda/tests/selftest.cu")
+pids=()
+for f in "${SRCS[@]}"; do
+  g++ "${FLAGS[@]}" -x c++ -c "$f" -o "$OUT/$(basename "$f" .cu).o" &
+  pids+=($!)
+  if (( ${#pids[@]} >= $(nproc) )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+done
+for p in "${pids[@]}"; do wait "$p"; done
+g++ "${FLAGS[@]}" -c "$ROOT/cuda/tests/emu/emu.cpp" -o "$OUT/emu.o"
+g++ "$OUT"/*.o -o "$OUT/selftest_emu"
+echo "built $OUT/selftest_emu"

@@ -1,0 +1,107 @@
+"""The "cuda" backend: hand-written kernels called through XLA FFI.
+
+Python checks every request first (so users get a Python exception at trace
+time) and sizes the workspaces the kernels need (extra FFI results, so the
+handlers never allocate and stay CUDA-graph compatible).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_flash._src import ffi
+from jax_flash._src.backends import Unsupported, register
+from jax_flash._src.spec import AttentionSpec
+
+DTYPES = ("bfloat16", "float16")
+MAX_HEAD_DIM = 256
+
+
+def _round_up(x: int, m: int) -> int:
+  return (x + m - 1) // m * m
+
+
+def rounded_head_dim(d: int) -> int:
+  """Same rule as cuda/include/jax_flash/params.h."""
+  return 64 if d <= 64 else 96 if d <= 96 else 128 if d <= 128 else 256
+
+
+def _compute_capability() -> tuple[int, int] | None:
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    return None
+  cc = getattr(dev, "compute_capability", None)
+  if cc is None:
+    return None
+  major, minor = str(cc).split(".")
+  return int(major), int(minor)
+
+
+def _segments(spec, q_seg, kv_seg):
+  if spec.has_segment_ids:
+    return q_seg, kv_seg
+  dummy = jnp.zeros((1,), jnp.int32)  # the handler ignores them
+  return dummy, dummy
+
+
+class CudaBackend:
+  name = "cuda"
+
+  def check(self, spec: AttentionSpec, platform: str) -> None:
+    if platform not in ("gpu", "cuda"):
+      raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
+                        f"platform is {platform!r}")
+    if not ffi.available():
+      raise Unsupported(f"implementation='cuda': {ffi.unavailable_reason()}; "
+                        "reinstall with nvcc on PATH")
+    cc = _compute_capability()
+    if cc is not None and cc < (8, 0):
+      raise Unsupported(f"implementation='cuda' needs compute capability >= "
+                        f"8.0 (sm80+); this GPU is sm{cc[0]}{cc[1]}")
+    if spec.dtype not in DTYPES:
+      raise Unsupported(f"implementation='cuda' supports dtypes "
+                        f"{', '.join(DTYPES)}; got {spec.dtype}")
+    if not (1 <= spec.head_dim <= MAX_HEAD_DIM and spec.head_dim % 8 == 0):
+      # 16-byte vector loads of each row need head_dim % 8 == 0.
+      raise Unsupported(f"implementation='cuda' supports head_dim a multiple "
+                        f"of 8 in 8..{MAX_HEAD_DIM}; got {spec.head_dim}")
+    if spec.scale <= 0:
+      raise Unsupported(f"implementation='cuda' needs scale > 0; got "
+                        f"{spec.scale}")
+
+  def forward(self, spec: AttentionSpec, q, k, v, q_seg, kv_seg):
+    B, T, H, _ = q.shape
+    q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
+    out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                  jax.ShapeDtypeStruct((B, H, T), jnp.float32))
+    o, lse = ffi.call(ffi.FWD_SM80, out_shapes, q, k, v, q_seg, kv_seg,
+                      **ffi.mask_attrs(spec))
+    return o, lse
+
+  def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
+               kv_seg):
+    B, T, H, D = q.shape
+    S, H_kv = k.shape[1], k.shape[2]
+    q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
+    d_round = rounded_head_dim(D)
+    f32 = jnp.float32
+    dq_accum = (B * H * _round_up(T, 128) * d_round,)
+    # GQA sums dK/dV over the q heads of a group; the kernel may use these.
+    dkv_accum = ((B * H_kv * _round_up(S, 128) * d_round,)
+                 if H != H_kv else (1,))
+    out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                  jax.ShapeDtypeStruct(k.shape, k.dtype),
+                  jax.ShapeDtypeStruct(v.shape, v.dtype),
+                  jax.ShapeDtypeStruct(dq_accum, f32),
+                  jax.ShapeDtypeStruct(dkv_accum, f32),
+                  jax.ShapeDtypeStruct(dkv_accum, f32))
+    dq, dk, dv, *_ = ffi.call(ffi.BWD_SM80, out_shapes, q, k, v, o,
+                              lse.astype(f32), do, delta.astype(f32), q_seg,
+                              kv_seg, deterministic=bool(spec.deterministic),
+                              **ffi.mask_attrs(spec))
+    return dq, dk, dv
+
+
+register("cuda", CudaBackend)

@@ -1,0 +1,98 @@
+"""The CUDA (FFI) backend: the shared suite plus CUDA-specific checks.
+
+GPU only: everything here is skipped on a machine without a CUDA GPU or
+without the compiled extension. Run on the H200 through tools/gpu_check.sh,
+which sets JAX_FLASH_POISON_OUTPUTS=1 so the FFI handlers fill every output
+with NaN before each launch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+import reference
+from attention_suite import AttentionSuite
+from jax_flash._src import backends, ffi
+from reference import assert_close_to_reference
+
+ON_GPU = jax.default_backend() == "gpu"
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not ffi.available(),
+                       reason=f"CUDA extension not built: "
+                       f"{ffi.unavailable_reason()}"),
+]
+
+
+class TestCudaSuite(AttentionSuite):
+  implementation = "cuda"
+  dtypes = ("bfloat16", "float16")
+  head_dims = (64, 96, 128, 256)
+  long_seq = 300  # > two 128-row tiles
+  skip_unsupported = False  # every suite case must run on the kernels
+
+
+@pytest.mark.parametrize("head_dim", [40, 80, 200])
+def test_padded_head_dims(head_dim, rng):
+  """Head dims between buckets are served by the next bucket."""
+  B, T, S, H, Hk = 2, 37, 131, 4, 2
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+  q, k, v = mk(B, T, H, head_dim), mk(B, S, Hk, head_dim), mk(B, S, Hk,
+                                                               head_dim)
+  do = mk(B, T, H, head_dim)
+  f = lambda impl: jax.vjp(
+      lambda q, k, v: jax_flash.attention(q, k, v, causal=True,
+                                          implementation=impl), q, k, v)
+  o, vjp = f("cuda")
+  grads = vjp(do)
+  ref_o, _ = reference.attention(q, k, v, causal=True)
+  ref_g = reference.attention_vjp(q, k, v, do, causal=True)
+  base_o, base_vjp = jax.vjp(
+      lambda q, k, v: reference.dense_attention_jax(q, k, v, causal=True)[0],
+      q, k, v)
+  assert_close_to_reference("o", o, ref_o, base_o)
+  for name, g, r, b in zip("qkv", grads, ref_g, base_vjp(do)):
+    assert_close_to_reference("d" + name, g, r, b)
+
+
+def test_deterministic_mode_is_bitwise_reproducible(rng):
+  B, T, S, H, Hk, D = 2, 300, 300, 4, 2, 128
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+  q, k, v, do = mk(B, T, H, D), mk(B, S, Hk, D), mk(B, S, Hk, D), mk(B, T, H, D)
+
+  @jax.jit
+  def grads(q, k, v, do):
+    _, vjp = jax.vjp(lambda q, k, v: jax_flash.attention(
+        q, k, v, causal=True, implementation="cuda", deterministic=True), q,
+                     k, v)
+    return vjp(do)
+
+  first = [np.asarray(g) for g in grads(q, k, v, do)]
+  for _ in range(3):
+    again = grads(q, k, v, do)
+    for a, b in zip(first, again):
+      np.testing.assert_array_equal(a.view(np.uint16),
+                                    np.asarray(b).view(np.uint16))
+
+
+def test_default_dispatch_uses_cuda_on_gpu():
+  spec_args = dict(scale=0.1, batch=1, q_len=8, kv_len=8, num_heads=2,
+                   num_kv_heads=2, head_dim=64, dtype="bfloat16")
+  from jax_flash._src.spec import AttentionSpec
+  assert backends.choose(AttentionSpec(**spec_args), None, "gpu").name == "cuda"
+  # A head dim the kernels cannot load falls through to Pallas.
+  odd = AttentionSpec(**{**spec_args, "head_dim": 36})
+  assert backends.choose(odd, None, "gpu").name == "pallas"
+  f32 = AttentionSpec(**{**spec_args, "dtype": "float32"})
+  assert backends.choose(f32, None, "gpu").name == "pallas"
+
+
+def test_explicit_cuda_request_it_cannot_serve_raises(rng):
+  q = jnp.asarray(rng.standard_normal((1, 8, 2, 64)), jnp.float32)
+  with pytest.raises(NotImplementedError, match="dtype"):
+    jax_flash.attention(q, q, q, implementation="cuda")
