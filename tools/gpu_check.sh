@@ -25,6 +25,8 @@ if has build; then
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
     note "build: using the carried extension $(ls jax_flash/_jax_flash_cuda*.so)"
   elif [[ -f cuda/CMakeLists.txt ]]; then
+    # Installed copy only: PYTHONSAFEPATH keeps the source tree (no .so) off sys.path.
+    export PYTHONSAFEPATH=1
     if $PY -m pip install --no-build-isolation --no-deps -q . >"$OUT/build.log" 2>&1; then
       note "build: pip install ok ($((SECONDS-t0)) s)"
       cd /tmp && $PY -c "import jax_flash; print(jax_flash.available_implementations())"; cd - >/dev/null

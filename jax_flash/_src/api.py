@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._src import backends
+from jax_flash._src import backends, sharding
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 from jax_flash._src.vjp import attention_fn
 
@@ -43,8 +43,8 @@ def attention(query, key, value, *, causal: bool = False,
     softcap: if set, scores become softcap * tanh(scores / softcap).
     segment_ids: (q_ids [..., T], kv_ids [..., S]) integer arrays, or one
       array [..., T] when T == S; attention only within equal ids (packing).
-    return_lse: also return the natural-log logsumexp [..., H, T] (float32;
-      -inf for rows that see no key).
+    return_lse: also return the natural-log logsumexp [..., H, T] (float32,
+      float64 for float64 inputs; -inf for rows that see no key).
     implementation: "cuda", "pallas", "xla", or None for the best available.
     deterministic: ask the backward for a fixed accumulation order (bitwise
       reproducible gradients) where the backend has a choice.
@@ -75,10 +75,10 @@ def attention(query, key, value, *, causal: bool = False,
   backend = backends.choose(spec, implementation, _platform(q))
 
   B = spec.batch
-  fold = lambda x, n: x.reshape((B,) + x.shape[len(batch_shape):])
-  args = [fold(q, 3), fold(k, 3), fold(v, 3)]
+  fold = lambda x: x.reshape((B,) + x.shape[len(batch_shape):])
+  args = [fold(q), fold(k), fold(v)]
   args += [s.reshape(B, -1).astype(jnp.int32) for s in segs]
-  o, lse = attention_fn(backend.name, spec)(*args)
+  o, lse = sharding.call(lambda s: attention_fn(backend.name, s), spec, *args)
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o

@@ -58,6 +58,18 @@ def init_state(shape_rows, head_dim_shape, dtype=jnp.float32):
   return m, l, acc
 
 
+def init_state_like(x, dtype=jnp.float32):
+  """`init_state` for rows of x [..., rows, D], keeping x's sharding.
+
+  Under explicitly sharded meshes a loop carry must keep the sharding of the
+  values flowing into it; *_like constructors inherit it from x.
+  """
+  m = jnp.full_like(x[..., 0], NEG_INF, dtype=dtype)
+  l = jnp.zeros_like(x[..., 0], dtype=dtype)
+  acc = jnp.zeros_like(x, dtype=dtype)
+  return m, l, acc
+
+
 def _to_base2(x, base2: bool):
   return x if base2 else x * LOG2E
 

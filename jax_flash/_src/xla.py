@@ -92,8 +92,6 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
 
   def one_q_block(args):
     i, q_blk, qs_blk = args
-    rows = q_blk.shape[:-1]
-
     def body(j, state):
       k_blk, v_blk = kb[j], vb[j]
       ks_blk = None if ksb is None else ksb[j]
@@ -105,7 +103,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
 
     first, last = masking.kv_block_range(spec, i * bq, bq, bk, nk)
     state = lax.fori_loop(first, last, body,
-                          softmax.init_state(rows, q_blk.shape, acc_t))
+                          softmax.init_state_like(q_blk, acc_t))
     o, lse = softmax.finalize(state)
     return o.astype(q.dtype), lse
 
@@ -164,12 +162,12 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg):
       return dk, dv, dq_acc
 
     first, last = masking.q_block_range(spec, j * bk, bk, bq, nq)
-    zeros = jnp.zeros(k2.shape, acc_t)
+    zeros = jnp.zeros_like(k2, dtype=acc_t)  # keeps k's sharding
     dk, dv, dq_acc = lax.fori_loop(first, last, body, (zeros, zeros, dq_acc))
     return dq_acc, (dk, dv)
 
   idx = jnp.arange(nk, dtype=jnp.int32)
-  dq_acc = jnp.zeros(qb.shape, acc_t)
+  dq_acc = jnp.zeros_like(qb, dtype=acc_t)
   xs = (idx, kb, vb, ksb if ksb is not None else idx)
   if ksb is None:
     step = lambda c, a: one_kv_block(c, (a[0], a[1], a[2], None))
