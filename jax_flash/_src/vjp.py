@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src import backends
+from jax_flash._src import backends, sharding
 from jax_flash._src.batching import fold_into_batch
 from jax_flash._src.spec import AttentionSpec
 
@@ -26,22 +26,38 @@ def softmax_delta(o, do, dlse):
   return d - dlse.astype(acc)
 
 
+# Backends whose calls are opaque to XLA (pallas_call, FFI custom calls); their
+# forward and backward get a custom_partitioning rule (sharding.partitioned).
+CUSTOM_CALL_BACKENDS = frozenset({"pallas", "cuda"})
+
+
 @functools.lru_cache(maxsize=None)
 def attention_fn(backend_name: str, spec: AttentionSpec):
   """fn(q, k, v, *segment_ids) -> (o, lse), differentiable and vmappable."""
   backend = backends.get(backend_name)
 
-  def _forward(q, k, v, *segs):
+  def _forward(local, q, k, v, *segs):
     q_seg, kv_seg = segs if segs else (None, None)
-    return tuple(backend.forward(spec, q, k, v, q_seg, kv_seg))
+    return tuple(backend.forward(local, q, k, v, q_seg, kv_seg))
 
-  def _backward(q, k, v, o, lse, do, delta, *segs):
+  def _backward(local, q, k, v, o, lse, do, delta, *segs):
     q_seg, kv_seg = segs if segs else (None, None)
     return tuple(
-        backend.backward(spec, q, k, v, o, lse, do, delta, q_seg, kv_seg))
+        backend.backward(local, q, k, v, o, lse, do, delta, q_seg, kv_seg))
 
-  forward = fold_into_batch(_forward)
-  backward = fold_into_batch(_backward)
+  if backend_name in CUSTOM_CALL_BACKENDS:
+    # Opaque kernel calls: tell the partitioner they split over batch/heads.
+    fwd_call = sharding.partitioned("forward", spec, _forward)
+    bwd_call = sharding.partitioned("backward", spec, _backward)
+  else:  # plain JAX: XLA partitions it like any other computation
+    fwd_call = lambda *a: _forward(sharding.local_spec(spec, a[0].shape,
+                                                       a[1].shape), *a)
+    bwd_call = lambda *a: _backward(sharding.local_spec(spec, a[0].shape,
+                                                        a[1].shape), *a)
+  # custom_vjp(custom_vmap(custom_partitioning(backend call))): vmap folds
+  # into batch first, then the (folded) call is partitioned.
+  forward = fold_into_batch(fwd_call)
+  backward = fold_into_batch(bwd_call)
 
   @jax.custom_vjp
   def attention(q, k, v, *segs):

@@ -1,0 +1,298 @@
+"""jax_flash.ring_attention: sequence-sharded attention over the 8 host devices.
+
+Forward (o and lse) and gradients (through o and lse) against the float64
+reference (the project's error criterion, tests/reference.py) and against the
+unsharded `jax_flash.attention`; meshes (8,) seq-only and (2, 4) batch x seq
+(and heads x seq); causal / non-causal, contiguous / zigzag layouts, GQA,
+segment ids with fully masked rows; the zigzag permutation; the jit +
+NamedSharding entry and the inside-shard_map entry; the Pallas backend on a
+tiny shape (interpret mode on CPU); argument errors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jax_flash
+import reference
+from jax_flash._src import ring
+
+# B, T, H, H_kv, D: GQA; T divisible by 2 * 8 (zigzag over 8 devices).
+SHAPE = (2, 48, 4, 2, 16)
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _ieee_float32():
+  with jax.default_matmul_precision("highest"):
+    yield
+
+
+def _need(n):
+  if len(jax.devices()) < n:
+    pytest.skip(f"needs {n} devices, have {len(jax.devices())} (conftest sets "
+                "--xla_force_host_platform_device_count=8 for CPU)")
+
+
+def _mesh(name):
+  """(mesh, kwargs for ring_attention, input PartitionSpec)."""
+  devs = jax.devices()
+  if name == "seq8":
+    _need(8)
+    return (Mesh(np.array(devs[:8]), ("s",)), dict(seq_axis="s"),
+            P(None, "s"))
+  if name == "batch2_seq4":
+    _need(8)
+    return (Mesh(np.array(devs[:8]).reshape(2, 4), ("b", "s")),
+            dict(seq_axis="s", batch_axis="b"), P("b", "s"))
+  if name == "heads2_seq4":
+    _need(8)
+    return (Mesh(np.array(devs[:8]).reshape(2, 4), ("h", "s")),
+            dict(seq_axis="s", head_axis="h"), P(None, "s", "h"))
+  raise ValueError(name)
+
+
+def _qkv(rng, shape=SHAPE, dtype=jnp.float32):
+  B, T, H, Hk, D = shape
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s, np.float32), dtype)
+  return mk(B, T, H, D), mk(B, T, Hk, D), mk(B, T, Hk, D)
+
+
+def _segments(rng, B, T):
+  """Packed segments; q ids 7 never occur in kv: those rows see no key."""
+  q_seg = np.sort(rng.integers(0, 3, (B, T)), axis=1)
+  kv_seg = q_seg.copy()
+  q_seg[:, T // 3:T // 3 + 3] = 7
+  return jnp.asarray(q_seg, jnp.int32), jnp.asarray(kv_seg, jnp.int32)
+
+
+def _weights(shape):
+  return jnp.cos(jnp.arange(np.prod(shape), dtype=jnp.float32)).reshape(shape)
+
+
+def _loss(attn):
+  """sum(o * w) + 0.1 * sum(lse) (finite part): exercises do and dlse."""
+  def loss(q, k, v):
+    o, lse = attn(q, k, v)
+    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+    return jnp.sum(o * _weights(o.shape)) + 0.1 * jnp.sum(lse)
+  return loss
+
+
+def _fwd_and_grads(attn, q, k, v):
+  return attn(q, k, v), jax.grad(_loss(attn), argnums=(0, 1, 2))(q, k, v)
+
+
+def _check_vs_reference(got, q, k, v, **kw):
+  (o, lse), grads = got
+  ref_o, ref_lse = reference.attention(q, k, v, **kw)
+  # The same-dtype dense XLA baseline of the error criterion (jitted: eager
+  # op-by-op dispatch of it and its gradient costs seconds per test).
+  dense = functools.partial(reference.dense_attention_jax, **kw)
+  (base_o, base_lse), base_g = jax.jit(
+      functools.partial(_fwd_and_grads, dense))(q, k, v)
+  reference.assert_close_to_reference("o", o, ref_o, base_o)
+  reference.assert_close_to_reference("lse", lse, ref_lse, base_lse)
+  dlse = np.where(np.isfinite(ref_lse), 0.1, 0.0)
+  ref_g = reference.attention_vjp(q, k, v, np.asarray(_weights(o.shape)),
+                                  dlse=dlse, **kw)
+  for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_g, base_g):
+    reference.assert_close_to_reference(name, g, r, b)
+
+
+def _close(a, b, **tol):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape)
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    fin = np.isfinite(y)
+    np.testing.assert_array_equal(x[~fin], y[~fin])
+    np.testing.assert_allclose(x[fin], y[fin], **(tol or TOL))
+
+
+@pytest.mark.parametrize("mesh_name,causal,layout,segments,extra", [
+    ("seq8", False, None, True, {}),
+    ("seq8", True, "contiguous", True, dict(softcap=2.5, scale=0.3)),
+    ("batch2_seq4", True, "zigzag", True, {}),
+    ("heads2_seq4", True, "zigzag", False, dict(softcap=3.0)),
+])
+def test_matches_reference_and_unsharded(mesh_name, causal, layout, segments,
+                                         extra, rng):
+  """jit on NamedSharding inputs: o, lse and grads vs float64 and vs
+  unsharded jax_flash.attention (GQA; softcap and scale pass through)."""
+  mesh, axes, spec = _mesh(mesh_name)
+  q, k, v = _qkv(rng)
+  B, T = q.shape[:2]
+  segs = _segments(rng, B, T) if segments else None
+  kw = dict(causal=causal, **extra)
+  if segments:
+    kw["segment_ids"] = segs
+
+  def ring_attn(q, k, v):
+    return jax_flash.ring_attention(q, k, v, mesh=mesh, layout=layout,
+                                    return_lse=True, **axes, **kw)
+
+  def plain(q, k, v):
+    return jax_flash.attention(q, k, v, return_lse=True, **kw)
+
+  sh = NamedSharding(mesh, spec)
+  qs, ks, vs = (jax.device_put(x, sh) for x in (q, k, v))
+  got = jax.jit(functools.partial(_fwd_and_grads, ring_attn))(qs, ks, vs)
+  assert got[0][0].sharding.spec[:2] == spec[:2] or len(
+      got[0][0].sharding.device_set) == 8
+  _check_vs_reference(got, q, k, v, **kw)
+  _close(got, jax.jit(functools.partial(_fwd_and_grads, plain))(q, k, v))
+
+
+def test_zigzag_permutation_round_trips(rng):
+  _need(8)
+  n, T = 8, 48
+  x = jnp.asarray(rng.standard_normal((2, T, 3)), jnp.float32)
+  idx = ring.zigzag_indices(T, n)
+  c = T // (2 * n)
+  # device i holds chunks i and 2n-1-i
+  assert list(idx[:2 * c]) == list(range(c)) + list(range(T - c, T))
+  z = ring.zigzag_permute(x, n)
+  np.testing.assert_array_equal(ring.zigzag_unpermute(z, n), x)
+  # The in-shard_map reordering (two ppermutes) equals the global one, and
+  # its inverse round-trips.
+  mesh = Mesh(np.array(jax.devices()[:n]), ("s",))
+  to = jax.shard_map(lambda x: ring._local_to_zigzag(x, "s", n, 1), mesh=mesh,
+                     in_specs=P(None, "s"), out_specs=P(None, "s"))
+  back = jax.shard_map(lambda x: ring._local_from_zigzag(x, "s", n, 1),
+                       mesh=mesh, in_specs=P(None, "s"),
+                       out_specs=P(None, "s"))
+  np.testing.assert_array_equal(jax.jit(to)(x), z)
+  np.testing.assert_array_equal(jax.jit(back)(z), x)
+
+
+@pytest.mark.parametrize("layout", ["zigzag_preordered"])
+def test_inside_shard_map(layout, rng):
+  """mesh=None: called on local shards inside the user's shard_map; with
+  "zigzag_preordered" the user keeps the sequence in zigzag order."""
+  mesh, axes, spec = _mesh("batch2_seq4")
+  n = mesh.shape["s"]
+  q, k, v = _qkv(rng)
+  segs = _segments(rng, *q.shape[:2])
+  pre = layout == "zigzag_preordered"
+  perm = (lambda x, a=1: ring.zigzag_permute(x, n, a)) if pre else (
+      lambda x, a=1: x)
+  unperm = (lambda x, a=1: ring.zigzag_unpermute(x, n, a)) if pre else (
+      lambda x, a=1: x)
+
+  def local(q, k, v, qs, ks):
+    return jax_flash.ring_attention(q, k, v, seq_axis="s", causal=True,
+                                    segment_ids=(qs, ks), layout=layout,
+                                    return_lse=True)
+
+  qkv = P("b", "s")
+  attn_sm = jax.shard_map(local, mesh=mesh, in_specs=(qkv,) * 5,
+                          out_specs=(qkv, P("b", None, "s")))
+
+  def attn(q, k, v):
+    o, lse = attn_sm(perm(q), perm(k), perm(v), perm(segs[0]), perm(segs[1]))
+    return unperm(o), unperm(lse, 2)
+
+  got = jax.jit(functools.partial(_fwd_and_grads, attn))(q, k, v)
+  _check_vs_reference(got, q, k, v, causal=True, segment_ids=segs)
+
+
+def test_sharded_inputs_stay_sharded_no_all_gather(rng):
+  """The compiled program only moves kv chunks (collective-permute): no
+  all-gather of q/k/v, and the output keeps the input sharding."""
+  mesh, axes, spec = _mesh("batch2_seq4")
+  q, k, v = _qkv(rng)
+  sh = NamedSharding(mesh, P("b", "s", None, None))
+  qs, ks, vs = (jax.device_put(x, sh) for x in (q, k, v))
+  attn = functools.partial(jax_flash.ring_attention, mesh=mesh, causal=True,
+                           return_lse=True, **axes)
+  f = jax.jit(functools.partial(_fwd_and_grads, attn))
+  compiled = f.lower(qs, ks, vs).compile()
+  text = compiled.as_text()
+  assert "collective-permute" in text
+  assert "all-gather" not in text
+  (o, _), grads = compiled(qs, ks, vs)
+  assert o.sharding.is_equivalent_to(sh, 4)
+  assert grads[1].sharding.is_equivalent_to(sh, 4)
+
+
+def test_eager_call_and_single_device_axis(rng):
+  """Eager (no jit) works, and a ring of size 1 is plain attention."""
+  devs = jax.devices()
+  q, k, v = _qkv(rng, shape=(2, 16, 2, 2, 8))
+  mesh = Mesh(np.array(devs[:1]), ("s",))
+  o = jax_flash.ring_attention(q, k, v, mesh=mesh, seq_axis="s", causal=True)
+  _close(o, jax_flash.attention(q, k, v, causal=True))
+
+
+def test_pallas_backend_tiny(rng):
+  """The per-step kernels from the Pallas backend (interpret mode on CPU)."""
+  if "pallas" not in jax_flash.available_implementations():
+    pytest.skip("pallas backend not registered")
+  _need(2)
+  mesh = Mesh(np.array(jax.devices()[:2]), ("s",))
+  q, k, v = _qkv(rng, shape=(1, 8, 2, 1, 32))
+  attn = functools.partial(jax_flash.ring_attention, mesh=mesh, seq_axis="s",
+                           causal=True, return_lse=True,
+                           implementation="pallas")
+  got = jax.jit(functools.partial(_fwd_and_grads, attn))(q, k, v)
+  _check_vs_reference(got, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("kwargs,shape,match", [
+    (dict(), (1, 48, 2, 2, 8), "T == S"),
+    (dict(causal=True), (1, 40, 2, 2, 8), "divisible by 16"),
+    (dict(layout="contiguous"), (1, 44, 2, 2, 8), "divisible by 8"),
+    (dict(layout="ring"), (1, 48, 2, 2, 8), "layout"),
+    (dict(seq_axis="x"), (1, 48, 2, 2, 8), "not an axis"),
+    (dict(implementation="nope"), (1, 48, 2, 2, 8), "implementation"),
+    (dict(scale=float("nan")), (1, 48, 2, 2, 8), "scale"),
+])
+def test_errors(kwargs, shape, match, rng):
+  mesh, axes, _ = _mesh("seq8")
+  q, k, v = _qkv(rng, shape=shape)
+  if match == "T == S":
+    k, v = k[:, :32], v[:, :32]
+  kw = dict(axes, mesh=mesh)
+  kw.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    jax_flash.ring_attention(q, k, v, **kw)
+
+
+def test_errors_heads_and_outside_shard_map(rng):
+  mesh, axes, _ = _mesh("heads2_seq4")
+  q, k, v = _qkv(rng, shape=(1, 32, 4, 1, 8))  # 1 kv head over 2 devices
+  with pytest.raises(ValueError, match="divisible"):
+    jax_flash.ring_attention(q, k, v, mesh=mesh, **axes)
+  with pytest.raises(ValueError, match="inside a jax.shard_map"):
+    jax_flash.ring_attention(q, k, v, seq_axis="s")
+
+
+def _use_mesh(mesh):
+  if hasattr(jax, "set_mesh"):
+    return jax.set_mesh(mesh)
+  return jax.sharding.use_mesh(mesh)
+
+
+def test_explicit_mesh_axes(rng):
+  """Explicit mesh axes (jax.make_mesh's default): inputs sharded otherwise
+  than P(batch, seq) are resharded onto the ring; output is seq-sharded."""
+  _need(8)
+  mesh = jax.make_mesh((2, 4), ("b", "s"),
+                       axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  q, k, v = _qkv(rng, shape=(2, 32, 4, 2, 8))
+  attn = functools.partial(jax_flash.ring_attention, mesh=mesh, seq_axis="s",
+                           batch_axis="b", causal=True, return_lse=True)
+  plain = functools.partial(jax_flash.attention, causal=True, return_lse=True)
+  expected = jax.jit(functools.partial(_fwd_and_grads, plain))(q, k, v)
+  with _use_mesh(mesh):
+    sh = NamedSharding(mesh, P("b", None))  # not sequence-sharded
+    qs, ks, vs = (jax.device_put(x, sh) for x in (q, k, v))
+    got = jax.jit(functools.partial(_fwd_and_grads, attn))(qs, ks, vs)
+  _close(got, expected)
+  assert tuple(got[0][0].sharding.spec)[:2] == ("b", "s")
