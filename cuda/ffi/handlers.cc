@@ -95,6 +95,18 @@ void FillShapes(FwdParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   p.v = v.untyped_data();
 }
 
+// SM count of the current device, queried once per device: the handler runs on
+// every attention call, so it should not ask the driver each time.
+int MultiprocessorCount() {
+  static int cache[64] = {0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
+  if (cache[device] == 0) {
+    cudaDeviceGetAttribute(&cache[device], cudaDevAttrMultiProcessorCount, device);
+  }
+  return cache[device];
+}
+
 ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
                        int32_t window_left, int32_t window_right, bool causal,
                        bool has_segment_ids, const ffi::AnyBuffer& q_seg,
@@ -122,9 +134,7 @@ ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
     p.q_segment = static_cast<const int32_t*>(q_seg.untyped_data());
     p.kv_segment = static_cast<const int32_t*>(kv_seg.untyped_data());
   }
-  int device = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, device);
+  p.num_sms = MultiprocessorCount();
   return ffi::Error::Success();
 }
 

@@ -2,6 +2,7 @@
 
 Everything here runs at trace time on shapes and Python values, so a bad call
 raises a Python exception naming the argument before anything is compiled.
+The `check_*` helpers are shared with `ring_attention` (ring.py).
 """
 
 from __future__ import annotations
@@ -54,21 +55,21 @@ def attention(query, key, value, *, causal: bool = False,
     see no key give zeros.
   """
   q, k, v = query, key, value
-  _check_arrays(q, k, v)
+  check_arrays(q, k, v)
   batch_shape = q.shape[:-3]
   T, H, D = q.shape[-3:]
   S, H_kv = k.shape[-3], k.shape[-2]
   spec = AttentionSpec(
-      scale=_check_scale(scale, D),
+      scale=check_scale(scale, D),
       causal=bool(causal),
       **_window_fields(window, causal),
-      softcap=_check_softcap(softcap),
+      softcap=check_softcap(softcap),
       has_segment_ids=segment_ids is not None,
       batch=int(np.prod(batch_shape, dtype=np.int64)),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv, head_dim=D,
       dtype=jnp.dtype(q.dtype).name,
       deterministic=bool(deterministic))
-  segs = _check_segment_ids(segment_ids, batch_shape, T, S)
+  segs = check_segment_ids(segment_ids, batch_shape, T, S)
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
@@ -94,7 +95,7 @@ def _platform(x) -> str:
     return backends.default_platform()
 
 
-def _check_arrays(q, k, v):
+def check_arrays(q, k, v):
   for name, x in (("query", q), ("key", k), ("value", v)):
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
       raise ValueError(f"{name} must be an array, got {type(x).__name__}")
@@ -133,7 +134,7 @@ def _check_arrays(q, k, v):
                      f"{q.shape[-3]}, key seq {k.shape[-3]}")
 
 
-def _check_scale(scale, D) -> float:
+def check_scale(scale, D) -> float:
   if scale is None:
     return 1.0 / math.sqrt(D)
   if isinstance(scale, jax.core.Tracer) or not isinstance(
@@ -143,7 +144,7 @@ def _check_scale(scale, D) -> float:
   return float(scale)
 
 
-def _check_softcap(softcap):
+def check_softcap(softcap):
   if softcap is None:
     return None
   if isinstance(softcap, jax.core.Tracer) or not isinstance(
@@ -170,7 +171,7 @@ def _window_fields(window, causal) -> dict:
   return dict(window_left=left, window_right=right)
 
 
-def _check_segment_ids(segment_ids, batch_shape, T, S):
+def check_segment_ids(segment_ids, batch_shape, T, S):
   if segment_ids is None:
     return ()
   if isinstance(segment_ids, (tuple, list)):

@@ -62,8 +62,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import numbers
 
 import jax
 import jax.numpy as jnp
@@ -71,11 +69,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jax_flash._src import backends
+from jax_flash._src import api, backends
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 LAYOUTS = ("zigzag", "contiguous", "zigzag_preordered")
-_SUPPORTED_DTYPES = ("bfloat16", "float16", "float32", "float64")
 NEG_INF = float("-inf")
 
 
@@ -130,7 +127,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                      f"{implementation!r}")
   B, T, H, D = q.shape
   H_kv = k.shape[2]
-  q_seg, kv_seg = _check_segment_ids(segment_ids, q.shape[:2])
+  q_seg, kv_seg = api.check_segment_ids(segment_ids, q.shape[:1],
+                                        q.shape[1], k.shape[1]) or (None, None)
 
   if mesh is None:
     for name, ax in (("batch_axis", batch_axis), ("head_axis", head_axis)):
@@ -178,8 +176,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                      f"(2 chunks per device); got {T}")
 
   local = AttentionSpec(
-      scale=_check_scale(scale, D), causal=False,
-      softcap=_check_softcap(softcap), has_segment_ids=q_seg is not None,
+      scale=api.check_scale(scale, D), causal=False,
+      softcap=api.check_softcap(softcap), has_segment_ids=q_seg is not None,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
       num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
@@ -494,71 +492,14 @@ def _lse_dtype(dtype):
 
 
 def _check_arrays(q, k, v):
+  """The checks of `jax_flash.attention`, plus what the ring needs."""
+  api.check_arrays(q, k, v)
   for name, x in (("query", q), ("key", k), ("value", v)):
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-      raise ValueError(f"{name} must be an array, got {type(x).__name__}")
     if x.ndim != 4:
       raise ValueError(f"ring_attention: {name} must have shape [batch, seq, "
                        f"heads, head_dim]; got shape {x.shape}")
-    if jnp.dtype(x.dtype).name not in _SUPPORTED_DTYPES:
-      raise ValueError(f"{name} has dtype {x.dtype}; supported dtypes: "
-                       f"{', '.join(_SUPPORTED_DTYPES)}")
-  if not q.dtype == k.dtype == v.dtype:
-    raise ValueError(f"query, key and value must have the same dtype; got "
-                     f"{q.dtype}, {k.dtype}, {v.dtype}")
-  if k.shape != v.shape:
-    raise ValueError(f"key and value must have the same shape; got key "
-                     f"{k.shape} and value {v.shape}")
-  if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-    raise ValueError(f"batch and head_dim of query {q.shape} and key/value "
-                     f"{k.shape} must match")
   if q.shape[1] != k.shape[1]:
     raise ValueError(
         f"ring_attention needs equal query and key/value sequence lengths "
         f"(T == S); got T={q.shape[1]}, S={k.shape[1]}. Use "
         f"jax_flash.attention for T != S.")
-  H, H_kv = q.shape[2], k.shape[2]
-  if H_kv == 0 or H % H_kv:
-    raise ValueError(f"query heads ({H}) must be a multiple of key/value "
-                     f"heads ({H_kv}) (GQA/MQA)")
-
-
-def _check_scale(scale, D) -> float:
-  if scale is None:
-    return 1.0 / math.sqrt(D)
-  if isinstance(scale, jax.core.Tracer) or not isinstance(
-      scale, numbers.Real) or not math.isfinite(float(scale)):
-    raise ValueError(f"scale must be a finite Python float (a static value), "
-                     f"got {scale!r}")
-  return float(scale)
-
-
-def _check_softcap(softcap):
-  if softcap is None:
-    return None
-  if isinstance(softcap, jax.core.Tracer) or not isinstance(
-      softcap, numbers.Real) or not (float(softcap) > 0 and
-                                     math.isfinite(float(softcap))):
-    raise ValueError(f"softcap must be None or a positive finite float, got "
-                     f"{softcap!r}")
-  return float(softcap)
-
-
-def _check_segment_ids(segment_ids, bt):
-  if segment_ids is None:
-    return None, None
-  if isinstance(segment_ids, (tuple, list)):
-    if len(segment_ids) != 2:
-      raise ValueError("segment_ids must be (q_segment_ids, kv_segment_ids) "
-                       f"or one array; got {len(segment_ids)} items")
-    q_ids, kv_ids = segment_ids
-  else:
-    q_ids = kv_ids = segment_ids
-  for name, ids in (("q_segment_ids", q_ids), ("kv_segment_ids", kv_ids)):
-    if not hasattr(ids, "shape") or not jnp.issubdtype(ids.dtype, jnp.integer):
-      raise ValueError(f"{name} must be an integer array, got "
-                       f"{getattr(ids, 'dtype', type(ids).__name__)}")
-    if tuple(ids.shape) != tuple(bt):
-      raise ValueError(f"{name} must have shape {tuple(bt)} ([batch, seq]), "
-                       f"got {tuple(ids.shape)}")
-  return q_ids, kv_ids
