@@ -48,7 +48,7 @@ if has selftest; then
       -o build_carry/selftest >"$OUT/selftest_build.log" 2>&1 || tail -20 "$OUT/selftest_build.log"
   fi
   t0=$SECONDS
-  timeout 120 build_carry/selftest >"$OUT/selftest.log" 2>&1
+  timeout ${SELFTEST_TIMEOUT:-120} build_carry/selftest >"$OUT/selftest.log" 2>&1
   rc=$?
   tail -60 "$OUT/selftest.log"
   note "selftest: rc=$rc $(tail -1 "$OUT/selftest.log") ($((SECONDS-t0)) s)"
@@ -66,7 +66,7 @@ fi
 if has sanitize; then
   for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
     t0=$SECONDS
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 1 build_carry/selftest --quick >"$OUT/$tool.log" 2>&1
+    timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 build_carry/selftest --quick >"$OUT/$tool.log" 2>&1
     note "$tool (selftest --quick): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$tool.log" | tail -1) ($((SECONDS-t0)) s)"
   done
 fi

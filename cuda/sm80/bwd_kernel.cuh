@@ -11,7 +11,12 @@
 //   P = 2^(S*scale*log2e - LSE*log2e), dS = P (dP - delta) [* tanh']
 //   P, dS -> shared memory (16-bit) ------- barrier
 //   dV += P^T dO, dK += dS^T Q              (warp tiles of the dKV layout)
-//   dQ  = dS K -> atomicAdd into dq_accum   (fast mode only)
+//   dQ  = dS K -> dq_accum                   (fast mode only)
+//
+// dQ reaches dq_accum (fp32) by float2 atomics, or on sm90 (kBulkDq) through
+// a shared-memory tile that the copy engine adds into dq_accum one row per
+// instruction (cp.reduce.async.bulk), issued after the next iteration's first
+// barrier so that it overlaps that iteration's S/dP products.
 //
 // Deterministic mode skips the dQ part; bwd_dq_kernel.cuh computes dQ.
 #pragma once
@@ -47,7 +52,18 @@ struct BwdCoords {
   }
 };
 
-template <typename Element, typename Cfg>
+// Rows of the dQ tile staged in shared memory -> dq_accum (kBulkDq): thread r
+// issues row r. dq points at the tile's first row.
+template <typename Cfg>
+JF_DEVICE void issue_dq_rows(float* dq, uint32_t sdQ, int rows_valid, int tid) {
+  if (tid < Cfg::kBlockM && tid < rows_valid) {
+    bulk_reduce_add_f32(dq + tid * Cfg::kHeadDim, sdQ + tid * Cfg::kDqPitch * 4,
+                        Cfg::kHeadDim * 4);
+    bulk_commit();
+  }
+}
+
+template <typename Element, typename Cfg, bool kBulkDq>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
   JF_SMEM(smem);
   check_smem_alignment(smem);
@@ -111,6 +127,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const float softcap_pre = args.sm.softcap_pre;
   const float scale_log2 = args.sm.scale_log2;
   const bool fused_dq = !p.deterministic;
+  // dQ rows of the staged tile (kBulkDq): of dq_accum row block (hq, m0).
+  const uint32_t sdQ = smem_addr(smem + Cfg::kSmemdQ);
+  auto dq_accum_ptr = [&](int hq, int m0) {
+    return p.dq_accum + ((int64_t(launder(batch)) * p.num_heads + hq) * p.seqlen_q_rounded + m0) *
+                            Cfg::kHeadDim;
+  };
+  int staged_hq = 0, staged_m0 = 0;  // the tile waiting in sdQ (kBulkDq)
 
   // Iteration it visits (q head hq, query block m_block); the pair advances
   // m_block first, then the head of the GQA group.
@@ -129,6 +152,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
     cp_async_wait<0>();
     __syncthreads();  // Q/dO[it] visible; every warp is done with iteration it-1
+    if constexpr (kBulkDq)
+      if (fused_dq && it > 0)  // dQ of iteration it-1 is complete in sdQ
+        issue_dq_rows<Cfg>(dq_accum_ptr(staged_hq, staged_m0), sdQ, p.seqlen_q - staged_m0,
+                           opaque_tid());
     if (it + 1 < iters) {
       const int m0_n = m_block_n * Cfg::kBlockM;
       const uint32_t off = (stage ^ 1) * QTile::kBytes;
@@ -167,6 +194,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       store_c<Element, Cfg::kMT_S, Cfg::kNT_S, PTile>(smem + Cfg::kSmemdS, acc_dp, c.s_row,
                                                       c.s_col, c.lane);
     }
+    if constexpr (kBulkDq) bulk_wait_read_all();  // sdQ free again (issued at the top)
     __syncthreads();  // P and dS complete
 
     // ---- dV += P^T dO, dK += dS^T Q on the dKV warp tiles
@@ -188,33 +216,50 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       zero(acc_dq);
       gemm_ss<Element, Cfg::kMT_Q, Cfg::kNT_Q, Cfg::kBlockN, false, true, PTile, KTile>(
           acc_dq, sdS, c.q_row, sK, c.q_col, LdsmLane{c.lane});
-      float* dq = p.dq_accum +
-                  ((int64_t(launder(batch)) * p.num_heads + hq) * p.seqlen_q_rounded + m0) *
-                      Cfg::kHeadDim;
       const int g = c.lane >> 2, t = c.lane & 3;
+      if constexpr (kBulkDq) {  // whole tile (rows past the end are never issued)
+        float* tile = reinterpret_cast<float*>(smem + Cfg::kSmemdQ);
 #pragma unroll
-      for (int i = 0; i < Cfg::kMT_Q; ++i)
+        for (int i = 0; i < Cfg::kMT_Q; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = c.q_row + i * 16 + g + 8 * h;
-          if (r < rows_valid) {
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int n = 0; n < Cfg::kNT_Q; ++n) {
-              const int col = c.q_col + n * 8 + 2 * t;
-              if (col < p.head_dim) {
-                atomicAdd(dq + r * Cfg::kHeadDim + col, acc_dq[i][n][2 * h]);
-                atomicAdd(dq + r * Cfg::kHeadDim + col + 1, acc_dq[i][n][2 * h + 1]);
+              const int r = c.q_row + i * 16 + g + 8 * h, col = c.q_col + n * 8 + 2 * t;
+              *reinterpret_cast<float2*>(tile + r * Cfg::kDqPitch + col) =
+                  make_float2(acc_dq[i][n][2 * h], acc_dq[i][n][2 * h + 1]);
+            }
+        fence_proxy_async_smem();  // visible to the copy engine after the next barrier
+        staged_hq = hq;
+        staged_m0 = m0;
+      } else {
+        float* dq = dq_accum_ptr(hq, m0);
+#pragma unroll
+        for (int i = 0; i < Cfg::kMT_Q; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = c.q_row + i * 16 + g + 8 * h;
+            if (r < rows_valid) {
+#pragma unroll
+              for (int n = 0; n < Cfg::kNT_Q; ++n) {
+                const int col = c.q_col + n * 8 + 2 * t;
+                if (col < p.head_dim)  // head_dim % 8 == 0: col + 1 is valid too
+                  atomic_add2(dq + r * Cfg::kHeadDim + col, acc_dq[i][n][2 * h],
+                              acc_dq[i][n][2 * h + 1]);
               }
             }
           }
-        }
+      }
     }
     hq = hq_n;
     m_block = m_block_n;
   }
 
   // ---- epilogue: dK (times the softmax scale), dV -> 16-bit -> global
-  __syncthreads();  // every warp is done reading K and V
+  __syncthreads();  // every warp is done reading K and V (and writing sdQ)
+  if constexpr (kBulkDq)
+    if (fused_dq && iters > 0)
+      issue_dq_rows<Cfg>(dq_accum_ptr(staged_hq, staged_m0), sdQ, p.seqlen_q - staged_m0, tid);
   const float scale = args.sm.scale;
 #pragma unroll
   for (int i = 0; i < Cfg::kMT_KV; ++i)
@@ -236,6 +281,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
                 n0 * p.v_row_stride;
   store_tile<KTile, kT>(smem + Cfg::kSmemK, dk, p.k_row_stride, keys_valid, p.head_dim, tid);
   store_tile<KTile, kT>(smem + Cfg::kSmemV, dv, p.v_row_stride, keys_valid, p.head_dim, tid);
+  if constexpr (kBulkDq) bulk_wait_all();  // the last reductions must finish before exit
 }
 
 }  // namespace jax_flash::sm80

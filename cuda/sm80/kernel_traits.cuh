@@ -95,6 +95,12 @@ struct BwdConfig {
   static constexpr int kSmemP = kSmemdO + 2 * QTile::kBytes;
   static constexpr int kSmemdS = kSmemP + PTile::kBytes;
   static constexpr int kSmemBytes = kSmemdS + PTile::kBytes;
+  // sm90 fused-dQ staging (bwd_kernel's kBulkDq): the fp32 dQ tile, rows
+  // padded by 8 floats so that the fragment stores are bank-conflict free,
+  // reduced into dq_accum by the copy engine one row at a time.
+  static constexpr int kDqPitch = kHeadDim + 8;
+  static constexpr int kSmemdQ = kSmemBytes;
+  static constexpr int kSmemBytesBulkDq = kSmemdQ + kBlockM * kDqPitch * 4;
 };
 
 template <int kHeadDim>

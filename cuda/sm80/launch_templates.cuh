@@ -58,6 +58,31 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   return cudaErrorNotSupported;  // not enough shared memory on this GPU
 }
 
+// Compute capability major of the current device (cached per device).
+inline int device_cc_major() {
+  static int cache[64] = {0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  if (cache[dev] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
+    cache[dev] = v;
+  }
+  return cache[dev];
+}
+
+template <typename Element, typename Cfg, bool kBulkDq>
+cudaError_t launch_bwd_main(const BwdKernelArgs& args, cudaStream_t stream) {
+  const BwdParams& p = args.p;
+  constexpr int kSmem = kBulkDq ? Cfg::kSmemBytesBulkDq : Cfg::kSmemBytes;
+  auto kernel = bwd_kernel<Element, Cfg, kBulkDq>;
+  cudaError_t err = set_smem(kernel, kSmem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_heads_k, p.batch);
+  JF_LAUNCH(kernel, grid, Cfg::kThreads, kSmem, stream)(args);
+  return cudaGetLastError();
+}
+
 template <typename Element, int kHeadDim, typename Cfg, typename DqCfg>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const BwdKernelArgs args{p, make_mask_info(p), make_softmax_scale(p.scale, p.softcap)};
@@ -69,13 +94,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
 
-  if (p.seqlen_k > 0) {  // dK, dV (and dQ atomics in fast mode)
-    auto kernel = bwd_kernel<Element, Cfg>;
-    err = set_smem(kernel, Cfg::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_heads_k, p.batch);
-    JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(args);
-    err = cudaGetLastError();
+  if (p.seqlen_k > 0) {  // dK, dV (and dQ in fast mode)
+    // sm90: dQ by bulk reductions from shared memory where the staging tile fits.
+    const bool bulk_dq = !p.deterministic && device_cc_major() >= 9 &&
+                         Cfg::kSmemBytesBulkDq <= max_smem_optin();
+    err = bulk_dq ? launch_bwd_main<Element, Cfg, true>(args, stream)
+                  : launch_bwd_main<Element, Cfg, false>(args, stream);
     if (err != cudaSuccess) return err;
   }
 

@@ -119,11 +119,62 @@ JF_DEVICE float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-// tanh (MUFU.TANH, sm75+, rel. error ~2^-11: below bf16 resolution).
+// tanh from one exponential and one reciprocal: 1 - 2 / (1 + e^{2x}).
+// Absolute error ~1e-7 (tanh.approx.f32 has a relative error of ~2^-11, which
+// after multiplying by the softcap moved the fp32 LSE beyond the accuracy of
+// XLA's float32 tanh). Saturates cleanly: e^{2x} = inf gives 1, 0 gives -1.
 JF_DEVICE float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
+  const float e = exp2_approx(x * 2.8853900817779268f);  // 2 * log2(e)
+  return 1.f - __fdividef(2.f, 1.f + e);
+}
+
+// Adds (a, b) to the two consecutive floats at p (8-byte aligned). sm90 has
+// vector float atomics (RED.E.ADD.F32x2): half the L2 atomic operations of two
+// scalar adds, which is what the fused dQ accumulation of the backward is
+// bound by. JF_SCALAR_ATOMICS forces the scalar form (for A/B timing).
+JF_DEVICE void atomic_add2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(JF_SCALAR_ATOMICS)
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
+// ---------------------------------------------------------------- bulk (sm90)
+// Shared -> global reduction by the copy engine (cp.reduce.async.bulk, sm90):
+// adds `bytes` of fp32 from shared memory into global memory in L2, one
+// instruction per row instead of one atomic per element. Completion is
+// tracked per thread in bulk groups: the issuing thread must wait (.read) before
+// the source is overwritten and (full) before it exits. Writers of the source
+// fence the generic->async proxy before the barrier that precedes the issue.
+JF_DEVICE void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+JF_DEVICE void bulk_reduce_add_f32(float* dst, uint32_t src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+#else
+  __trap();  // launchers use the bulk path only on sm90+
+#endif
+}
+JF_DEVICE void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+JF_DEVICE void bulk_wait_read_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+JF_DEVICE void bulk_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
 }
 
 // threadIdx.x, re-read each time (volatile): lane-derived addresses computed

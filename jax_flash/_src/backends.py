@@ -35,9 +35,10 @@ class Backend(Protocol):
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
-# The CUDA kernels are opt-in (implementation="cuda") until their GPU test
-# suite has passed on the H200; they then join the front of the GPU order.
-GPU_ORDER = ("pallas", "xla")
+# GPU: the CUDA kernels when the extension is built and the request is
+# supported (validated on the H200: tests/test_cuda.py, tools/gpu_check.sh),
+# else the Pallas kernel, else blockwise XLA.
+GPU_ORDER = ("cuda", "pallas", "xla")
 PREFERENCE = {"gpu": GPU_ORDER, "cuda": GPU_ORDER}
 DEFAULT_PREFERENCE = ("xla",)
 ALL_KNOWN = ("cuda", "pallas", "xla")

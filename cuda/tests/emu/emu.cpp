@@ -45,6 +45,15 @@ struct CopyOp {
   bool valid;
 };
 
+// cp.reduce.async.bulk (add.f32) from shared to global, performed at the
+// bulk wait that covers it: the latest moment the hardware may read the
+// source, so a source overwritten before its wait shows up as a wrong sum.
+struct BulkOp {
+  float* dst;
+  const float* src;
+  int count;
+};
+
 struct Thread {
   ucontext_t ctx;
   std::unique_ptr<char[]> stack;
@@ -52,6 +61,8 @@ struct Thread {
   bool done = false;
   std::vector<CopyOp> open_group;
   std::deque<std::vector<CopyOp>> groups;
+  std::vector<BulkOp> bulk_open;
+  std::deque<std::vector<BulkOp>> bulk_groups;
 };
 
 struct WarpState {
@@ -121,6 +132,8 @@ void thread_entry() {
   self().done = true;
   --g_cta->live;
   if (!self().open_group.empty() && false) trap("uncommitted cp.async");
+  if (!self().bulk_open.empty() || !self().bulk_groups.empty())
+    trap("bulk reduction not waited for before the thread exited");
   // Exited threads no longer count towards __syncthreads.
   if (g_cta->bar_arrived > 0 && g_cta->bar_arrived == g_cta->live) {
     g_cta->bar_arrived = 0;
@@ -294,6 +307,23 @@ void cp_async(uint32_t dst, const void* src, bool valid) {
   }
   self().open_group.push_back({g_cta->smem + dst, static_cast<const char*>(src), valid});
 }
+void bulk_reduce_add_f32(float* dst, uint32_t src, int bytes) {
+  if (src % 16 != 0 || bytes % 16 != 0 || src + bytes > g_cta->smem_bytes) trap("bulk source");
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0) trap("bulk destination alignment");
+  self().bulk_open.push_back({dst, reinterpret_cast<const float*>(g_cta->smem + src), bytes / 4});
+}
+void bulk_commit() {
+  self().bulk_groups.push_back(std::move(self().bulk_open));
+  self().bulk_open.clear();
+}
+void bulk_wait(int n) {
+  auto& gs = self().bulk_groups;
+  while (int(gs.size()) > n) {
+    for (const BulkOp& op : gs.front())
+      for (int i = 0; i < op.count; ++i) op.dst[i] += op.src[i];
+    gs.pop_front();
+  }
+}
 void cp_async_commit() {
   self().groups.push_back(std::move(self().open_group));
   self().open_group.clear();
@@ -414,12 +444,19 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   }
   return cudaSuccess;
 }
+// The compute capability the launchers see (JF_EMU_CC_MAJOR, default 8): 9
+// selects the sm90-only paths that the emulator implements (bulk dQ reduce).
+static int emu_cc_major() {
+  const char* e = std::getenv("JF_EMU_CC_MAJOR");
+  return e ? std::atoi(e) : 8;
+}
 cudaError_t cudaGetDevice(int* dev) {
   *dev = 0;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
   *value = attr == cudaDevAttrMultiProcessorCount ? 132
+           : attr == cudaDevAttrComputeCapabilityMajor ? emu_cc_major()
            : attr == cudaDevAttrMaxSharedMemoryPerBlockOptin ? emu_smem_optin()
                                                               : 0;
   return cudaSuccess;

@@ -41,6 +41,9 @@ float shfl_xor(float v, int mask);
 void cp_async(uint32_t dst, const void* src, bool valid);
 void cp_async_commit();
 void cp_async_wait(int n);
+void bulk_reduce_add_f32(float* dst, uint32_t src, int bytes);
+void bulk_commit();
+void bulk_wait(int n);
 
 // Runs body() once per thread of every CTA of the grid (CTAs in order).
 cudaError_t launch(dim3 grid, dim3 block, size_t smem_bytes, const void* func,
@@ -125,7 +128,13 @@ inline void cp_async_wait() {
   jf_emu::cp_async_wait(N);
 }
 inline float exp2_approx(float x) { return std::exp2(x); }
-inline float tanh_approx(float x) { return std::tanh(x); }
+inline void fence_proxy_async_smem() {}
+inline void bulk_reduce_add_f32(float* dst, uint32_t src, int bytes) { jf_emu::bulk_reduce_add_f32(dst, src, bytes); }
+inline void bulk_commit() { jf_emu::bulk_commit(); }
+inline void bulk_wait_read_all() { jf_emu::bulk_wait(0); }
+inline void bulk_wait_all() { jf_emu::bulk_wait(0); }
+inline void atomic_add2(float* p, float a, float b) { atomicAdd(p, a); atomicAdd(p + 1, b); }
+inline float tanh_approx(float x) { return 1.f - 2.f / (1.f + std::exp2(x * 2.8853900817779268f)); }
 inline void check_smem_alignment(const void* smem) {
   if (reinterpret_cast<uintptr_t>(smem) & 1023u) jf_emu::trap("smem alignment");
 }
