@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
-def mask(T, S, *, causal=False, window=None, q_seg=None, kv_seg=None):
-  """[B or 1, T, S] boolean visibility, bottom-right aligned."""
-  i = np.arange(T)[:, None] + (S - T)
+def mask(T, S, *, causal=False, window=None, q_seg=None, kv_seg=None,
+         offset=None):
+  """[B or 1, T, S] boolean visibility, bottom-right aligned unless
+  `offset` (the key position of query row 0, AttentionSpec.q_offset)."""
+  i = np.arange(T)[:, None] + (S - T if offset is None else offset)
   j = np.arange(S)[None, :]
   ok = np.ones((T, S), bool)
   left, right = window if window is not None else (-1, -1)
@@ -24,7 +26,7 @@ def mask(T, S, *, causal=False, window=None, q_seg=None, kv_seg=None):
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
-              segment_ids=None):
+              segment_ids=None, offset=None):
   """Returns (o [B,T,H,D], lse [B,H,T]) in float64. Empty rows: 0, -inf."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, D = q.shape
@@ -38,7 +40,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
   q_seg = kv_seg = None
   if segment_ids is not None:
     q_seg, kv_seg = segment_ids
-  m = mask(T, S, causal=causal, window=window, q_seg=q_seg, kv_seg=kv_seg)
+  m = mask(T, S, causal=causal, window=window, q_seg=q_seg, kv_seg=kv_seg,
+           offset=offset)
   s = np.where(m[:, None], s, -np.inf)
   mx = s.max(-1, keepdims=True)
   mx = np.where(np.isfinite(mx), mx, 0)
@@ -67,7 +70,8 @@ def attention_vjp(q, k, v, do, *, dlse=None, **kw):
   seg = kw.get("segment_ids")
   m = mask(T, S, causal=kw.get("causal", False), window=kw.get("window"),
            q_seg=None if seg is None else seg[0],
-           kv_seg=None if seg is None else seg[1])[:, None]
+           kv_seg=None if seg is None else seg[1],
+           offset=kw.get("offset"))[:, None]
   lse_safe = np.where(np.isfinite(lse), lse, 0)[..., None]
   p = np.where(m, np.exp(np.where(m, s, 0) - lse_safe), 0)
   dv = np.einsum("bhts,bthd->bshd", p, do, optimize=True)
@@ -136,7 +140,7 @@ def _round_cotangent(x, dtype):
 
 
 def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
-                        softcap=None, segment_ids=None):
+                        softcap=None, segment_ids=None, offset=None):
   """Dense attention in the input dtype, the way plain XLA code computes it.
 
   The "same-dtype XLA attention" of the error criterion: q·k^T in the input
@@ -169,7 +173,7 @@ def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
   if segment_ids is not None:
     q_seg, kv_seg = (np.asarray(x) for x in segment_ids)
   m = jnp.asarray(mask(T, S, causal=causal, window=window, q_seg=q_seg,
-                       kv_seg=kv_seg))[:, None]
+                       kv_seg=kv_seg, offset=offset))[:, None]
   s = jnp.where(m, s, -jnp.inf)
   mx = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
   mx = jnp.where(jnp.isfinite(mx), mx, 0.0)

@@ -4,7 +4,9 @@ Forward (o and lse) and gradients (through o and lse) against the float64
 reference (the project's error criterion, tests/reference.py) and against the
 unsharded `jax_flash.attention`; meshes (8,) seq-only and (2, 4) batch x seq
 (and heads x seq); causal / non-causal, contiguous / zigzag layouts, GQA,
-segment ids with fully masked rows; the zigzag permutation; the jit +
+segment ids with fully masked rows; sliding windows (left, right, both,
+with causal, GQA and segment ids, sizes that cut chunks mid-way, the static
+step plan that skips steps); the zigzag permutation; the jit +
 NamedSharding entry and the inside-shard_map entry; the Pallas backend on a
 tiny shape (interpret mode on CPU); argument errors.
 """
@@ -12,6 +14,7 @@ tiny shape (interpret mode on CPU); argument errors.
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +24,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
-from jax_flash._src import ring
+from jax_flash._src import ring, ring_plan
+from jax_flash._src.spec import AttentionSpec
 
 # B, T, H, H_kv, D: GQA; T divisible by 2 * 8 (zigzag over 8 devices).
 SHAPE = (2, 48, 4, 2, 16)
@@ -149,6 +153,62 @@ def test_matches_reference_and_unsharded(mesh_name, causal, layout, segments,
   _close(got, jax.jit(functools.partial(_fwd_and_grads, plain))(q, k, v))
 
 
+# Local chunk 6 (contiguous) or 3 (zigzag) on 8 devices, 12 / 6 on 4: the
+# windows cut chunks mid-way, span several chunks, or cover everything.
+@pytest.mark.parametrize("mesh_name,window,causal,layout,segments", [
+    ("seq8", (5, -1), False, None, False),  # left only: zigzag by default
+    ("seq8", (5, -1), False, "contiguous", True),
+    ("seq8", (7, 3), False, None, True),  # a band: contiguous by default
+    ("seq8", (-1, 4), False, None, False),  # right only
+    ("seq8", (0, 0), False, None, True),  # the diagonal alone
+    ("seq8", (100, 100), False, None, False),  # wider than the sequence
+    ("batch2_seq4", (11, -1), True, None, True),  # local causal attention
+    ("batch2_seq4", (13, 0), False, "zigzag", False),  # the same, by window
+    ("heads2_seq4", (17, 2), True, "contiguous", False),  # causal caps right
+    ("heads2_seq4", (29, 1), False, "zigzag", True),
+])
+def test_window_matches_reference_and_unsharded(mesh_name, window, causal,
+                                                layout, segments, rng):
+  """Sliding windows: o, lse and grads vs float64 and vs unsharded
+  jax_flash.attention (GQA; segment ids with rows that see no key)."""
+  test_matches_reference_and_unsharded(
+      mesh_name, causal, layout, segments, dict(window=window), rng)
+
+
+@pytest.mark.parametrize("window,zigzag,shifts", [
+    ((3, 0), False, (0, 1)),  # only the previous chunk
+    ((6, 0), False, (0, 1)),  # exactly one chunk back
+    ((7, 0), False, (0, 1, 2)),
+    ((7, 3), False, (0, 1, 2, 7)),  # and the next chunk (wraps to shift 7)
+    ((0, 0), False, (0,)),
+    ((3, 0), True, (0, 1, 7)),  # zigzag: neighbours on both sides
+])
+def test_window_plan_skips_steps(window, zigzag, shifts):
+  """The static plan keeps only the steps in which some device sees a key
+  (8 devices, local length 6)."""
+  spec = AttentionSpec(scale=1.0, q_len=6, kv_len=6, window_left=window[0],
+                       window_right=window[1])
+  steps = ring_plan.plan(spec, 8, zigzag)
+  assert tuple(s.shift for s in steps) == shifts
+  for step in steps:  # the table covers every device with a known case
+    assert len(step.table) == 8 and max(step.table) < len(step.cases)
+
+
+def test_window_skipped_steps_move_no_data(rng):
+  """A window of one chunk back: the forward moves k and v once (not n - 1
+  times), and the backward once more plus dK/dV home."""
+  mesh, axes, _ = _mesh("seq8")
+  q, k, v = _qkv(rng)
+  attn = functools.partial(jax_flash.ring_attention, mesh=mesh, window=(3, 0),
+                           **axes)
+  count = lambda f: len(re.findall(
+      r"collective-permute(-start)?\(",
+      jax.jit(f).lower(q, k, v).compile().as_text()))
+  grad = jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v)), argnums=(0, 1, 2))
+  assert count(attn) == 2
+  assert count(grad) == 6
+
+
 def test_zigzag_permutation_round_trips(rng):
   _need(8)
   n, T = 8, 48
@@ -171,11 +231,18 @@ def test_zigzag_permutation_round_trips(rng):
   np.testing.assert_array_equal(jax.jit(back)(z), x)
 
 
-@pytest.mark.parametrize("layout", ["zigzag_preordered"])
-def test_inside_shard_map(layout, rng):
-  """mesh=None: called on local shards inside the user's shard_map; with
+@pytest.mark.parametrize("mesh_name,layout,window", [
+    ("batch2_seq4", "zigzag_preordered", None),
+    ("batch2_seq4", "contiguous", None),
+    ("batch2_seq4", "zigzag_preordered", (9, 2)),
+    ("batch2_seq4", "contiguous", (4, -1)),
+    ("seq8", "contiguous", (30, -1)),  # steps 1-4 alike: a fori_loop
+])
+def test_inside_shard_map(mesh_name, layout, window, rng):
+  """mesh=None: called on local shards inside the user's shard_map (which
+  checks that loop and switch branches vary alike over the ring axis); with
   "zigzag_preordered" the user keeps the sequence in zigzag order."""
-  mesh, axes, spec = _mesh("batch2_seq4")
+  mesh, axes, spec = _mesh(mesh_name)
   n = mesh.shape["s"]
   q, k, v = _qkv(rng)
   segs = _segments(rng, *q.shape[:2])
@@ -187,19 +254,20 @@ def test_inside_shard_map(layout, rng):
 
   def local(q, k, v, qs, ks):
     return jax_flash.ring_attention(q, k, v, seq_axis="s", causal=True,
-                                    segment_ids=(qs, ks), layout=layout,
-                                    return_lse=True)
+                                    window=window, segment_ids=(qs, ks),
+                                    layout=layout, return_lse=True)
 
-  qkv = P("b", "s")
+  qkv = P(*spec[:2])
   attn_sm = jax.shard_map(local, mesh=mesh, in_specs=(qkv,) * 5,
-                          out_specs=(qkv, P("b", None, "s")))
+                          out_specs=(qkv, P(spec[0], None, "s")))
 
   def attn(q, k, v):
     o, lse = attn_sm(perm(q), perm(k), perm(v), perm(segs[0]), perm(segs[1]))
     return unperm(o), unperm(lse, 2)
 
   got = jax.jit(functools.partial(_fwd_and_grads, attn))(q, k, v)
-  _check_vs_reference(got, q, k, v, causal=True, segment_ids=segs)
+  _check_vs_reference(got, q, k, v, causal=True, window=window,
+                      segment_ids=segs)
 
 
 def test_sharded_inputs_stay_sharded_no_all_gather(rng):
@@ -221,27 +289,33 @@ def test_sharded_inputs_stay_sharded_no_all_gather(rng):
   assert grads[1].sharding.is_equivalent_to(sh, 4)
 
 
-def test_eager_call_and_single_device_axis(rng):
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window=(3, 1))])
+def test_eager_call_and_single_device_axis(kw, rng):
   """Eager (no jit) works, and a ring of size 1 is plain attention."""
   devs = jax.devices()
   q, k, v = _qkv(rng, shape=(2, 16, 2, 2, 8))
   mesh = Mesh(np.array(devs[:1]), ("s",))
-  o = jax_flash.ring_attention(q, k, v, mesh=mesh, seq_axis="s", causal=True)
-  _close(o, jax_flash.attention(q, k, v, causal=True))
+  o = jax_flash.ring_attention(q, k, v, mesh=mesh, seq_axis="s", **kw)
+  _close(o, jax_flash.attention(q, k, v, **kw))
 
 
-def test_pallas_backend_tiny(rng):
+@pytest.mark.parametrize("n,kw", [
+    (2, dict(causal=True)),
+    (4, dict(window=(5, 2))),  # cuts the 4-row chunks; both directions
+    (4, dict(window=(3, -1), causal=True, layout="zigzag")),
+])
+def test_pallas_backend_tiny(n, kw, rng):
   """The per-step kernels from the Pallas backend (interpret mode on CPU)."""
   if "pallas" not in jax_flash.available_implementations():
     pytest.skip("pallas backend not registered")
-  _need(2)
-  mesh = Mesh(np.array(jax.devices()[:2]), ("s",))
-  q, k, v = _qkv(rng, shape=(1, 8, 2, 1, 32))
+  _need(n)
+  mesh = Mesh(np.array(jax.devices()[:n]), ("s",))
+  q, k, v = _qkv(rng, shape=(1, 4 * n, 2, 1, 32))
   attn = functools.partial(jax_flash.ring_attention, mesh=mesh, seq_axis="s",
-                           causal=True, return_lse=True,
-                           implementation="pallas")
+                           return_lse=True, implementation="pallas", **kw)
   got = jax.jit(functools.partial(_fwd_and_grads, attn))(q, k, v)
-  _check_vs_reference(got, q, k, v, causal=True)
+  kw.pop("layout", None)
+  _check_vs_reference(got, q, k, v, **kw)
 
 
 @pytest.mark.parametrize("kwargs,shape,match", [
@@ -252,6 +326,8 @@ def test_pallas_backend_tiny(rng):
     (dict(seq_axis="x"), (1, 48, 2, 2, 8), "not an axis"),
     (dict(implementation="nope"), (1, 48, 2, 2, 8), "implementation"),
     (dict(scale=float("nan")), (1, 48, 2, 2, 8), "scale"),
+    (dict(window=(3,)), (1, 48, 2, 2, 8), "window"),
+    (dict(window=(-2, 3)), (1, 48, 2, 2, 8), "window"),
 ])
 def test_errors(kwargs, shape, match, rng):
   mesh, axes, _ = _mesh("seq8")

@@ -2,8 +2,10 @@
 # The GPU check, run on the H200 (device machine) from the repo root:
 #   build -> GPU test suite (outputs poisoned with NaN) -> sanitizer -> benchmark
 # and a short table printed last. Stages can be chosen:
-#   tools/gpu_check.sh [build] [selftest] [test] [sanitize] [sanitize_jax] [bench] [sweep]
-# Environment knobs: GPU_TESTS (pytest paths), PYTEST_ARGS, TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT.
+#   tools/gpu_check.sh [build] [selftest] [sm90] [test] [sanitize] [sanitize_jax] [bench] [sweep] [ring]
+# Environment knobs: GPU_TESTS (pytest paths), PYTEST_ARGS, TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT,
+# SM90_SELFTEST (binary, default build_carry/selftest_sm90), SM90_BENCH=1 (ablation table),
+# SWEEP_ARGS, RING_ARGS.
 # Logs and results go to $OUT (the device tool brings them back) or ./gpu_out.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -54,6 +56,20 @@ if has selftest; then
   note "selftest: rc=$rc $(tail -1 "$OUT/selftest.log") ($((SECONDS-t0)) s)"
 fi
 
+if has sm90; then
+  # Hopper kernels without JAX: primitive unit tests, then the forward against
+  # a float64 reference for every schedule variant (tools/build_sm90_tests.sh).
+  t0=$SECONDS
+  bin=${SM90_SELFTEST:-build_carry/selftest_sm90}
+  timeout 60 build_carry/sm90_primitives >"$OUT/sm90.log" 2>&1
+  rc1=$?
+  timeout 200 $bin >>"$OUT/sm90.log" 2>&1
+  rc2=$?
+  if [[ -n "${SM90_BENCH:-}" ]]; then timeout 200 $bin --bench >>"$OUT/sm90.log" 2>&1; fi
+  grep -v PASS "$OUT/sm90.log" | tail -25
+  note "sm90: primitives rc=$rc1, $bin rc=$rc2 $(grep -E 'passed, [0-9]+ failed' "$OUT/sm90.log" | tail -1) ($((SECONDS-t0)) s)"
+fi
+
 if has test; then
   t0=$SECONDS
   # Poison every output buffer with NaN so unwritten elements fail the tests.
@@ -81,8 +97,14 @@ if has bench; then
   note "bench: rc=${PIPESTATUS[0]}"
 fi
 if has sweep; then
-  $PY benchmarks/bench_attention.py --sweep ${SWEEP_ARGS:-} --out "$OUT/h200.json" --plot "$OUT/h200_sweep.png" 2>&1 | tee "$OUT/sweep.log" | tail -60
+  timeout ${SWEEP_TIMEOUT:-1200} $PY benchmarks/bench_attention.py --sweep ${SWEEP_ARGS:-} --out "$OUT/h200.json" 2>&1 | tee "$OUT/sweep.log" | tail -60
   note "sweep: rc=${PIPESTATUS[0]}"
+fi
+
+if has ring; then
+  # Context parallelism: one long causal attention on 1 GPU vs ring over all.
+  timeout ${RING_TIMEOUT:-300} $PY benchmarks/bench_ring.py ${RING_ARGS:-} --out "$OUT/ring.json" 2>&1 | tail -8
+  note "ring: rc=${PIPESTATUS[0]}"
 fi
 
 echo; echo "==== summary ===="

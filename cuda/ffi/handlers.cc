@@ -14,6 +14,9 @@
 
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
+#ifdef JAX_FLASH_HAS_SM90
+#include "sm90/launch.h"
+#endif
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -160,12 +163,29 @@ bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
   return a.element_type() == b.element_type();
 }
 
+// Forward kernel family: 0 = the best that serves the request (sm90 on an
+// sm_90 GPU when jax_flash::sm90::fwd_supported, else sm80), 80 or 90 = that
+// family only (90 fails with a message when it cannot serve the call).
+ffi::Error LaunchForward(const FwdParams& p, int32_t family, cudaStream_t stream) {
+  if (family != 0 && family != 80 && family != 90) {
+    return Invalid("kernel_family must be 0 (auto), 80 or 90; got " + std::to_string(family));
+  }
+#ifdef JAX_FLASH_HAS_SM90
+  if (family != 80 && sm90::fwd_supported(p)) return LaunchError(sm90::run_fwd(p, stream), "sm90 forward");
+#endif
+  if (family == 90) {
+    return Invalid("the sm90 forward cannot serve this call (needs an sm_90 GPU, a build with "
+                   "sm90, 16-byte aligned rows); use kernel_family 0 or 80");
+  }
+  return LaunchError(sm80::run_fwd(p, stream), "forward");
+}
+
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
                    ffi::Result<ffi::AnyBuffer> o,
                    ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool causal, bool has_segment_ids) {
+                   bool causal, bool has_segment_ids, int32_t kernel_family) {
   FwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
@@ -182,7 +202,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   p.lse = lse->typed_data();
   Poison(p.o, o->size_bytes(), stream);
   Poison(p.lse, lse->size_bytes(), stream);
-  return LaunchError(sm80::run_fwd(p, stream), "forward");
+  return LaunchForward(p, kernel_family, stream);
 }
 
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
@@ -250,7 +270,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 }  // namespace jax_flash
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxFlashFwdSm80, jax_flash::FwdImpl,
+    JaxFlashFwd, jax_flash::FwdImpl,
     ffi::Ffi::Bind()
         .Ctx<ffi::PlatformStream<cudaStream_t>>()
         .Arg<ffi::AnyBuffer>()  // q
@@ -265,11 +285,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("window_left")
         .Attr<int32_t>("window_right")
         .Attr<bool>("causal")
-        .Attr<bool>("has_segment_ids"),
+        .Attr<bool>("has_segment_ids")
+        .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxFlashBwdSm80, jax_flash::BwdImpl,
+    JaxFlashBwd, jax_flash::BwdImpl,
     ffi::Ffi::Bind()
         .Ctx<ffi::PlatformStream<cudaStream_t>>()
         .Arg<ffi::AnyBuffer>()  // q

@@ -5,8 +5,8 @@
 #include "xla/ffi/api/c_api.h"
 
 extern "C" {
-XLA_FFI_Error* JaxFlashFwdSm80(XLA_FFI_CallFrame* call_frame);
-XLA_FFI_Error* JaxFlashBwdSm80(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashFwd(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashBwd(XLA_FFI_CallFrame* call_frame);
 }
 
 namespace nb = nanobind;
@@ -22,14 +22,17 @@ NB_MODULE(_jax_flash_cuda, m) {
   m.doc() = "jax_flash CUDA kernels as XLA FFI handlers";
   m.def("registrations", []() {
     nb::dict d;
-    d["jax_flash_fwd_sm80"] = Capsule(JaxFlashFwdSm80);
-    d["jax_flash_bwd_sm80"] = Capsule(JaxFlashBwdSm80);
+    d["jax_flash_fwd"] = Capsule(JaxFlashFwd);
+    d["jax_flash_bwd"] = Capsule(JaxFlashBwd);
     return d;
   });
   // Kernel families compiled into this build (dispatch reads it).
   m.def("families", []() {
     nb::list l;
     l.append("sm80");
+#ifdef JAX_FLASH_HAS_SM90
+    l.append("sm90");
+#endif
     return l;
   });
 }

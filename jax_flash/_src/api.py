@@ -62,7 +62,7 @@ def attention(query, key, value, *, causal: bool = False,
   spec = AttentionSpec(
       scale=check_scale(scale, D),
       causal=bool(causal),
-      **_window_fields(window, causal),
+      **window_fields(window, causal),
       softcap=check_softcap(softcap),
       has_segment_ids=segment_ids is not None,
       batch=int(np.prod(batch_shape, dtype=np.int64)),
@@ -155,7 +155,8 @@ def check_softcap(softcap):
   return float(softcap)
 
 
-def _window_fields(window, causal) -> dict:
+def window_fields(window, causal) -> dict:
+  """window_left/right of AttentionSpec, with causal folded into the right."""
   left = right = UNBOUNDED
   if window is not None:
     ok = (isinstance(window, (tuple, list)) and len(window) == 2 and

@@ -2,7 +2,9 @@
 
 Python checks every request first (so users get a Python exception at trace
 time) and sizes the workspaces the kernels need (extra FFI results, so the
-handlers never allocate and stay CUDA-graph compatible).
+handlers never allocate and stay CUDA-graph compatible). The kernels know
+only the bottom-right alignment; specs with another one (ring attention's
+blocks) run on prefixes through `bottom_right.py`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src import ffi
+from jax_flash._src import bottom_right, ffi
 from jax_flash._src.backends import Unsupported, register
 from jax_flash._src.spec import AttentionSpec
 
@@ -72,36 +74,47 @@ class CudaBackend:
                         f"{spec.scale}")
 
   def forward(self, spec: AttentionSpec, q, k, v, q_seg, kv_seg):
-    B, T, H, _ = q.shape
-    q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
-    out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
-                  jax.ShapeDtypeStruct((B, H, T), jnp.float32))
-    o, lse = ffi.call(ffi.FWD_SM80, out_shapes, q, k, v, q_seg, kv_seg,
-                      **ffi.mask_attrs(spec))
-    return o, lse
+    return bottom_right.forward(_forward, spec, q, k, v, q_seg, kv_seg)
 
   def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
                kv_seg):
-    B, T, H, D = q.shape
-    S, H_kv = k.shape[1], k.shape[2]
-    q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
-    d_round = rounded_head_dim(D)
-    f32 = jnp.float32
-    dq_accum = (B * H * _round_up(T, 128) * d_round,)
-    # GQA sums dK/dV over the q heads of a group; the kernel may use these.
-    dkv_accum = ((B * H_kv * _round_up(S, 128) * d_round,)
-                 if H != H_kv else (1,))
-    out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
-                  jax.ShapeDtypeStruct(k.shape, k.dtype),
-                  jax.ShapeDtypeStruct(v.shape, v.dtype),
-                  jax.ShapeDtypeStruct(dq_accum, f32),
-                  jax.ShapeDtypeStruct(dkv_accum, f32),
-                  jax.ShapeDtypeStruct(dkv_accum, f32))
-    dq, dk, dv, *_ = ffi.call(ffi.BWD_SM80, out_shapes, q, k, v, o,
-                              lse.astype(f32), do, delta.astype(f32), q_seg,
-                              kv_seg, deterministic=bool(spec.deterministic),
-                              **ffi.mask_attrs(spec))
-    return dq, dk, dv
+    return bottom_right.backward(_backward, spec, q, k, v, o, lse, do, delta,
+                                 q_seg, kv_seg)
+
+
+def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
+  B, T, H, _ = q.shape
+  q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
+  out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                jax.ShapeDtypeStruct((B, H, T), jnp.float32))
+  o, lse = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg,
+                    kernel_family=ffi.forward_family(),
+                    **ffi.mask_attrs(spec))
+  return o, lse
+
+
+def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
+              kv_seg):
+  B, T, H, D = q.shape
+  S, H_kv = k.shape[1], k.shape[2]
+  q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
+  d_round = rounded_head_dim(D)
+  f32 = jnp.float32
+  dq_accum = (B * H * _round_up(T, 128) * d_round,)
+  # GQA sums dK/dV over the q heads of a group; the kernel may use these.
+  dkv_accum = ((B * H_kv * _round_up(S, 128) * d_round,)
+               if H != H_kv else (1,))
+  out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                jax.ShapeDtypeStruct(k.shape, k.dtype),
+                jax.ShapeDtypeStruct(v.shape, v.dtype),
+                jax.ShapeDtypeStruct(dq_accum, f32),
+                jax.ShapeDtypeStruct(dkv_accum, f32),
+                jax.ShapeDtypeStruct(dkv_accum, f32))
+  dq, dk, dv, *_ = ffi.call(ffi.BWD, out_shapes, q, k, v, o,
+                            lse.astype(f32), do, delta.astype(f32), q_seg,
+                            kv_seg, deterministic=bool(spec.deterministic),
+                            **ffi.mask_attrs(spec))
+  return dq, dk, dv
 
 
 register("cuda", CudaBackend)

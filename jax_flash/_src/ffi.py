@@ -13,13 +13,32 @@ for each target name below, and the importing process must `import jax_flash`
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import numpy as np
 
-FWD_SM80 = "jax_flash_fwd_sm80"
-BWD_SM80 = "jax_flash_bwd_sm80"
-TARGETS = (FWD_SM80, BWD_SM80)
+# One forward and one backward target; the handler picks the kernel family
+# (sm90 FA3-style forward on Hopper when it serves the call, else sm80).
+FWD = "jax_flash_fwd"
+BWD = "jax_flash_bwd"
+TARGETS = (FWD, BWD)
+
+_FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
+
+
+def forward_family() -> np.int32:
+  """The forward kernel family for the handler's `kernel_family` attribute.
+
+  JAX_FLASH_CUDA_FAMILY=auto (default) | sm80 | sm90, read at trace time: lets
+  tests and benchmarks run the portable sm80 kernels on a Hopper GPU, or
+  insist on sm90 (the call then fails rather than fall back).
+  """
+  name = os.environ.get("JAX_FLASH_CUDA_FAMILY", "").strip().lower()
+  if name not in _FAMILIES:
+    raise ValueError(f"JAX_FLASH_CUDA_FAMILY must be one of auto, sm80, sm90; "
+                     f"got {name!r}")
+  return np.int32(_FAMILIES[name])
 
 
 @functools.cache
@@ -49,6 +68,13 @@ def families() -> tuple[str, ...]:
 
 def mask_attrs(spec) -> dict:
   """FFI attributes shared by forward and backward (typed as the handler binds them)."""
+  if not spec.bottom_right:
+    # The handlers assume query row i sits at key i + S - T; another
+    # alignment must go through bottom_right.py first, never silently here.
+    raise ValueError(f"the CUDA kernels take only the bottom-right alignment "
+                     f"(q_offset = kv_len - q_len = "
+                     f"{spec.kv_len - spec.q_len}); got q_offset="
+                     f"{spec.q_offset}")
   return dict(
       scale=np.float32(spec.scale),
       softcap=np.float32(spec.softcap or 0.0),

@@ -3,9 +3,15 @@
 The functions work on jnp values, so the XLA backend and the Pallas kernels
 (traced or interpreted) share them. Positions are absolute row/column indices
 into the unpadded sequences; indices past the real length (padding) are masked.
+The alignment of query rows to keys is `spec.kv_offset` (bottom-right unless
+`spec.q_offset` says otherwise), so every function here serves blocks of a
+longer sequence too. The last section answers whole-block questions on
+Python ints at trace time (ring attention's step plan, the cuda backend).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 
@@ -121,3 +127,78 @@ def q_block_full_range(spec: AttentionSpec, k_start, block_k: int,
         k_start - spec.kv_offset + spec.window_left + 1, block_q))
   hi = jnp.where(k_end <= spec.kv_len, _i32(hi), _i32(lo))
   return lo, hi
+
+
+# ---------------------------------------------------------------------------
+# Whole-block questions (Python ints, trace time). Positional only: segment
+# ids can mask more, never less. Windows are >= 0 or UNBOUNDED, so every
+# row's visible keys form one interval and the band is never empty by itself.
+# ---------------------------------------------------------------------------
+
+
+def _bounds(spec: AttentionSpec):
+  """(left, right) window sides as numbers, unbounded = +-inf."""
+  inf = float("inf")
+  left = inf if spec.window_left == UNBOUNDED else spec.window_left
+  right = inf if spec.window_right == UNBOUNDED else spec.window_right
+  return left, right
+
+
+def is_empty(spec: AttentionSpec) -> bool:
+  """Whether no (query, key) pair of the block is visible by position."""
+  left, right = _bounds(spec)
+  off = spec.kv_offset
+  # row i sees a key iff i + off - left <= kv_len - 1 and i + off + right >= 0
+  first_row = max(0, -off - right)
+  last_row = min(spec.q_len - 1, spec.kv_len - 1 - off + left)
+  return first_row > last_row
+
+
+def simplify(spec: AttentionSpec) -> AttentionSpec | None:
+  """The simplest spec with the same visibility on this block; None if empty.
+
+  Window sides that cut no (row, key) pair of the block are dropped, and
+  with neither left the offset goes too, so blocks that are equally masked
+  get equal (hashable) specs: ring attention traces one kernel per distinct
+  spec. `causal` is kept only while the right side still binds.
+  """
+  if is_empty(spec):
+    return None
+  left, right = _bounds(spec)
+  off = spec.kv_offset
+  left_cuts = spec.q_len - 1 + off - left > 0  # last row, key 0
+  right_cuts = spec.kv_len - 1 > off + right  # row 0, last key
+  return dataclasses.replace(
+      spec, window_left=spec.window_left if left_cuts else UNBOUNDED,
+      window_right=spec.window_right if right_cuts else UNBOUNDED,
+      causal=spec.causal and right_cuts,
+      q_offset=spec.q_offset if left_cuts or right_cuts else None)
+
+
+def bottom_right_view(spec: AttentionSpec) -> AttentionSpec | None:
+  """The same attention as a bottom-right spec on a prefix of q and of k/v.
+
+  For kernels that only take the bottom-right alignment (the cuda backend):
+  the result has q_len' <= q_len, kv_len' <= kv_len, q_offset None and
+  windows >= 0 (or unbounded); attending q[:q_len'] to k[:kv_len'] with it
+  gives the rows < q_len' exactly, rows past q_len' see no key (o = 0,
+  lse = -inf, dq = 0) and keys past kv_len' are seen by no row (dk = dv = 0).
+  None when nothing is visible. Why a prefix suffices: the bottom-right
+  diagonal of the sliced block must lie inside the band, i.e.
+  off - left <= kv_len' - q_len' <= off + right, and cutting off the rows
+  whose first visible key is past the end (or the keys past the last row's
+  last visible key) moves it there.
+  """
+  if is_empty(spec):
+    return None
+  left, right = _bounds(spec)
+  off, T, S = spec.kv_offset, spec.q_len, spec.kv_len
+  if S - T < off - left:  # band right of the corner: drop late rows
+    T = S - off + spec.window_left
+  elif S - T > off + right:  # band left of the corner: drop late keys
+    S = T + off + spec.window_right
+  shift = off - (S - T)  # in [-right, left]
+  wl = UNBOUNDED if left == float("inf") else spec.window_left - shift
+  wr = UNBOUNDED if right == float("inf") else spec.window_right + shift
+  return dataclasses.replace(spec, q_len=T, kv_len=S, window_left=wl,
+                             window_right=wr, causal=wr == 0, q_offset=None)

@@ -51,11 +51,20 @@ inputs); per-step dQ/dK/dV come back from the kernels in the input dtype and
 are summed in float32, so for bf16 inputs the gradients see one bf16 rounding
 per ring step more than a single-device kernel would.
 
-Not supported (yet): T != S (use `jax_flash.attention`), sliding windows
-(a window needs per-block position offsets in `AttentionSpec`), ring axes
-made of several mesh axes, and skipping the zigzag permutation's
-communication for the non-causal case is automatic only through the default
-`layout=None`.
+Sliding windows (`window=(left, right)`, with or without causal) take
+another route, ring_plan.py + ring_band.py: every (q chunk, kv chunk) pair
+of every step has a static position offset (`AttentionSpec.q_offset`), so
+steps that no device needs are skipped at trace time, communication
+included, and each device picks its case of a step with a `lax.switch`.
+The default layout is zigzag when exactly one side of the (causal-folded)
+window is unbounded (plain causal and the like: triangular work), else
+contiguous (a band is balanced already, and each device then needs only
+the chunks of a few neighbours). Plain causal keeps the path above: its
+two-variant structure is smaller to compile than the general plan.
+
+Not supported (yet): T != S (use `jax_flash.attention`), ring axes made of
+several mesh axes, and skipping the zigzag permutation's communication for
+the non-causal case is automatic only through the default `layout=None`.
 """
 
 from __future__ import annotations
@@ -69,7 +78,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jax_flash._src import api, backends
+from jax_flash._src import api, backends, ring_band, ring_plan, softmax
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 LAYOUTS = ("zigzag", "contiguous", "zigzag_preordered")
@@ -78,6 +87,7 @@ NEG_INF = float("-inf")
 
 def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                    causal: bool = False, scale: float | None = None,
+                   window: tuple[int, int] | None = None,
                    softcap: float | None = None, segment_ids=None,
                    return_lse: bool = False,
                    implementation: str | None = None,
@@ -94,6 +104,10 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
     seq_axis: mesh axis name the sequence is sharded over (the ring).
     causal: causal mask over the global sequence.
     scale: multiplier of q.k; default 1/sqrt(D).
+    window: (left, right) sliding window over the global sequence, -1 =
+      unbounded on that side: query i sees keys [i - left, i + right]
+      (right capped at 0 by `causal`). Ring steps in which no device sees a
+      key are skipped, communication included.
     softcap: if set, scores become softcap * tanh(scores / softcap).
     segment_ids: one integer array [B, T], or (q_ids, kv_ids), sharded like
       the sequence; attention only within equal ids.
@@ -106,16 +120,20 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       causal load balance), "contiguous" (no reordering; causal work is
       unbalanced), "zigzag_preordered" (the sequence axis of inputs and
       outputs is already in zigzag order, see `zigzag_permute`). Default:
-      "zigzag" when causal, else "contiguous" (non-causal work is balanced
-      anyway).
+      "zigzag" when exactly one side of the causal-folded window is
+      unbounded (causal: triangular work), else "contiguous" (full or banded
+      work is balanced anyway).
 
   Returns:
     out [B, T, H, D] in query.dtype, or (out, lse) if return_lse.
   """
   q, k, v = query, key, value
   _check_arrays(q, k, v)
+  win = api.window_fields(window, causal)
   if layout is None:
-    layout = "zigzag" if causal else "contiguous"
+    one_sided = ((win["window_left"] == UNBOUNDED) !=
+                 (win["window_right"] == UNBOUNDED))
+    layout = "zigzag" if one_sided else "contiguous"
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS} or None, got "
                      f"{layout!r}")
@@ -181,11 +199,10 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
       num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
-  check_spec = dataclasses.replace(local, causal=bool(causal),
-                                   window_right=0 if causal else UNBOUNDED)
+  check_spec = dataclasses.replace(local, causal=bool(causal), **win)
   backend = backends.choose(check_spec, implementation, platform)
-  ring = _Ring(backend.name, local, seq_axis, n, bool(causal), zigzag,
-               layout == "zigzag")
+  ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag",
+               win["window_left"], win["window_right"])
   segs = () if q_seg is None else (q_seg.astype(jnp.int32),
                                    kv_seg.astype(jnp.int32))
   body = functools.partial(_local_entry, ring)
@@ -280,9 +297,20 @@ class _Ring:
   spec: AttentionSpec  # local shapes; masking fields unset
   axis: str
   n: int
-  causal: bool
   zigzag: bool  # zigzag layout of the local shards
   reorder: bool  # inputs in natural order: reorder in and out
+  window_left: int = UNBOUNDED  # global window, causal folded in
+  window_right: int = UNBOUNDED
+
+  @property
+  def causal(self) -> bool:
+    return self.window_right == 0
+
+  @property
+  def banded(self) -> bool:
+    """A window other than plain causal: planned by ring_plan.py."""
+    return self.window_left != UNBOUNDED or self.window_right not in (
+        UNBOUNDED, 0)
 
   def variant(self, T, S, causal=False):
     return dataclasses.replace(self.spec, q_len=T, kv_len=S, causal=causal,
@@ -305,18 +333,9 @@ def _acc_dtype(dtype):
   return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
 
 
-def _rotate(tree, axis, n):
-  perm = [(i, (i + 1) % n) for i in range(n)]
-  return jax.tree.map(lambda x: lax.ppermute(x, axis, perm), tree)
-
-
-def _merge(a, b):
-  """Online-softmax ⊕ of two partial results (o [B,T,H,D], lse [B,H,T])."""
-  (o_a, lse_a), (o_b, lse_b) = a, b
-  lse = jnp.logaddexp(lse_a, lse_b)
-  safe = jnp.where(jnp.isneginf(lse), 0.0, lse)
-  w = lambda l: jnp.swapaxes(jnp.exp(l - safe), 1, 2)[..., None]
-  return w(lse_a) * o_a + w(lse_b) * o_b, lse
+# One source for both rings: the ppermute, and the online-softmax ⊕.
+_rotate = ring_band.rotate
+_merge = softmax.merge_partials
 
 
 def _split(x, c, axis=1):
@@ -336,10 +355,30 @@ def _pad_back(x, c, axis=1):
   return jnp.pad(x, pad)
 
 
-@functools.lru_cache(maxsize=None)
-def _ring_fn(ring: _Ring):
-  """custom_vjp fn(q, k, v, *segs) -> (o, lse) over local shards."""
-  be = backends.get(ring.backend)
+def _band_ring(ring: _Ring, be):
+  """(forward, backward) for a sliding window, on ring_plan.py's plan."""
+  spec = dataclasses.replace(ring.spec, window_left=ring.window_left,
+                             window_right=ring.window_right)
+  steps = ring_plan.plan(spec, ring.n, ring.zigzag)
+
+  def forward(q, k, v, *segs):
+    q_seg, kv_seg = segs if segs else (None, None)
+    o, lse = ring_band.forward(be, steps, ring.axis, ring.n, q, k, v, q_seg,
+                               kv_seg)
+    return o.astype(q.dtype), lse.astype(_lse_dtype(q.dtype))
+
+  def backward(q, k, v, o, lse, do, delta, segs):
+    q_seg, kv_seg = segs if segs else (None, None)
+    dq, dk, dv = ring_band.backward(be, steps, ring.axis, ring.n, q, k, v, o,
+                                    lse, do, delta, q_seg, kv_seg)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+  return forward, backward
+
+
+def _full_ring(ring: _Ring, be):
+  """(forward, backward) without a window, or causal: every step, in a
+  fori_loop; causal steps pick their half with a lax.cond (see top)."""
   n, axis, L = ring.n, ring.axis, ring.spec.q_len
   c = L // 2
   step0_spec = ring.variant(L, L, causal=ring.causal)
@@ -363,11 +402,9 @@ def _ring_fn(ring: _Ring):
       return fwd_block(full_spec, q, kv, q_seg)
     src, j = src_of(s)
     acc = _acc_dtype(q.dtype)
-    B, _, H, D = q.shape
     if not ring.zigzag:
       def empty(q, kv, q_seg):
-        return (jnp.zeros((B, L, H, D), acc),
-                jnp.full((B, H, L), NEG_INF, acc))
+        return ring_band.empty_partial(q, acc)
       return lax.cond(src < j, functools.partial(fwd_block, full_spec), empty,
                       q, kv, q_seg)
 
@@ -419,8 +456,10 @@ def _ring_fn(ring: _Ring):
     acc = _acc_dtype(q.dtype)
     if not ring.zigzag:
       def empty(q, kv, *_):
-        return (jnp.zeros(q.shape, acc), jnp.zeros(kv[0].shape, acc),
-                jnp.zeros(kv[1].shape, acc))
+        # *_like: inside a user's shard_map the zeros must vary over the
+        # ring axis like the other branch's outputs (lax.cond checks it).
+        return (jnp.zeros_like(q, dtype=acc), jnp.zeros_like(kv[0], dtype=acc),
+                jnp.zeros_like(kv[1], dtype=acc))
       return lax.cond(src < j, functools.partial(bwd_block, full_spec), empty,
                       *args)
 
@@ -460,6 +499,15 @@ def _ring_fn(ring: _Ring):
       dq = dq + g[0]
       dk, dv = _rotate((dkv[0] + g[1], dkv[1] + g[2]), axis, n)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+  return forward, backward
+
+
+@functools.lru_cache(maxsize=None)
+def _ring_fn(ring: _Ring):
+  """custom_vjp fn(q, k, v, *segs) -> (o, lse) over local shards."""
+  be = backends.get(ring.backend)
+  forward, backward = (_band_ring if ring.banded else _full_ring)(ring, be)
 
   @jax.custom_vjp
   def ring_fn(q, k, v, *segs):

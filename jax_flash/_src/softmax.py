@@ -131,3 +131,19 @@ def probs_from_lse(s, lse, mask, *, base2: bool = False,
   lse_b = lse_safe[..., None, :] if transposed else lse_safe[..., None]
   p = jnp.exp2(_to_base2(s - lse_b, base2))
   return p if mask is None else jnp.where(mask, p, 0.0)
+
+
+def merge_partials(a, b):
+  """Online-softmax ⊕ of two partial results over disjoint key sets.
+
+  a, b = (o [B, T, H, D], lse [B, H, T]) with o normalised and lse
+  natural-log, as a backend's forward returns them (in the accumulation
+  dtype). lse = logaddexp(lse_a, lse_b), o = e^(lse_a - lse) o_a +
+  e^(lse_b - lse) o_b. Rows empty on both sides stay o = 0, lse = -inf
+  (the `safe` trick again avoids -inf - -inf = NaN).
+  """
+  (o_a, lse_a), (o_b, lse_b) = a, b
+  lse = jnp.logaddexp(lse_a, lse_b)
+  safe = jnp.where(jnp.isneginf(lse), 0.0, lse)
+  w = lambda l: jnp.swapaxes(jnp.exp(l - safe), 1, 2)[..., None]
+  return w(lse_a) * o_a + w(lse_b) * o_b, lse

@@ -23,14 +23,21 @@ UNBOUNDED = -1
 class AttentionSpec:
   """Static options of an attention call (everything except the arrays).
 
-  Masking convention. Query row i sits at absolute position i + (S - T), i.e.
-  queries are aligned to the *end* of the keys ("bottom-right", as
-  FlashAttention >= 2.1). Key j is visible from query i when
-      window_left  == -1 or  j >= i + (S - T) - window_left
-      window_right == -1 or  j <= i + (S - T) + window_right
+  Masking convention. Query row i sits at absolute position i + kv_offset
+  in key coordinates; by default kv_offset = S - T, i.e. queries are aligned
+  to the *end* of the keys ("bottom-right", as FlashAttention >= 2.1). Key j
+  is visible from query i when
+      window_left  == -1 or  j >= i + kv_offset - window_left
+      window_right == -1 or  j <= i + kv_offset + window_right
   and, with segment ids, q_segment[i] == kv_segment[j]. `causal=True` is
   folded into window_right = 0 by the API layer; `causal` is kept for
   backends that specialise on it.
+
+  `q_offset` overrides the bottom-right kv_offset with any integer. The public
+  API never sets it: ring attention does, for a q block and a kv block whose
+  global positions differ by a known amount (masking.py's block helpers
+  and every JAX backend read `kv_offset`; the cuda backend re-expresses such
+  a spec bottom-right, see `masking.bottom_right_view`).
   """
 
   scale: float
@@ -49,6 +56,8 @@ class AttentionSpec:
   dtype: str = "float32"
   # Backward option: fixed accumulation order where the backend offers one.
   deterministic: bool = False
+  # Key position of query row 0 (see above); None = kv_len - q_len.
+  q_offset: int | None = None
 
   @property
   def has_window(self) -> bool:
@@ -56,8 +65,13 @@ class AttentionSpec:
 
   @property
   def kv_offset(self) -> int:
-    """Absolute position of query row 0 relative to key 0 (bottom-right)."""
-    return self.kv_len - self.q_len
+    """Position of query row 0 relative to key 0 (default: bottom-right)."""
+    return self.kv_len - self.q_len if self.q_offset is None else self.q_offset
+
+  @property
+  def bottom_right(self) -> bool:
+    """Whether the alignment is the public API's (what CUDA kernels take)."""
+    return self.kv_offset == self.kv_len - self.q_len
 
   @property
   def group_size(self) -> int:

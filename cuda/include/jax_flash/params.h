@@ -47,6 +47,12 @@ struct FwdParams {
 
   DType dtype;
   int num_sms;  // filled by the handler (for persistent schedulers)
+
+  // sm90 kernel schedule (jax_flash::sm90 only; 0 = the default, keep it 0
+  // outside ablation benchmarks): 1 = pingpong + intra-warpgroup overlap,
+  // 2 = overlap only, 3 = pingpong only, 4 = neither. Non-default values are
+  // compiled only with -DJAX_FLASH_SM90_ABLATION (else cudaErrorNotSupported).
+  int sm90_variant = 0;
 };
 
 // Backward with recomputation. delta = rowsum(dO * O) - dLSE (fp32,

@@ -1,0 +1,49 @@
+// Kernel arguments of the sm90 forward (one __grid_constant__ struct: the TMA
+// descriptors must live in parameter/constant space) and the run-time view of
+// the shared-memory plan.
+#pragma once
+
+#include <cuda.h>
+
+#include "mask.cuh"
+#include "ptx/common.cuh"
+#include "scheduler.cuh"
+#include "smem_layout.cuh"
+#include "softmax.cuh"
+
+namespace jax_flash::sm90 {
+
+struct FwdKernelArgs {
+  CUtensorMap tm_q;  // box {64, kBlockM, 1, 1}
+  CUtensorMap tm_k;  // box {64, kBlockN, 1, 1}
+  CUtensorMap tm_v;  // box {64, kBlockN, 1, 1}
+  CUtensorMap tm_o;  // box {64, 64, 1, 1} (one consumer warpgroup's rows)
+  MaskInfo mask;
+  SoftmaxScale sm;
+  TileScheduler sched;
+  float* lse;        // [batch, heads, seqlen_q]
+  int num_heads;
+  int heads_per_kv;  // num_heads / num_heads_k
+};
+
+// Named barrier ids (0 is __syncthreads).
+constexpr int kBarEpilogue = 1;  // + consumer WG index: the WG's own 128 threads
+constexpr int kBarSched = 4;     // + consumer WG index: "this WG may issue its GEMMs"
+
+template <typename Cfg>
+struct SmemPlan {
+  uint32_t base;  // 1 KB-aligned shared-window address of the plan
+  JF_DEVICE uint32_t q() const { return base + Cfg::kOffQ; }
+  JF_DEVICE uint32_t k(int s) const { return base + Cfg::kOffK + s * Cfg::kKVBytes; }
+  JF_DEVICE uint32_t v(int s) const { return base + Cfg::kOffV + s * Cfg::kKVBytes; }
+  JF_DEVICE uint32_t o() const { return base + Cfg::kOffO; }
+  JF_DEVICE uint32_t bar(int i) const { return base + Cfg::kOffBar + 8 * i; }
+  JF_DEVICE uint32_t full_q() const { return bar(0); }
+  JF_DEVICE uint32_t empty_q() const { return bar(1); }
+  JF_DEVICE uint32_t full_k(int s) const { return bar(2 + s); }
+  JF_DEVICE uint32_t empty_k(int s) const { return bar(2 + Cfg::kStages + s); }
+  JF_DEVICE uint32_t full_v(int s) const { return bar(2 + 2 * Cfg::kStages + s); }
+  JF_DEVICE uint32_t empty_v(int s) const { return bar(2 + 3 * Cfg::kStages + s); }
+};
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,134 @@
+// sm90 forward: capability checks (fwd_supported) and dispatch to the
+// (dtype, head-dim bucket) instantiation. Buckets switched off at build time
+// (JAX_FLASH_DISABLE_*) report unsupported instead of failing to link.
+#include <cstdint>
+
+#include "instantiations.h"
+#include "launch.h"
+#include "smem_layout.cuh"
+
+namespace jax_flash::sm90 {
+namespace {
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+// TMA: strides are multiples of 16 bytes and below 2^40 bytes. A dimension
+// with a single index may have any stride (the launcher substitutes one).
+bool stride_ok(int64_t stride, int64_t size) {
+  if (size <= 1) return true;
+  return stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39);
+}
+bool tensor_ok(const void* ptr, int64_t seq, int64_t heads, int64_t batch, int64_t rs, int64_t hs,
+               int64_t bs) {
+  return ptr != nullptr && aligned16(ptr) && stride_ok(rs, seq) && stride_ok(hs, heads) &&
+         stride_ok(bs, batch);
+}
+
+struct DeviceInfo {
+  bool sm90 = false;
+  int smem_optin = 0;
+};
+
+// Per-device facts, cached (the FFI handler calls this for every launch).
+DeviceInfo device_info() {
+  static DeviceInfo cache[64];
+  static bool filled[64] = {false};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return DeviceInfo{};
+  if (!filled[dev]) {
+    DeviceInfo d;
+    int major = 0, minor = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {
+      d.sm90 = major == 9 && minor == 0;  // sm_90a code runs on exactly 9.0
+      d.smem_optin = optin;
+    }
+    cache[dev] = d;
+    filled[dev] = true;
+  }
+  return cache[dev];
+}
+
+template <int kHeadDim>
+bool bucket_ok(const FwdParams& p, const DeviceInfo& dev) {
+  using Cfg = typename FwdConfigFor<kHeadDim>::type;
+  return Cfg::kSmemAlloc <= dev.smem_optin && variant_compiled(p.sm90_variant, Cfg::kDefaultFlags);
+}
+
+bool bucket_compiled_and_ok(const FwdParams& p, const DeviceInfo& dev) {
+  switch (sm90_rounded_head_dim(p.head_dim)) {
+#ifndef JAX_FLASH_DISABLE_HDIM64
+    case 64: return bucket_ok<64>(p, dev);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM128
+    case 128: return bucket_ok<128>(p, dev);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM256
+    case 256: return bucket_ok<256>(p, dev);
+#endif
+    default: return false;
+  }
+}
+
+template <typename Element>
+cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
+  switch (sm90_rounded_head_dim(p.head_dim)) {
+#ifndef JAX_FLASH_DISABLE_HDIM64
+    case 64: return run_fwd_hdim<Element, 64>(p, stream);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM128
+    case 128: return run_fwd_hdim<Element, 128>(p, stream);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM256
+    case 256: return run_fwd_hdim<Element, 256>(p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace
+
+bool fwd_supported(const FwdParams& p) {
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
+    return false;
+  if (p.num_heads % p.num_heads_k != 0) return false;
+  if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
+  if (p.lse == nullptr) return false;
+  if ((p.q_segment == nullptr) != (p.kv_segment == nullptr)) return false;
+  if (!(p.scale > 0.f) || !(p.softcap >= 0.f)) return false;
+#ifdef JAX_FLASH_DISABLE_FP16
+  if (p.dtype != DType::kBFloat16) return false;
+#else
+  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
+#endif
+  // Tile count (blocks of >= 64 rows x heads x batch) fits an int.
+  if (int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + 63) / 64) >= (int64_t(1) << 31))
+    return false;
+  if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
+                 p.q_batch_stride) ||
+      !tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
+                 p.k_batch_stride) ||
+      !tensor_ok(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
+                 p.v_batch_stride) ||
+      !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
+                 p.o_batch_stride))
+    return false;
+  const DeviceInfo dev = device_info();
+  if (!dev.sm90) return false;
+  return bucket_compiled_and_ok(p, dev);
+}
+
+cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (!fwd_supported(p)) return cudaErrorNotSupported;
+  if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;  // nothing to write
+  switch (p.dtype) {
+    case DType::kBFloat16: return fwd_dtype<__nv_bfloat16>(p, stream);
+#ifndef JAX_FLASH_DISABLE_FP16
+    case DType::kFloat16: return fwd_dtype<__half>(p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,133 @@
+// Online softmax on wgmma accumulator fragments (sm90 forward).
+//
+// A consumer thread holds 2 rows of the warpgroup's 64 x N score tile:
+// s[4j + 2h + e] is row h (0: g, 1: g + 8), column 8j + 2t + e; the 4 lanes
+// of a quad (same g) share a row, so row reductions are 2 xor-shuffles.
+//
+// Units as in cuda/sm80/softmax.cuh: scores stay raw (s = q.k, or
+// tanh(scale * q.k / softcap) with softcap); logit = s * scale_eff;
+// exponentials in base 2 with scale_eff * log2(e) folded in (scale_log2):
+//   p = 2^(s * scale_log2 - m * scale_log2)    (one FFMA + one MUFU.EX2)
+// The row sum l is kept per thread (the quad reduction is deferred to the
+// end: rescaling is linear), and O is divided by l once, at the end.
+#pragma once
+
+#include <cmath>
+
+#include "ptx/common.cuh"
+
+namespace jax_flash::sm90 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+JF_DEVICE float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// tanh = 1 - 2 / (1 + e^{2x}): absolute error ~1e-7, as in sm80/mma.cuh
+// (tanh.approx.f32's 2^-11 relative error, times the softcap, moved the fp32
+// LSE beyond what float32 XLA attention gets).
+JF_DEVICE float tanh_approx(float x) {
+  return 1.f - __fdividef(2.f, 1.f + exp2_approx(x * (2.f * kLog2e)));
+}
+JF_DEVICE float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+JF_DEVICE float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Softcap: s <- tanh(s * pre), pre = scale / softcap (then scale_eff = softcap).
+template <int NR>
+JF_DEVICE void apply_softcap(float (&s)[NR], float pre) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) s[i] = tanh_approx(s[i] * pre);
+}
+
+struct OnlineSoftmax {
+  float m[2];  // running max (raw units), -inf while the row saw no visible key
+  float l[2];  // this thread's partial row sum
+
+  JF_DEVICE void init() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  }
+
+  // Folds one block of scores in: s becomes p in place; returns in alpha the
+  // factor by which O (and l, done here) must be rescaled. A row with no
+  // visible key so far keeps m = -inf; its exponent offset is taken as 0, so
+  // p = 2^-inf = 0 and alpha = 2^(-inf) = 0 (O and l are 0 then anyway):
+  // never inf - inf = NaN.
+  template <bool kFirst, int NR>
+  JF_DEVICE void update(float (&s)[NR], float scale_log2, float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = kFirst ? -INFINITY : m[h];
+#pragma unroll
+      for (int j = 0; j < NR / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      mx = quad_max(mx);
+      const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
+      alpha[h] = kFirst ? 1.f : exp2_approx(m[h] * scale_log2 - m_scaled);
+      m[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = exp2_approx(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_scaled));
+          s[4 * j + 2 * h + e] = p;
+          sum += p;
+        }
+      l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
+    }
+  }
+
+  // Natural-log LSE of the thread's 2 rows and the 1/l factor for O; rows that
+  // saw no visible key: inv = 0 (O = 0), lse = -inf.
+  JF_DEVICE void finalize(float scale_eff, float (&inv)[2], float (&lse)[2]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(l[h]);
+      const bool empty = !(sum > 0.f);
+      inv[h] = empty ? 0.f : 1.f / sum;
+      lse[h] = empty ? -INFINITY : m[h] * scale_eff + __logf(sum);
+    }
+  }
+};
+
+// O (64 x D fragment) *= per-row factor.
+template <int NR>
+JF_DEVICE void rescale_rows(float (&o)[NR], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < NR / 4; ++j) {
+    o[4 * j + 0] *= f[0];
+    o[4 * j + 1] *= f[0];
+    o[4 * j + 2] *= f[1];
+    o[4 * j + 3] *= f[1];
+  }
+}
+
+// Launch-wide constants.
+struct SoftmaxScale {
+  float scale_log2;   // scale_eff * log2(e)
+  float scale_eff;    // scale, or softcap when softcap is on
+  float softcap_pre;  // scale / softcap (0 = off)
+};
+
+inline SoftmaxScale make_softmax_scale(float scale, float softcap) {
+  SoftmaxScale s;
+  if (softcap > 0.f) {
+    s.softcap_pre = scale / softcap;
+    s.scale_eff = softcap;
+  } else {
+    s.softcap_pre = 0.f;
+    s.scale_eff = scale;
+  }
+  s.scale_log2 = s.scale_eff * kLog2e;
+  return s;
+}
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,181 @@
+"""Ring attention with a sliding window: runs ring_plan.py's static plan.
+
+Per device, inside shard_map. Steps the plan drops cost nothing, their
+communication included: kv jumps to the next useful step with one
+`ppermute` by the step difference (on NVLink/ICI a shift by s costs what a
+shift by 1 does), and dK/dV go home with one ppermute after the last step.
+Within a step a device picks its case with a `lax.switch` on the plan's
+table, indexed by `axis_index`. A run of steps with the same cases is a
+`fori_loop` (the table row indexed by the loop counter), so compile time
+does not grow with the ring size even for a window spanning the ring.
+
+As in the full ring (ring.py), the next kv transfer is issued before the
+current step's compute, partial (o, lse) merge with the online-softmax ⊕ in
+float32/64, and the backward uses the global lse and delta at every step.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_flash._src import ring_plan, softmax
+
+NEG_INF = float("-inf")
+MIN_LOOP = 3  # shorter runs are unrolled
+
+
+def rotate(tree, axis: str, n: int, shift: int = 1):
+  """Device i's arrays go to device i + shift (mod n)."""
+  shift %= n
+  if shift == 0:
+    return tree
+  perm = [(i, (i + shift) % n) for i in range(n)]
+  return jax.tree.map(lambda x: lax.ppermute(x, axis, perm), tree)
+
+
+def empty_partial(q, acc):
+  """(o, lse) = (0, -inf) for the rows of q [B, T, H, D]: no key seen.
+
+  Built with *_like from q: inside a user's shard_map, lax.switch/cond
+  branches must agree on which mesh axes their outputs vary over.
+  """
+  lse_like = jnp.swapaxes(q[..., 0], 1, 2)  # [B, H, T]
+  return (jnp.zeros_like(q, dtype=acc),
+          jnp.full_like(lse_like, NEG_INF, dtype=acc))
+
+
+def _span(x, start: int, stop: int, size: int, axis: int = 1):
+  if x is None:
+    return None
+  return lax.slice_in_dim(x, start * size, stop * size, axis=axis)
+
+
+def _pad_rows(x, q0: int, q1: int, m: int, size: int, axis: int, value):
+  """Put a result for local chunks [q0, q1) at its place among m chunks."""
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (q0 * size, (m - q1) * size)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _walk(steps, axis: str, n: int, compute, kv, travel, home):
+  """Run `compute` over the plan; returns (travel, home).
+
+  kv travels with the ring (sent ahead before each compute); `travel`
+  travels with it but is updated by the compute (dK/dV) and is sent home at
+  the end; `home` stays. compute(cases, case_index, kv, travel, home) ->
+  (travel, home), with case_index a traced int32 or None (only one case).
+  """
+  me = lax.axis_index(axis)
+
+  def case_index(table):
+    return None if table is None else table[me]
+
+  todo = []  # ("loop", steps) or ("one", step)
+  for run in ring_plan.runs(steps):
+    if len(run) >= MIN_LOOP:
+      todo += [("loop", run[:-1]), ("one", run[-1])]
+    else:
+      todo += [("one", step) for step in run]
+
+  for i, (kind, what) in enumerate(todo):
+    if kind == "loop":
+      cases = what[0].cases
+      table = (None if len(cases) == 1 else
+               jnp.asarray(np.array([s.table for s in what], np.int32)))
+
+      def body(t, carry, cases=cases, table=table):
+        kv, travel, home = carry
+        nxt = rotate(kv, axis, n, 1)
+        row = None if table is None else table[t]
+        travel, home = compute(cases, case_index(row), kv, travel, home)
+        return nxt, rotate(travel, axis, n, 1), home
+
+      kv, travel, home = lax.fori_loop(0, len(what), body,
+                                       (kv, travel, home))
+      continue
+    step, last = what, i + 1 == len(todo)
+    if not last:
+      nxt_step = todo[i + 1][1]
+      nxt_shift = (nxt_step[0] if isinstance(nxt_step, list) else
+                   nxt_step).shift
+      delta = nxt_shift - step.shift
+      nxt = rotate(kv, axis, n, delta)  # in flight during the compute
+    table = (None if len(step.cases) == 1 else
+             jnp.asarray(np.array(step.table, np.int32)))
+    travel, home = compute(step.cases, case_index(table), kv, travel, home)
+    if not last:
+      kv, travel = nxt, rotate(travel, axis, n, delta)
+  return rotate(travel, axis, n, -steps[-1].shift), home
+
+
+def _switch(cases, idx, fn, *args):
+  if idx is None:
+    return fn(cases[0], *args)
+  return lax.switch(idx, [functools.partial(fn, c) for c in cases], *args)
+
+
+def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg):
+  """Merged (o, lse) of the local q over the plan, in float32/64."""
+  acc = softmax.accum_dtype(q.dtype)
+  m = len(steps[0].cases[0])  # chunks per device
+  size = q.shape[1] // m
+
+  def one_case(case, q, kv, q_seg):
+    k, v, kv_seg = kv
+    res = empty_partial(q, acc)
+    for c in ring_plan.calls(case):
+      o, lse = be.forward(c.spec, _span(q, c.q0, c.q1, size),
+                          _span(k, c.k0, c.k1, size),
+                          _span(v, c.k0, c.k1, size),
+                          _span(q_seg, c.q0, c.q1, size),
+                          _span(kv_seg, c.k0, c.k1, size))
+      part = (_pad_rows(o.astype(acc), c.q0, c.q1, m, size, 1, 0.0),
+              _pad_rows(lse.astype(acc), c.q0, c.q1, m, size, 2, NEG_INF))
+      res = softmax.merge_partials(res, part)
+    return res
+
+  def compute(cases, idx, kv, travel, res):
+    part = _switch(cases, idx, one_case, q, kv, q_seg)
+    return travel, softmax.merge_partials(res, part)
+
+  _, res = _walk(steps, axis, n, compute, (k, v, kv_seg), None,
+                 empty_partial(q, acc))
+  return res
+
+
+def backward(be, steps, axis: str, n: int, q, k, v, o, lse, do, delta, q_seg,
+             kv_seg):
+  """(dq, dk, dv) in float32/64 over the plan."""
+  acc = softmax.accum_dtype(q.dtype)
+  m = len(steps[0].cases[0])
+  size = q.shape[1] // m
+
+  def one_case(case, q, kv, o, lse, do, delta, q_seg):
+    k, v, kv_seg = kv
+    # *_like: see empty_partial.
+    dq = jnp.zeros_like(q, dtype=acc)
+    dk = jnp.zeros_like(k, dtype=acc)
+    dv = jnp.zeros_like(v, dtype=acc)
+    for c in ring_plan.calls(case):
+      rows = lambda x, axis=1: _span(x, c.q0, c.q1, size, axis)
+      cols = lambda x: _span(x, c.k0, c.k1, size)
+      g = be.backward(c.spec, rows(q), cols(k), cols(v), rows(o), rows(lse, 2),
+                      rows(do), rows(delta, 2), rows(q_seg), cols(kv_seg))
+      dq = dq + _pad_rows(g[0].astype(acc), c.q0, c.q1, m, size, 1, 0.0)
+      dk = dk + _pad_rows(g[1].astype(acc), c.k0, c.k1, m, size, 1, 0.0)
+      dv = dv + _pad_rows(g[2].astype(acc), c.k0, c.k1, m, size, 1, 0.0)
+    return dq, dk, dv
+
+  def compute(cases, idx, kv, dkv, dq):
+    g = _switch(cases, idx, one_case, q, kv, o, lse, do, delta, q_seg)
+    return (dkv[0] + g[1], dkv[1] + g[2]), dq + g[0]
+
+  zeros = lambda x: jnp.zeros_like(x, dtype=acc)
+  (dk, dv), dq = _walk(steps, axis, n, compute, (k, v, kv_seg),
+                       (zeros(k), zeros(v)), zeros(q))
+  return dq, dk, dv

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the Hopper (sm_90a) test binaries into build_carry/ (git-ignored), to
+# be carried to an H100/H200 and run there:
+#   build_carry/sm90_primitives   unit tests of TMA / wgmma / mbarrier / pingpong
+#   build_carry/selftest_sm90     forward vs float64 reference (--quick, filter),
+#                                 --bench: TF/s per schedule variant and sm80
+# The sm90 sources are built with -DJAX_FLASH_SM90_ABLATION (all four
+# pingpong/overlap schedules selectable through FwdParams::sm90_variant) and
+# the sm80 forward (for the benchmark comparison) without its backward.
+# Usage: tools/build_sm90_tests.sh [-j N]   (from anywhere; ~3-6 min on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc)
+if [[ "${1:-}" == "-j" ]]; then JOBS=$2; fi
+OUTDIR=build_carry
+OBJ=build/obj_sm90_tests  # objects and ptxas logs (git-ignored, not carried)
+mkdir -p "$OBJ"
+NVCC=${NVCC:-nvcc}
+FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
+       -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda
+       -DJAX_FLASH_SM90_ABLATION -DJAX_FLASH_DISABLE_BACKWARD -Xptxas -v)
+SOURCES=(cuda/tests/selftest_sm90.cu cuda/sm90/dispatch.cu cuda/instantiations/fwd_*_sm90.cu
+         cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu)
+
+compile() {  # src -> obj, ptxas report kept next to it
+  local src=$1 obj
+  obj=$OBJ/$(echo "${1%.cu}" | tr / _).o  # cuda_sm80_dispatch.o, cuda_sm90_dispatch.o, ...
+  "$NVCC" "${FLAGS[@]}" -c "$src" -o "$obj" >"$obj.log" 2>&1 || { cat "$obj.log"; return 1; }
+  if grep -q -i "warning" "$obj.log"; then grep -i -B2 -A2 "warning" "$obj.log"; fi
+}
+export -f compile
+export NVCC OBJ
+export FLAGS_STR="${FLAGS[*]}"
+t0=$SECONDS
+printf '%s\n' "${SOURCES[@]}" | xargs -P "$JOBS" -I{} bash -c 'FLAGS=($FLAGS_STR); compile "$@"' _ {}
+"$NVCC" -gencode=arch=compute_90a,code=sm_90a "$OBJ"/*.o -o "$OUTDIR/selftest_sm90"
+"$NVCC" "${FLAGS[@]}" cuda/tests/sm90_primitives.cu -o "$OUTDIR/sm90_primitives" >"$OBJ/sm90_primitives.log" 2>&1 \
+  || { cat "$OBJ/sm90_primitives.log"; exit 1; }
+echo "built $OUTDIR/selftest_sm90 and $OUTDIR/sm90_primitives in $((SECONDS - t0)) s"
+
+# ptxas summary of the sm90 forward kernels: registers (at entry; setmaxnreg
+# then moves them between the roles), spills, stack.
+echo "sm90 fwd_kernel ptxas report (D, kBlockN, consumer WGs, schedule flags: 1 pingpong, 2 overlap):"
+for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log; do
+  grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010fwd_kernel" "$log" |
+    sed -nE "/Compiling entry/s/.*fwd_kernelI([^N]*)NS0_9FwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9])ELi([0-9])EEELi([0-9])EEE.*/  \1 D=\2 BN=\3 WGs=\4 flags=\6/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    paste -d' ' - - -
+done
