@@ -185,7 +185,10 @@ def time_ms(step, args, *, iters: int, repeats: int, warmup: int) -> float:
 
 
 def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
-        command, device):
+        command, device, out=None):
+  """Times every (shape, mode, impl); with `out`, merges each shape/mode's
+  rows into that file as soon as they are measured (a run cut short by a
+  time limit keeps what it measured)."""
   dtype = jnp.dtype(dtype_name)
   date = datetime.date.today().isoformat()
   records = []
@@ -217,6 +220,8 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
         r["ratio_vs_cudnn"] = (round(r["tflops"] / cudnn, 3)
                                if cudnn and r["tflops"] else None)
       records += rows
+      if out is not None:
+        merge_into(out, rows)
   return records
 
 
@@ -352,8 +357,7 @@ def main(argv=None):
 
   records = run(impls, shapes, modes, args.dtype, iters=args.iters,
                 repeats=args.repeats, warmup=args.warmup, command=command,
-                device=device)
-  merge_into(args.out, records)
+                device=device, out=args.out)
   print(f"results merged into {args.out}")
   if args.plot:
     plot_sweep(records, args.plot)
