@@ -5,7 +5,8 @@
 #   build_carry/selftest_sm90     forward vs float64 reference (--quick, filter),
 #                                 --bench: TF/s per schedule variant and sm80
 # The sm90 sources are built with -DJAX_FLASH_SM90_ABLATION (all four
-# pingpong/overlap schedules selectable through FwdParams::sm90_variant) and
+# pingpong/overlap schedules and the bf16 tuning variants selectable through
+# FwdParams::sm90_variant, see cuda/sm90/instantiations.h) and
 # the sm80 forward (for the benchmark comparison) without its backward.
 # Usage: tools/build_sm90_tests.sh [-j N]   (from anywhere; ~3-6 min on 2 cores)
 set -euo pipefail
@@ -40,9 +41,13 @@ echo "built $OUTDIR/selftest_sm90 and $OUTDIR/sm90_primitives in $((SECONDS - t0
 
 # ptxas summary of the sm90 forward kernels: registers (at entry; setmaxnreg
 # then moves them between the roles), spills, stack.
-echo "sm90 fwd_kernel ptxas report (D, kBlockN, consumer WGs, schedule flags: 1 pingpong, 2 overlap):"
+echo "sm90 fwd_kernel ptxas report (D, kBlockN, consumer WGs, O in V ring, schedule flags:"
+echo "1 pingpong, 2 overlap, 4 dynamic scheduler):"
 for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010fwd_kernel" "$log" |
-    sed -nE "/Compiling entry/s/.*fwd_kernelI([^N]*)NS0_9FwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9])ELi([0-9])EEELi([0-9])EEE.*/  \1 D=\2 BN=\3 WGs=\4 flags=\6/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    sed -nE "/Compiling entry/s/.*fwd_kernelI([^N]*)NS0_9FwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9])ELi([0-9])ELb([01])EEELi([0-9]+)EEE.*/  \1 D=\2 BN=\3 WGs=\4 OinV=\6 flags=\7/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
     paste -d' ' - - -
 done
+
+# The sm90 backward self-test / benchmark (build_carry/selftest_sm90_bwd).
+tools/build_sm90_bwd_tests.sh -j "$JOBS"

@@ -20,13 +20,18 @@ set(JAX_FLASH_SM80_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim256_sm80.cu
 )
-# sm90 kernel family (Hopper forward; compile with sm_90a only).
+# sm90 kernel family (Hopper forward and backward; compile with sm_90a only).
 set(JAX_FLASH_SM90_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/../sm90/dispatch.cu
+  ${CMAKE_CURRENT_LIST_DIR}/../sm90/bwd_dispatch.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_bf16_hdim64_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_bf16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_bf16_hdim256_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim64_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim256_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim64_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim128_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim64_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim128_sm90.cu
 )

@@ -53,7 +53,10 @@ DeviceInfo device_info() {
 template <int kHeadDim>
 bool bucket_ok(const FwdParams& p, const DeviceInfo& dev) {
   using Cfg = typename FwdConfigFor<kHeadDim>::type;
-  return Cfg::kSmemAlloc <= dev.smem_optin && variant_compiled(p.sm90_variant, Cfg::kDefaultFlags);
+  // Every tile shape (tuning variants included) fits the 227 KB of sm_90.
+  return Cfg::kSmemAlloc <= dev.smem_optin &&
+         variant_available(p.sm90_variant, kHeadDim, p.dtype == DType::kBFloat16,
+                           Cfg::kDefaultFlags);
 }
 
 bool bucket_compiled_and_ok(const FwdParams& p, const DeviceInfo& dev) {
@@ -117,6 +120,26 @@ bool fwd_supported(const FwdParams& p) {
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
   return bucket_compiled_and_ok(p, dev);
+}
+
+int num_variants() { return kNumVariants; }
+
+const char* variant_name(int variant) {
+  switch (variant) {
+    case 0: return "v0 default";
+    case 1: return "v1 pp+ov";
+    case 2: return "v2 ov";
+    case 3: return "v3 pp";
+    case 4: return "v4 none";
+    case kVarDynamic: return "v5 dyn";
+    case kVarOInV: return "v6 OinV";
+    case kVarDynamicOInV: return "v7 dyn+OinV";
+    case kVarN176: return "v8 n176";
+    case kVarN192: return "v9 n192";
+    case kVarN192Q: return "v10 n192Q";
+    case kVarTuned: return "v11 tuned";
+    default: return "?";
+  }
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {

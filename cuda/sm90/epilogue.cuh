@@ -7,7 +7,9 @@
 //
 // Shared buffer: its own O tile when it fits, else the Q tile (kOAliasQ: the
 // WG's own 64 Q rows, dead once its last QK^T finished; the storing thread
-// then releases Q to the producer once TMA has read the tile out).
+// then releases Q to the producer once TMA has read the tile out), or the V
+// ring (Cfg::kOInV, FA3's smem_o-aliases-smem_v: all consumer WGs meet before
+// writing it; the storing threads arrive on o_free once TMA has read it).
 #pragma once
 
 #include "args.cuh"
@@ -37,8 +39,14 @@ JF_DEVICE void epilogue_store(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, i
   }
   // The previous tile's store must have read the buffer (own O buffer), and
   // every warp of the WG must be past its last wgmma on Q (aliased buffer).
-  if (!Cfg::kOAliasQ && tid_wg == 0) bulk_wait_read<0>();
-  named_bar_sync(kBarEpilogue + wg, 128);
+  // kOInV: every consumer WG must be past its last PV (the tile overwrites
+  // the V ring); the previous store was waited for before o_free.
+  if constexpr (Cfg::kOInV) {
+    named_bar_sync(kBarOWrite, 128 * Cfg::kConsumerWGs);
+  } else {
+    if (!Cfg::kOAliasQ && tid_wg == 0) bulk_wait_read<0>();
+    named_bar_sync(kBarEpilogue + wg, 128);
+  }
   {
     // Addresses from a fresh %tid.x (not hoisted out of the tile loop).
     const int t = opaque_tid() % 128, ln = t % 32;
@@ -67,6 +75,10 @@ JF_DEVICE void epilogue_store(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, i
     if constexpr (Cfg::kOAliasQ) {
       bulk_wait_read<0>();
       mbar_arrive(sm.empty_q());
+    }
+    if constexpr (Cfg::kOInV) {  // the producer may refill the V ring
+      bulk_wait_read<0>();
+      mbar_arrive(sm.o_free());
     }
   }
   __syncwarp();

@@ -17,6 +17,8 @@ namespace jax_flash::sm90 {
 
 template <typename Element, typename Cfg, int kFlags>
 JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, int wg) {
+  constexpr bool kDynamic = (kFlags & kFlagDynamic) != 0;
+  constexpr int kTileBarCount = 32 + 128;  // producer warp + this WG
   const int tid_wg = threadIdx.x % 128;
   const int warp = tid_wg / 32, lane = tid_wg % 32;
   ptx::PipeState<Cfg::kStages> kst, vst;
@@ -25,8 +27,9 @@ JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, in
   if constexpr (Mainloop::kPingpong) {
     if (wg == 0) ptx::named_bar_arrive(kBarSched + 0, 256);  // the first turn is WG 0's
   }
+  if constexpr (kDynamic) ptx::named_bar_arrive(kBarTileEmpty + wg, kTileBarCount);  // slot free
   uint32_t it = 0;
-  for (int tile = blockIdx.x; tile < a.sched.total; tile += gridDim.x, ++it) {
+  for (int tile = blockIdx.x; tile < a.sched.total; ++it) {
     int m_block, head, batch;
     a.sched.decode(tile, m_block, head, batch);
     const int m0 = m_block * Cfg::kBlockM;
@@ -41,7 +44,14 @@ JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, in
     ml.wait_full(sm.full_q(), it & 1u);
     if (n_last > n_first) ml.run(o, smx, m0 + 64 * wg, batch, n_first, n_last);
     if constexpr (!Cfg::kOAliasQ) ml.release(sm.empty_q());  // all QK^T of this warp are done
+    int next = tile + int(gridDim.x);
+    if constexpr (kDynamic) {  // before the epilogue, as FA3: the producer is ahead anyway
+      ptx::named_bar_sync(kBarTileFull + wg, kTileBarCount);
+      next = ld_shared_s32(sm.tile_slot());
+      if (next < a.sched.total) ptx::named_bar_arrive(kBarTileEmpty + wg, kTileBarCount);
+    }
     epilogue_store<Element, Cfg>(a, sm, wg, warp, lane, o, smx, m0, head, batch);
+    tile = next;
   }
   if (tid_wg == 0) ptx::bulk_wait<0>();  // stores done before the CTA's smem goes away
 }
@@ -65,6 +75,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::mbar_init(sm.full_v(s), 1);
       ptx::mbar_init(sm.empty_v(s), Cfg::kKVEmptyArrivals);
     }
+    ptx::mbar_init(sm.o_free(), Cfg::kOFreeArrivals);
     ptx::mbar_fence_init();
     ptx::prefetch_tmap(&args.tm_q);
     ptx::prefetch_tmap(&args.tm_k);
@@ -75,7 +86,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warp < 4) {  // producer warpgroup
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == 0 && ptx::lane_id() == 0) producer_loop<Cfg>(args, sm);
+    if (warp == 0 && ((kFlags & kFlagDynamic) != 0 || ptx::lane_id() == 0))
+      producer_loop<Cfg, kFlags>(args, sm);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     consumer_loop<Element, Cfg, kFlags>(args, sm, warp / 4 - 1);

@@ -19,4 +19,24 @@ bool fwd_supported(const FwdParams& params);
 // (callers fall back to jax_flash::sm80::run_fwd), else the launch error.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
+// Backward (FA3 style, bwd_*.cuh): true when run_bwd can serve `params`: an
+// sm_90 GPU, bf16/fp16, head_dim a multiple of 8 up to 128 (buckets 64 / 128;
+// head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch),
+// NOT deterministic (dQ is summed by bulk reductions in timing order), the
+// TMA layout rules of fwd_supported for q, k, v, dout (o strides), dk (k
+// strides), dv (v strides), non-null lse / delta / dq_accum (16-byte aligned).
+// Causal, windows, GQA/MQA, segment ids, softcap, any seqlen are supported.
+bool bwd_supported(const BwdParams& params);
+
+// dQ, dK, dV on `stream` (zeroes dq_accum first, then the main kernel and
+// the dq_convert pass); cudaErrorNotSupported when !bwd_supported(params)
+// (callers fall back to jax_flash::sm80::run_bwd), else the launch error.
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+
+// FwdParams::sm90_variant values: [0, num_variants()), short names for tables
+// (instantiations.h has the meaning of each; most exist only in builds with
+// -DJAX_FLASH_SM90_ABLATION, see fwd_supported).
+int num_variants();
+const char* variant_name(int variant);
+
 }  // namespace jax_flash::sm90

@@ -11,7 +11,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <type_traits>
 
 #include "fwd_kernel.cuh"
 #include "instantiations.h"
@@ -67,6 +69,33 @@ inline int device_sm_count() {
   return n > 0 ? n : 1;
 }
 
+namespace {
+
+// Tile counters of the dynamic scheduler (kFlagDynamic, scheduler.cuh): a
+// ring of zero-initialised ints per device and per translation unit; each
+// launch takes the next one and leaves it at 0 again. Two launches sharing a
+// counter must not run at the same time: that needs kTileCounters launches of
+// the same instantiation file in flight at once.
+constexpr int kTileCounters = 64;
+__device__ int g_tile_counters[kTileCounters];
+
+int* next_tile_counter() {
+  static std::atomic<int*> base[64];
+  static std::atomic<unsigned> slot{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return nullptr;
+  int* b = base[dev].load();
+  if (b == nullptr) {
+    void* ptr = nullptr;
+    if (cudaGetSymbolAddress(&ptr, g_tile_counters) != cudaSuccess) return nullptr;
+    b = static_cast<int*>(ptr);
+    base[dev].store(b);
+  }
+  return b + slot.fetch_add(1u) % kTileCounters;
+}
+
+}  // namespace
+
 template <typename Element, typename Cfg, int kFlags>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   FwdKernelArgs args;
@@ -86,6 +115,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const bool causal_like = args.mask.wr >= 0 && args.mask.wl < 0;
   args.sched = make_scheduler(p.batch, p.num_heads, p.num_heads / p.num_heads_k, p.seqlen_q,
                               p.seqlen_k, Cfg::kHeadDim, Cfg::kBlockM, causal_like);
+  if constexpr ((kFlags & kFlagDynamic) != 0) {
+    args.sched.counter = next_tile_counter();
+    if (args.sched.counter == nullptr) return cudaErrorNotSupported;
+  }
   args.lse = p.lse;
   args.num_heads = p.num_heads;
   args.heads_per_kv = p.num_heads / p.num_heads_k;
@@ -101,12 +134,50 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+#ifdef JAX_FLASH_SM90_ABLATION
+// Tuning variants (instantiations.h), bf16 only.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream) {
+  using Cfg = typename FwdConfigFor<kHeadDim>::type;
+  constexpr int kDef = Cfg::kDefaultFlags;
+  if constexpr (!std::is_same_v<Element, __nv_bfloat16>) {
+    return cudaErrorNotSupported;
+  } else {
+    if (variant == kVarDynamic) return launch_fwd<Element, Cfg, kDef | kFlagDynamic>(p, stream);
+    if constexpr (kHeadDim == 256) {
+      if (variant == kVarOInV) return launch_fwd<Element, FwdConfig256V, kDef>(p, stream);
+      if (variant == kVarDynamicOInV)
+        return launch_fwd<Element, FwdConfig256V, kDef | kFlagDynamic>(p, stream);
+    }
+    if constexpr (kHeadDim == 128) {
+      if (variant == kVarN176) return launch_fwd<Element, FwdConfig128N176V, kDef>(p, stream);
+      if (variant == kVarN192) return launch_fwd<Element, FwdConfig128N192V, kDef>(p, stream);
+      if (variant == kVarN192Q) return launch_fwd<Element, FwdConfig128N192Q, kDef>(p, stream);
+    }
+    return cudaErrorNotSupported;
+  }
+}
+#endif
+
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   using Cfg = typename FwdConfigFor<kHeadDim>::type;
   constexpr int kDef = Cfg::kDefaultFlags;
-  if (!variant_compiled(p.sm90_variant, kDef)) return cudaErrorNotSupported;
-  const int flags = variant_flags(p.sm90_variant, kDef);
+  constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
+  int variant = p.sm90_variant;
+  if (!variant_available(variant, kHeadDim, kBf16, kDef)) return cudaErrorNotSupported;
+  if (variant == kVarTuned) {
+    const MaskInfo mi = make_mask_info(p);
+    variant = tuned_variant(kHeadDim, mi.wr >= 0 && mi.wl < 0);
+  }
+  if (variant >= 5) {
+#ifdef JAX_FLASH_SM90_ABLATION
+    return run_fwd_tuning<Element, kHeadDim>(p, variant, stream);
+#else
+    return cudaErrorNotSupported;
+#endif
+  }
+  const int flags = variant_flags(variant, kDef);
   if (flags == kDef) return launch_fwd<Element, Cfg, kDef>(p, stream);
 #ifdef JAX_FLASH_SM90_ABLATION
   // The other combinations, for the ablation (one of them equals kDef).

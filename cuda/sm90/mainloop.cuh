@@ -39,53 +39,90 @@
 namespace jax_flash::sm90 {
 
 // ------------------------------------------------------------------ producer
-template <typename Cfg>
+// Static scheduler: run by one thread (lane 0 of warp 0). kFlagDynamic: run by
+// all of warp 0 (the tile-index hand-off uses named barriers, which count
+// whole warps); lane 0 issues the loads.
+template <typename Cfg, int kFlags>
 JF_DEVICE void producer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm) {
   using namespace ptx;
+  constexpr bool kDynamic = (kFlags & kFlagDynamic) != 0;
   constexpr int kCB = Cfg::kHeadDim / 64;  // TMA boxes per tile
   PipeState<Cfg::kStages> kst, vst;
   uint32_t it = 0;
-  for (int tile = blockIdx.x; tile < a.sched.total; tile += gridDim.x, ++it) {
-    int m_block, head, batch;
-    a.sched.decode(tile, m_block, head, batch);
-    const int m0 = m_block * Cfg::kBlockM;
-    int n_first, n_last;
-    a.mask.kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
-    const int head_k = head / a.heads_per_kv;
-
-    auto load_k = [&](int n) {
-      mbar_wait(sm.empty_k(kst.index), kst.phase ^ 1u);
-      const uint32_t full = sm.full_k(kst.index), dst = sm.k(kst.index);
-      mbar_arrive_expect_tx(full, Cfg::kKVBytes);
-#pragma unroll
-      for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(&a.tm_k, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN, head_k,
-                    batch);
-      kst.advance();
-    };
-    auto load_v = [&](int n) {
-      mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
-      const uint32_t full = sm.full_v(vst.index), dst = sm.v(vst.index);
-      mbar_arrive_expect_tx(full, Cfg::kKVBytes);
-#pragma unroll
-      for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(&a.tm_v, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN, head_k,
-                    batch);
-      vst.advance();
-    };
-
-    if (n_last > n_first) load_k(n_last - 1);
-    // Q: always loaded (also for a tile without visible keys) so that the
-    // consumers' full_q / empty_q phases advance once per tile.
-    mbar_wait(sm.empty_q(), (it & 1u) ^ 1u);
-    mbar_arrive_expect_tx(sm.full_q(), Cfg::kQBytes);
-#pragma unroll
-    for (int cb = 0; cb < kCB; ++cb)
-      tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * Cfg::kBlockM * 128, cb * 64, m0, head, batch);
-    for (int n = n_last - 1; n >= n_first; --n) {
-      if (n > n_first) load_k(n - 1);
-      load_v(n);
+  const bool leader = !kDynamic || lane_id() == 0;
+  for (int tile = blockIdx.x; tile < a.sched.total; ++it) {
+    int next = tile + int(gridDim.x);
+    if constexpr (kDynamic) {
+      if (leader) next = a.sched.claim_next();  // used only after the loads below
     }
+    if (leader) {
+      int m_block, head, batch;
+      a.sched.decode(tile, m_block, head, batch);
+      const int m0 = m_block * Cfg::kBlockM;
+      int n_first, n_last;
+      a.mask.kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+      const int head_k = head / a.heads_per_kv;
+
+      auto load_k = [&](int n) {
+        mbar_wait(sm.empty_k(kst.index), kst.phase ^ 1u);
+        const uint32_t full = sm.full_k(kst.index), dst = sm.k(kst.index);
+        mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(&a.tm_k, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN,
+                      head_k, batch);
+        kst.advance();
+      };
+      auto load_v = [&](int n) {
+        mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
+        const uint32_t full = sm.full_v(vst.index), dst = sm.v(vst.index);
+        mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(&a.tm_v, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN,
+                      head_k, batch);
+        vst.advance();
+      };
+
+      const bool has_keys = n_last > n_first;
+      // kOInV: the previous tile's O store must have read the V ring before
+      // this tile's first V load. o_free completes once per tile (epilogue
+      // it - 1 -> phase it - 1); the producer waits for every phase, in
+      // order, at a point where epilogue `it` cannot have completed yet
+      // (before this tile's first V load, or before its Q load when it has
+      // no keys), so the parity test is exact.
+      auto wait_o_free = [&] {
+        if constexpr (Cfg::kOInV) {
+          if (it > 0) mbar_wait(sm.o_free(), (it - 1) & 1u);
+        }
+      };
+      if (has_keys) load_k(n_last - 1);
+      if (!has_keys) wait_o_free();
+      // Q: always loaded (also for a tile without visible keys) so that the
+      // consumers' full_q / empty_q phases advance once per tile.
+      mbar_wait(sm.empty_q(), (it & 1u) ^ 1u);
+      mbar_arrive_expect_tx(sm.full_q(), Cfg::kQBytes);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb)
+        tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * Cfg::kBlockM * 128, cb * 64, m0, head, batch);
+      if (has_keys) wait_o_free();
+      for (int n = n_last - 1; n >= n_first; --n) {
+        if (n > n_first) load_k(n - 1);
+        load_v(n);
+      }
+    }
+    if constexpr (kDynamic) {
+      __syncwarp();
+      next = __shfl_sync(0xffffffffu, next, 0);
+      constexpr int kN = 32 + 128;  // this warp + one consumer warpgroup
+#pragma unroll
+      for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) named_bar_sync(kBarTileEmpty + wg, kN);
+      if (leader) st_shared_b32(sm.tile_slot(), uint32_t(next));
+      __syncwarp();  // bar.arrive is .aligned: the whole warp, converged
+#pragma unroll
+      for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) named_bar_arrive(kBarTileFull + wg, kN);
+    }
+    tile = next;
   }
 }
 

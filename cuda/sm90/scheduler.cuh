@@ -11,11 +11,33 @@
 //   cheapest tiles. To keep K/V in L2 the heads are taken in sections of
 //   `heads_per_section` (about 32 MB of K+V, a power of two times the GQA group
 //   like FA3's L2 swizzle); within a section: query block descending, then head.
+//
+// kFlagDynamic (FA3's DynamicPersistentTileScheduler, the one it uses for
+// causal): same tile order, but CTA b starts with tile b and then takes the
+// next unclaimed tile from a global counter (atomicAdd + gridDim.x), so the
+// longest tiles go first to whichever SM is free (LPT) instead of a fixed
+// round robin. The producer warp claims the next tile when it starts the
+// current one (the atomic's latency hides behind the loads) and hands the
+// index to each consumer warpgroup through shared memory (named barriers
+// kBarTileFull / kBarTileEmpty + WG). Workspace: one zeroed int per launch in
+// flight; every launch claims exactly `total` indices (grid = min(total,
+// #SMs): one per tile after the first plus one failed claim per CTA), and the
+// claim that returns total - 1 is the last one, so that CTA resets the
+// counter to 0 for the next launch. The launcher takes the int from a small
+// device-global ring (launch_templates.cuh).
 #pragma once
 
 #include "ptx/common.cuh"
 
 namespace jax_flash::sm90 {
+
+// Shared-memory int load that the compiler neither caches nor moves across
+// the named barriers around it.
+JF_DEVICE int ld_shared_s32(uint32_t addr) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 
 struct TileScheduler {
   int num_m_blocks;
@@ -24,6 +46,15 @@ struct TileScheduler {
   int total;               // num_m_blocks * num_bh
   int heads_per_section;   // 0: plain head-major order
   int section_tiles;       // heads_per_section * num_m_blocks
+  int* counter;            // kFlagDynamic: zeroed int (see above), else unused
+
+  // kFlagDynamic: the tile this CTA processes after the current one (>= total:
+  // none). One call per processed tile, by one thread.
+  JF_DEVICE int claim_next() const {
+    const int v = atomicAdd(counter, 1);
+    if (v == total - 1) atomicExch(counter, 0);  // the launch's last claim
+    return v + int(gridDim.x);
+  }
 
   JF_DEVICE void decode(int t, int& m_block, int& head, int& batch) const {
     int bh;
@@ -53,6 +84,7 @@ inline TileScheduler make_scheduler(int batch, int num_heads, int heads_per_kv, 
   s.total = s.num_m_blocks * s.num_bh;
   s.heads_per_section = 0;
   s.section_tiles = 0;
+  s.counter = nullptr;
   if (causal_like) {
     const long long kv_head_bytes = 2LL * seqlen_k * head_dim * 2;  // K + V of one KV head
     const long long l2_budget = 32LL << 20;

@@ -37,14 +37,22 @@ __host__ __device__ constexpr uint32_t sw128_offset(int r, int c) {
 enum : int {
   kFlagPingpong = 1,  // named-barrier hand-off of the tensor cores between consumer WGs
   kFlagOverlap = 2,   // softmax of block j while QK^T of block j+1 runs (same WG)
+  kFlagDynamic = 4,   // dynamic persistent scheduler (global atomic tile counter, scheduler.cuh)
 };
 
-template <int kHeadDim_, int kBlockN_, int kConsumerWGs_, int kStages_>
+// kOInV_: the O staging tile of the epilogue lives in the V ring (FA3's
+// choice: smem_o aliases smem_v) instead of the Q tile, for tiles where O has
+// no room of its own. The next tile's Q (and K) then load during the
+// epilogue; only its first V load waits for the O store to have read the
+// ring (mbarrier o_free), and the consumer warpgroups meet on a named barrier
+// before writing O (another WG may still be reading V in its last PV).
+template <int kHeadDim_, int kBlockN_, int kConsumerWGs_, int kStages_, bool kOInV_ = false>
 struct FwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kConsumerWGs = kConsumerWGs_;
   static constexpr int kStages = kStages_;
+  static constexpr bool kOInV = kOInV_;
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   // Register budgets after setmaxnreg (FA3: 24/240 with 2 consumer WGs,
@@ -72,12 +80,16 @@ struct FwdConfig {
   // the 1 KB alignment slack and the barriers); otherwise it reuses the Q tile
   // (then the next tile's Q load waits for the O store to be read out).
   static constexpr int kSmemLimit = 227 * 1024 - 1024 - 256;
-  static constexpr bool kOAliasQ = kEndKV + kQBytes > kSmemLimit;
-  static constexpr int kOffO = kOAliasQ ? kOffQ : kEndKV;
-  static constexpr int kOffBar = kOAliasQ ? kEndKV : kEndKV + kQBytes;
-  // mbarriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
-  static constexpr int kNumBars = 2 + 4 * kStages;
-  static constexpr int kSmemBytes = kOffBar + 8 * kNumBars;
+  static constexpr bool kOAliasQ = !kOInV && kEndKV + kQBytes > kSmemLimit;
+  static constexpr int kOffO = kOInV ? kOffV : kOAliasQ ? kOffQ : kEndKV;
+  static constexpr int kOffBar = (kOAliasQ || kOInV) ? kEndKV : kEndKV + kQBytes;
+  static_assert(!kOInV || kStages * kKVBytes >= kQBytes, "O tile must fit in the V ring");
+  // mbarriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S],
+  // o_free (kOInV only, but always allocated)
+  static constexpr int kNumBars = 3 + 4 * kStages;
+  // One int after the barriers: the next tile index (kFlagDynamic), 16 bytes.
+  static constexpr int kOffTile = kOffBar + 8 * kNumBars;
+  static constexpr int kSmemBytes = kOffTile + 16;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // + slack to align the base to 1 KB
   static_assert(kSmemBytes <= kSmemLimit + 256, "shared memory plan too large");
   static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKVBytes % 1024 == 0 &&
@@ -89,6 +101,7 @@ struct FwdConfig {
   // the aliased tile.
   static constexpr int kQEmptyArrivals = kOAliasQ ? kConsumerWGs : 4 * kConsumerWGs;
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
+  static constexpr int kOFreeArrivals = kConsumerWGs;        // each WG's storing thread
 };
 
 // kBlockN of the hdim-128 kernel, overridable for tuning builds: 192 also
@@ -104,6 +117,13 @@ struct FwdConfigFor;
 template <> struct FwdConfigFor<64>  { using type = FwdConfig<64, 128, 3, 2>; };
 template <> struct FwdConfigFor<128> { using type = FwdConfig<128, JAX_FLASH_SM90_BLOCKN_HDIM128, 2, 2>; };
 template <> struct FwdConfigFor<256> { using type = FwdConfig<256, 80, 2, 2>; };
+
+// Tile shapes of the tuning variants (instantiations.h, sm90_variant >= 5;
+// compiled only with -DJAX_FLASH_SM90_ABLATION).
+using FwdConfig128N176V = FwdConfig<128, 176, 2, 2, true>;   // FA3's non-causal hdim-128 tile, O in V
+using FwdConfig128N192V = FwdConfig<128, 192, 2, 2, true>;   // O in V
+using FwdConfig128N192Q = FwdConfig<128, 192, 2, 2, false>;  // O in Q (= JAX_FLASH_SM90_BLOCKN_HDIM128=192)
+using FwdConfig256V = FwdConfig<256, 80, 2, 2, true>;        // hdim 256, O in V
 
 // The sm90 head-dim buckets (no 96: 65..128 use the 128 kernel, zero-padded).
 inline int sm90_rounded_head_dim(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }

@@ -4,17 +4,23 @@
 // Test mode: for each case, random 16-bit Q, K, V; O and LSE poisoned with
 // NaN before every launch; run_fwd for the default schedule and, in builds
 // with -DJAX_FLASH_SM90_ABLATION, for the four explicit schedules
-// (sm90_variant 1..4: pingpong+overlap, overlap, pingpong, neither); a float64
+// (sm90_variant 1..4: pingpong+overlap, overlap, pingpong, neither) and the
+// tuning variants (5.., bf16 only: dynamic scheduler, O in the V ring, hdim-128
+// tiles 128 x 176 / 192; sm90/instantiations.h); a float64
 // CPU reference from the same rounded inputs. One row per case: the worst O
 // error over the variants (relative to the largest |O|, floored at 0.05), the
 // worst LSE error (absolute; -inf must match exactly) and the variants that
 // failed. Exit code 1 if any case fails.
 //
 // Bench mode (--bench): TF/s of B=2, T=S=8192 at (D=128, H=16), (D=64, H=32),
-// (D=256, H=8), causal and not, for every compiled variant and for the sm80
-// kernel (jax_flash::sm80::run_fwd): 20 back-to-back launches between two
-// events, median of 5 repeats; FLOPs = 4 B H T S D (halved when causal). Also
-// prints max |O_sm90 - O_sm80| as a sanity check at scale.
+// (D=256, H=8), causal and not, plus short causal shapes (B*T = 16k), for
+// every compiled variant (schedule ablation 1..4, tuning variants 5.., see
+// sm90/instantiations.h) and for the sm80 kernel (jax_flash::sm80::run_fwd):
+// the configurations of a row are timed interleaved, round by round (10
+// back-to-back launches between two events, median of 7 rounds), because a
+// fixed order showed up to 10% drift between identical kernels; FLOPs =
+// 4 B H T S D (halved when causal). Also prints the worst max |O_v - O_v0|
+// over the variants and sm80, rerun after the timing with O poisoned.
 //
 // Build: tools/build_sm90_tests.sh (see cuda/tests/README.md).
 // Options: ./selftest_sm90 [filter-substring] [--quick] [--bench]
@@ -278,7 +284,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   std::vector<uint16_t> o_bits(q.count());
   std::vector<float> lse(nstat);
   const double tol_o = fp16 ? 4e-3 : 2e-2, tol_lse = 2e-3;
-  for (int variant = 0; variant < 5; ++variant) {
+  for (int variant = 0; variant < jax_flash::sm90::num_variants(); ++variant) {
     fp.sm90_variant = variant;
     if (!jax_flash::sm90::fwd_supported(fp)) {
       if (variant == 0) {
@@ -376,6 +382,16 @@ static std::vector<Case> all_cases(bool quick) {
     c.pitch_pad = 8;
     c.sms = 3;
     cs.push_back(c);
+    // Tiles without keys between tiles with keys, several tiles per CTA (the
+    // O-in-V hand-off, the dynamic scheduler's index exchange).
+    c = Case{d + " persistent 2 CTAs causal T=600 S=200", 2, 600, 200, 4, 2, D};
+    c.causal = true;
+    c.sms = 2;
+    cs.push_back(c);
+    c = Case{d + " persistent 1 CTA causal GQA", 1, 700, 700, 4, 2, D};
+    c.causal = true;
+    c.sms = 1;
+    cs.push_back(c);
     if (!quick) {
       cs.push_back(Case{d + " multiblock plain T=1000 S=1531", 1, 1000, 1531, 2, 2, D});
       c = Case{d + " multiblock MQA causal fp16", 1, 300, 517, 4, 1, D};
@@ -430,105 +446,156 @@ static double median(std::vector<double> v) {
 
 static void bench() {
   struct Shape {
-    int D, H;
+    int D, H, B, T;
+    bool causal;
   };
-  const int B = 2, T = 8192, S = 8192;
-  std::printf("bench: B=%d T=S=%d bf16, TF/s (20 launches between events, median of 5)\n", B, T);
-  std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %9s %9s  %s\n", "D", "H", "causal", "sm90 v0", "v1 pp+ov",
-              "v2 ov", "v3 pp", "v4 none", "sm80", "max|O90-O80|");
+  // The reference shapes (B=2, T=S=8192) and the short causal ones of the
+  // sweep (B*T = 16k), where the tile schedule matters most.
+  const Shape shapes[] = {
+      {128, 16, 2, 8192, false}, {128, 16, 2, 8192, true}, {64, 32, 2, 8192, false},
+      {64, 32, 2, 8192, true},   {256, 8, 2, 8192, false}, {256, 8, 2, 8192, true},
+      {64, 32, 16, 1024, true},  {128, 16, 16, 1024, true}, {256, 8, 16, 1024, true},
+      {128, 16, 8, 2048, true},  {256, 8, 8, 2048, true}};
+  const int nv = jax_flash::sm90::num_variants();
+  constexpr int kRounds = 7, kLaunches = 10;
+  std::printf("bench: T=S bf16, TF/s (FLOPs 4 B H T S D, halved when causal); each cell the median of\n"
+              "%d rounds x %d back-to-back launches, the configurations of a row interleaved round by\n"
+              "round (clock/power drift hits all alike); '-' = variant not compiled for that head dim.\n"
+              "best = fastest sm90 variant / v0; max|dO| = worst max|O_v - O_v0| over the variants, rerun\n"
+              "after the timing with O poisoned (inf/nan = a tile not written).\n",
+              kRounds, kLaunches);
+  std::printf("%-4s %-3s %-2s %-5s %-3s", "D", "H", "B", "T", "cau");
+  for (int v = 0; v < nv; ++v) {
+    std::string name = jax_flash::sm90::variant_name(v);
+    std::printf(" %7s", name.substr(0, name.find(' ')).c_str());
+  }
+  std::printf(" %7s  %-14s %s\n", "sm80", "best", "max|dO|");
   std::mt19937 rng(7);
-  for (Shape sh : {Shape{128, 16}, Shape{64, 32}, Shape{256, 8}}) {
+  for (const Shape& sh : shapes) {
+    const int B = sh.B, T = sh.T, S = sh.T;
     const size_t n = size_t(B) * T * sh.H * sh.D;
     std::vector<uint16_t> h(n);
     std::normal_distribution<float> nd(0.f, 1.f);
     uint16_t *dq = dev_alloc<uint16_t>(n), *dk = dev_alloc<uint16_t>(n), *dv = dev_alloc<uint16_t>(n);
-    for (uint16_t* p : {dq, dk, dv}) {
+    for (uint16_t* ptr : {dq, dk, dv}) {
       for (auto& x : h) x = to_bits(nd(rng), false);
-      CHECK_CUDA(cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * 2, cudaMemcpyHostToDevice));
     }
     uint16_t *d_o = dev_alloc<uint16_t>(n), *d_o80 = dev_alloc<uint16_t>(n);
     float* d_lse = dev_alloc<float>(size_t(B) * sh.H * T);
-    for (bool causal : {false, true}) {
-      FwdParams p{};
-      p.q = dq;
-      p.k = dk;
-      p.v = dv;
-      p.o = d_o;
-      p.lse = d_lse;
-      const int64_t rs = int64_t(sh.H) * sh.D;
-      p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = rs;
-      p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = sh.D;
-      p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = rs * T;
-      p.batch = B;
-      p.seqlen_q = T;
-      p.seqlen_k = S;
-      p.num_heads = p.num_heads_k = sh.H;
-      p.head_dim = sh.D;
-      p.scale = float(1.0 / std::sqrt(double(sh.D)));
-      p.window_left = -1;
-      p.window_right = causal ? 0 : -1;
-      p.causal = causal;
-      p.dtype = DType::kBFloat16;
-      CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
-      const double flops = 4.0 * B * sh.H * double(T) * S * sh.D * (causal ? 0.5 : 1.0);
-      cudaEvent_t e0, e1;
-      CHECK_CUDA(cudaEventCreate(&e0));
-      CHECK_CUDA(cudaEventCreate(&e1));
-      auto time_it = [&](auto&& launch) -> double {
-        if (launch() != cudaSuccess) return -1;
-        CHECK_CUDA(cudaDeviceSynchronize());
-        std::vector<double> reps;
-        for (int r = 0; r < 5; ++r) {
-          CHECK_CUDA(cudaEventRecord(e0));
-          for (int i = 0; i < 20; ++i) launch();
-          CHECK_CUDA(cudaEventRecord(e1));
-          CHECK_CUDA(cudaEventSynchronize(e1));
-          float ms = 0;
-          CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-          reps.push_back(ms / 20);
-        }
-        CHECK_CUDA(cudaGetLastError());
-        return flops / (median(reps) * 1e-3) / 1e12;
-      };
-      double tf[6];
-      for (int variant = 0; variant < 5; ++variant) {
-        p.sm90_variant = variant;
-        p.o = d_o;
-        tf[variant] = jax_flash::sm90::fwd_supported(p)
-                          ? time_it([&] { return jax_flash::sm90::run_fwd(p, 0); })
-                          : -1;
+    FwdParams p{};
+    p.q = dq;
+    p.k = dk;
+    p.v = dv;
+    p.o = d_o;
+    p.lse = d_lse;
+    const int64_t rs = int64_t(sh.H) * sh.D;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = rs;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = sh.D;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = rs * T;
+    p.batch = B;
+    p.seqlen_q = T;
+    p.seqlen_k = S;
+    p.num_heads = p.num_heads_k = sh.H;
+    p.head_dim = sh.D;
+    p.scale = float(1.0 / std::sqrt(double(sh.D)));
+    p.window_left = -1;
+    p.window_right = sh.causal ? 0 : -1;
+    p.causal = sh.causal;
+    p.dtype = DType::kBFloat16;
+    CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
+    const double flops = 4.0 * B * sh.H * double(T) * S * sh.D * (sh.causal ? 0.5 : 1.0);
+
+    // Configurations: sm90 variants 0..nv-1 (those available), then sm80.
+    std::vector<FwdParams> cfg;
+    std::vector<int> idx(nv + 1, -1);
+    for (int v = 0; v < nv; ++v) {
+      FwdParams pv = p;
+      pv.sm90_variant = v;
+      if (jax_flash::sm90::fwd_supported(pv)) {
+        idx[v] = int(cfg.size());
+        cfg.push_back(pv);
       }
-      p.sm90_variant = 0;
-      FwdParams p80 = p;
-      p80.o = d_o80;
-      tf[5] = time_it([&] { return jax_flash::sm80::run_fwd(p80, 0); });
-      // O of the default sm90 variant (rerun) against sm80's.
-      double maxdiff = -1;
-      if (jax_flash::sm90::run_fwd(p, 0) == cudaSuccess && tf[5] > 0) {
-        CHECK_CUDA(cudaDeviceSynchronize());
-        std::vector<uint16_t> a(n), b(n);
-        CHECK_CUDA(cudaMemcpy(a.data(), d_o, n * 2, cudaMemcpyDeviceToHost));
-        CHECK_CUDA(cudaMemcpy(b.data(), d_o80, n * 2, cudaMemcpyDeviceToHost));
-        maxdiff = 0;
-        for (size_t i = 0; i < n; ++i) {
-          const double d = std::fabs(double(from_bits(a[i], false)) - from_bits(b[i], false));
-          maxdiff = std::isnan(d) ? INFINITY : std::max(maxdiff, d);
-        }
-      }
-      std::printf("%-5d %-4d %-7s", sh.D, sh.H, causal ? "yes" : "no");
-      for (double x : tf) {
-        if (x < 0)
-          std::printf(" %9s", "-");
-        else
-          std::printf(" %9.1f", x);
-      }
-      std::printf("  %.3g\n", maxdiff);
-      std::fflush(stdout);
-      CHECK_CUDA(cudaEventDestroy(e0));
-      CHECK_CUDA(cudaEventDestroy(e1));
     }
+    FwdParams p80 = p;
+    p80.o = d_o80;
+    auto launch = [&](int c) {
+      return c == int(cfg.size()) ? jax_flash::sm80::run_fwd(p80, 0) : jax_flash::sm90::run_fwd(cfg[c], 0);
+    };
+    const int ncfg = int(cfg.size()) + 1;
+    idx[nv] = ncfg - 1;
+    std::vector<bool> ok(ncfg, true);
+    for (int c = 0; c < ncfg; ++c) ok[c] = launch(c) == cudaSuccess;  // warm-up
+    CHECK_CUDA(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    std::vector<std::vector<double>> ms(ncfg);
+    for (int r = 0; r < kRounds; ++r)
+      for (int c = 0; c < ncfg; ++c) {
+        if (!ok[c]) continue;
+        CHECK_CUDA(cudaEventRecord(e0));
+        for (int i = 0; i < kLaunches; ++i) launch(c);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float t = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
+        ms[c].push_back(t / kLaunches);
+      }
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaEventDestroy(e0));
+    CHECK_CUDA(cudaEventDestroy(e1));
+    std::vector<double> tf(ncfg, -1);
+    for (int c = 0; c < ncfg; ++c)
+      if (ok[c]) tf[c] = flops / (median(ms[c]) * 1e-3) / 1e12;
+
+    // O of every variant (after the timing: the dynamic scheduler's counters
+    // have been reused many times) against v0's, and v0's against sm80's.
+    double worst = 0;
+    std::vector<uint16_t> ref(n), got(n);
+    auto run_poisoned = [&](int c, uint16_t* out, std::vector<uint16_t>& host) {
+      CHECK_CUDA(cudaMemset(out, 0xFF, n * 2));
+      if (launch(c) != cudaSuccess) return false;
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CHECK_CUDA(cudaMemcpy(host.data(), out, n * 2, cudaMemcpyDeviceToHost));
+      return true;
+    };
+    auto maxdiff = [&](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+      double m = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double d = std::fabs(double(from_bits(a[i], false)) - from_bits(b[i], false));
+        m = std::isnan(d) ? INFINITY : std::max(m, d);
+      }
+      return m;
+    };
+    if (idx[0] >= 0 && run_poisoned(idx[0], d_o, ref)) {
+      for (int v = 1; v < nv; ++v)
+        if (idx[v] >= 0 && run_poisoned(idx[v], d_o, got)) worst = std::max(worst, maxdiff(ref, got));
+      if (ok[ncfg - 1] && run_poisoned(ncfg - 1, d_o80, got)) worst = std::max(worst, maxdiff(ref, got));
+    } else {
+      worst = INFINITY;
+    }
+
+    std::printf("%-4d %-3d %-2d %-5d %-3s", sh.D, sh.H, B, T, sh.causal ? "yes" : "no");
+    int best = -1;
+    for (int v = 0; v <= nv; ++v) {
+      const double x = idx[v] >= 0 ? tf[idx[v]] : -1;
+      if (x < 0)
+        std::printf(" %7s", "-");
+      else
+        std::printf(" %7.1f", x);
+      if (v < nv && x > 0 && (best < 0 || x > tf[idx[best]])) best = v;
+    }
+    char best_s[32] = "-";
+    if (best >= 0 && idx[0] >= 0 && tf[idx[0]] > 0)
+      std::snprintf(best_s, sizeof(best_s), "v%d %.3fx", best, tf[idx[best]] / tf[idx[0]]);
+    std::printf("  %-14s %.3g\n", best_s, worst);
+    std::fflush(stdout);
     for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_o80, d_lse}) CHECK_CUDA(cudaFree(ptr));
   }
+  std::printf("variants:");
+  for (int v = 0; v < nv; ++v) std::printf("%s %s", v ? "," : "", jax_flash::sm90::variant_name(v));
+  std::printf("\n");
 }
 
 int main(int argc, char** argv) {

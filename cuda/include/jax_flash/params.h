@@ -74,6 +74,11 @@ struct BwdParams : FwdParams {
   float* dk_accum;  // [batch, heads_k, seqlen_k_rounded, head_dim_rounded] fp32,
   float* dv_accum;  // only when num_heads != num_heads_k (GQA sums); else nullptr
   bool deterministic;   // fixed dQ accumulation order
+  // sm90 backward schedule (jax_flash::sm90::run_bwd only; keep 0 outside
+  // ablation benchmarks): 0 = dQ added by TMA tensor reductions (default),
+  // 1 = one bulk reduction per dQ row (compiled only with
+  // -DJAX_FLASH_SM90_ABLATION, else cudaErrorNotSupported).
+  int sm90_bwd_variant = 0;
 };
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }

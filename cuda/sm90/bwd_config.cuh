@@ -1,0 +1,219 @@
+// Shapes, shared-memory plan, kernel arguments and tile order of the sm90
+// (FlashAttention-3 style) backward. See bwd_kernel.cuh for the algorithm.
+//
+// CTA = 1 producer warpgroup + 2 consumer warpgroups (384 threads). The CTA
+// owns kBlockN = 128 keys of one KV head; consumer warpgroup wg owns keys
+// [64 wg, 64 wg + 64) of them (wgmma M = 64) and keeps their dK and dV (64 x D
+// each) in registers for the whole sweep over the query blocks (kBlockM rows
+// per step) of every q head of the GQA group. FA3 (hopper/flash_bwd_launch_
+// template.h, sm90): hdim 64: 128 x 128, hdim 128: 64 x 128, both with
+// SdP_swapAB (S^T = K Q^T, so that P^T and dS^T are wgmma accumulators that
+// feed dV += P^T dO and dK += dS^T Q from registers: Mma_dKV_is_RS),
+// dKV_swapAB = dQ_swapAB = false, 2 consumer warpgroups, 2 stages of Q / dO
+// and of dS. dQ = dS K (kBlockM x D per step) is split over the two
+// warpgroups into 64 x 64 tiles: along the head dim for kBlockM = 64
+// (hdim 128: FA3 AtomLayoutMdQ = 1), along the rows for kBlockM = 128
+// (hdim 64: AtomLayoutMdQ = 2).
+//
+// Shared memory (all 16-bit tiles in the 128B-swizzled TMA/wgmma layout of
+// smem_layout.cuh, [cols / 64][rows][64]):
+//   K, V          [D/64][kBlockN][64]           loaded once per CTA
+//   Q, dO         kStages x [D/64][kBlockM][64] TMA ring (producer warp)
+//   dS            2 x [kBlockN/64][kBlockM][64] dS (queries x keys, K-major
+//                                               for dQ = dS K), double buffered
+//   dQ            2 x 18 KB fp32                one staging tile per consumer WG:
+//                   kDqTensor (default): [2][64][32] 128B-swizzled (two TMA boxes
+//                   of 32 columns, added into dq_accum by cp.reduce.async.bulk.tensor);
+//                   rows (ablation): [64][kDqPitch], one cp.reduce.async.bulk per row
+//   LSE, delta    kStages x [kBlockM] fp32      log2-unit LSE (+inf for empty
+//                                               rows / rows past seqlen_q), delta
+//   mbarriers
+// After the mainloop dK and dV (16-bit) are staged in the K and V tiles and
+// stored by TMA (clipping the seq and head-dim tails).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "mask.cuh"
+#include "ptx/common.cuh"
+#include "smem_layout.cuh"
+#include "softmax.cuh"
+
+namespace jax_flash::sm90 {
+
+template <int kHeadDim_, int kBlockM_>
+struct BwdConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // query rows per step
+  static constexpr int kBlockN = 128;       // keys per CTA (64 per consumer WG)
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kStages = 2;         // Q / dO ring
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kProducerRegs = 24;  // FA3 bwd: 24 / 240 with 2 consumer WGs
+  static constexpr int kConsumerRegs = 240;
+  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
+
+  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim bucket: 64 or 128");
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: 64 or 128");
+  // dQ (kBlockM x D) split over the 2 WGs into 64-row x kDqCols tiles.
+  static constexpr int kDqSplitM = kBlockM / 64;         // WGs along the rows
+  static constexpr int kDqSplitN = kConsumerWGs / kDqSplitM;  // WGs along the head dim
+  static_assert(kDqSplitM * kDqSplitN == kConsumerWGs, "dQ split");
+  static constexpr int kDqCols = kHeadDim / kDqSplitN;
+  static_assert(kDqCols == 64, "each WG's dQ tile is 64 x 64 (one wgmma N=64, one K column block)");
+  // Row pitch of a dQ staging tile (floats): +8 makes the float2 fragment
+  // stores conflict-free (rows g and g+4 land 32 banks apart) and keeps every
+  // row 16-byte aligned for the bulk copy engine.
+  static constexpr int kDqPitch = kDqCols + 8;
+
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q (or dO) stage
+  static constexpr int kDsBytes = kBlockM * kBlockN * 2;  // one dS buffer
+  // One WG's dQ staging tile: the larger of the two layouts (64 x 72 padded
+  // rows, 64 x 64 swizzled boxes), a multiple of 1 KB.
+  static constexpr int kDqWGBytes = 64 * kDqPitch * 4;
+  static_assert(kDqWGBytes >= 64 * 64 * 4 && kDqWGBytes % 1024 == 0, "dQ staging tile");
+  static constexpr int kStatBytes = kBlockM * 4;          // one stage of LSE (or delta)
+
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKVBytes;
+  static constexpr int kOffQ = kOffV + kKVBytes;
+  static constexpr int kOffdO = kOffQ + kStages * kQBytes;
+  static constexpr int kOffdS = kOffdO + kStages * kQBytes;
+  static constexpr int kOffdQ = kOffdS + 2 * kDsBytes;
+  static constexpr int kOffLse = kOffdQ + kConsumerWGs * kDqWGBytes;
+  static constexpr int kOffDelta = kOffLse + kStages * kStatBytes;
+  static constexpr int kOffBar = kOffDelta + kStages * kStatBytes;
+  // mbarriers: full_kv, full_q[S], empty_q[S], full_do[S], empty_do[S]
+  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kSmemBytes = kOffBar + 8 * kNumBars;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;  // + slack to align the base to 1 KB
+  static_assert(kSmemAlloc <= 227 * 1024, "shared memory plan too large");
+  static_assert(kOffV % 1024 == 0 && kOffQ % 1024 == 0 && kOffdO % 1024 == 0 &&
+                    kOffdS % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 &&
+                    kOffdQ % 1024 == 0,
+                "128B-swizzled tiles must start 1 KB aligned");
+  static_assert(kOffdQ % 16 == 0 && kDqWGBytes % 16 == 0 && (kDqPitch * 4) % 16 == 0,
+                "bulk copies need 16-byte aligned rows");
+  static_assert(kOffBar % 8 == 0, "mbarrier alignment");
+
+  // Arrivals: full_q / full_do: the 32 lanes of the producer warp (each
+  // stores its share of the LSE / delta stage, lane 0 also arms the TMA
+  // bytes); empty_*: every consumer warp once.
+  static constexpr int kFullArrivals = 32;
+  static constexpr int kEmptyArrivals = 4 * kConsumerWGs;
+};
+
+template <int kHeadDim>
+struct BwdConfigFor;
+//                                        D   BM
+template <> struct BwdConfigFor<64>  { using type = BwdConfig<64, 128>; };
+template <> struct BwdConfigFor<128> { using type = BwdConfig<128, 64>; };
+
+// Named barrier ids of the backward (0 is __syncthreads).
+constexpr int kBwdBarDqFull = 1;   // + WG: the WG's dQ tile is staged (128 consumer + 32 writer threads)
+constexpr int kBwdBarDqEmpty = 3;  // + WG: the writer has read the WG's tile out (same 160 threads)
+constexpr int kBwdBarPdS = 5;      // both consumer WGs wrote their dS (256 threads)
+constexpr int kBwdBarEpi = 6;      // both consumer WGs are done with K and V (256 threads)
+constexpr int kBwdBarEpiWG = 7;    // + WG: the WG's dK/dV tile is staged (128 threads)
+constexpr int kBwdDqBarThreads = 128 + 32;
+
+// Static tile order of the (non-persistent) grid: tile t -> (KV block, kv
+// head, batch). No causal-like mask: head-major, KV blocks ascending (the
+// CTAs running together share the Q / dO of one or two heads in L2). Causal
+// (wr >= 0, unbounded left window): KV block 0 has the most query blocks, so
+// KV blocks ascending across all heads of a section (heaviest first), with
+// the heads taken in sections whose Q + dO fit in ~32 MB of L2.
+struct BwdTileScheduler {
+  int num_n_blocks;
+  int num_bh;             // batch * num_heads_k
+  int num_heads_k;
+  int total;
+  int heads_per_section;  // 0: head-major order
+  int section_tiles;
+
+  JF_DEVICE void decode(int t, int& n_block, int& head_k, int& batch) const {
+    int bh;
+    if (heads_per_section == 0) {
+      bh = t / num_n_blocks;
+      n_block = t - bh * num_n_blocks;
+    } else {
+      const int sec = t / section_tiles;
+      const int r = t - sec * section_tiles;
+      const int base = sec * heads_per_section;
+      const int hs = min(heads_per_section, num_bh - base);
+      n_block = r / hs;
+      bh = base + (r - n_block * hs);
+    }
+    batch = bh / num_heads_k;
+    head_k = bh - batch * num_heads_k;
+  }
+};
+
+inline BwdTileScheduler make_bwd_scheduler(int batch, int num_heads_k, int heads_per_kv,
+                                           int seqlen_q, int seqlen_k, int head_dim, int block_n,
+                                           bool causal_like) {
+  BwdTileScheduler s;
+  s.num_n_blocks = (seqlen_k + block_n - 1) / block_n;
+  s.num_bh = batch * num_heads_k;
+  s.num_heads_k = num_heads_k;
+  s.total = s.num_n_blocks * s.num_bh;
+  s.heads_per_section = 0;
+  s.section_tiles = 0;
+  if (causal_like && s.total > 0) {
+    // Q + dO of all q heads of one kv head.
+    const long long kv_head_bytes = 2LL * seqlen_q * head_dim * 2 * heads_per_kv;
+    const long long l2_budget = 32LL << 20;
+    int sec = 1;
+    while (2LL * sec * kv_head_bytes <= l2_budget && sec < s.num_bh) sec *= 2;
+    if (sec > s.num_bh) sec = s.num_bh;
+    s.heads_per_section = sec < 1 ? 1 : sec;
+    s.section_tiles = s.heads_per_section * s.num_n_blocks;
+  }
+  return s;
+}
+
+struct BwdKernelArgs {
+  CUtensorMap tm_q;   // box {64, kBlockM, 1, 1}
+  CUtensorMap tm_k;   // box {64, kBlockN, 1, 1}
+  CUtensorMap tm_v;   // box {64, kBlockN, 1, 1}
+  CUtensorMap tm_do;  // box {64, kBlockM, 1, 1}
+  CUtensorMap tm_dk;  // box {64, 64, 1, 1} (one consumer WG's rows)
+  CUtensorMap tm_dv;  // box {64, 64, 1, 1}
+  CUtensorMap tm_dqacc;  // fp32 dq_accum (head_dim, seqlen_q, heads, batch), box {32, 64, 1, 1}
+  MaskInfo mask;
+  SoftmaxScale sm;
+  BwdTileScheduler sched;
+  float scale;             // softmax scale (dK is multiplied by it at the end)
+  const float* lse;        // [batch, heads, seqlen_q], natural log
+  const float* delta;      // [batch, heads, seqlen_q]
+  float* dq_accum;         // [batch, heads, seqlen_q_rounded, dq_pitch]
+  int num_heads;
+  int heads_per_kv;
+  int seqlen_q_rounded;
+  int dq_pitch;            // BwdParams::head_dim_rounded
+  int head_dim;
+};
+
+template <typename Cfg>
+struct BwdSmem {
+  uint32_t base;  // 1 KB-aligned shared-window address
+  JF_DEVICE uint32_t k() const { return base + Cfg::kOffK; }
+  JF_DEVICE uint32_t v() const { return base + Cfg::kOffV; }
+  JF_DEVICE uint32_t q(int s) const { return base + Cfg::kOffQ + s * Cfg::kQBytes; }
+  JF_DEVICE uint32_t dout(int s) const { return base + Cfg::kOffdO + s * Cfg::kQBytes; }
+  JF_DEVICE uint32_t ds(int b) const { return base + Cfg::kOffdS + b * Cfg::kDsBytes; }
+  JF_DEVICE uint32_t dq(int wg) const { return base + Cfg::kOffdQ + wg * Cfg::kDqWGBytes; }
+  JF_DEVICE uint32_t lse(int s) const { return base + Cfg::kOffLse + s * Cfg::kStatBytes; }
+  JF_DEVICE uint32_t delta(int s) const { return base + Cfg::kOffDelta + s * Cfg::kStatBytes; }
+  JF_DEVICE uint32_t bar(int i) const { return base + Cfg::kOffBar + 8 * i; }
+  JF_DEVICE uint32_t full_kv() const { return bar(0); }
+  JF_DEVICE uint32_t full_q(int s) const { return bar(1 + s); }
+  JF_DEVICE uint32_t empty_q(int s) const { return bar(1 + Cfg::kStages + s); }
+  JF_DEVICE uint32_t full_do(int s) const { return bar(1 + 2 * Cfg::kStages + s); }
+  JF_DEVICE uint32_t empty_do(int s) const { return bar(1 + 3 * Cfg::kStages + s); }
+};
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,156 @@
+// sm90 backward: capability checks (bwd_supported) and dispatch to the
+// (dtype, head-dim bucket) instantiation. Anything not served here answers
+// cudaErrorNotSupported so that the caller runs jax_flash::sm80::run_bwd:
+// deterministic mode (dQ is added with bulk reductions in timing order),
+// head dims above 128 (the 256 bucket needs FA3's dKV_swapAB / dQ_swapAB
+// layout, not written yet), non-sm_90 devices, TMA-incompatible layouts.
+#include <cstdint>
+
+#include "bwd_config.cuh"
+#include "bwd_instantiations.h"
+#include "launch.h"
+
+namespace jax_flash::sm90 {
+#ifndef JAX_FLASH_DISABLE_BACKWARD
+namespace {
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+// TMA: strides are multiples of 16 bytes and below 2^40 bytes; a dimension
+// with a single index may have any stride (the launcher substitutes one).
+bool stride_ok(int64_t stride, int64_t size) {
+  if (size <= 1) return true;
+  return stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39);
+}
+bool tensor_ok(const void* ptr, int64_t seq, int64_t heads, int64_t batch, int64_t rs, int64_t hs,
+               int64_t bs) {
+  return ptr != nullptr && aligned16(ptr) && stride_ok(rs, seq) && stride_ok(hs, heads) &&
+         stride_ok(bs, batch);
+}
+
+struct DeviceInfo {
+  bool sm90 = false;
+  int smem_optin = 0;
+};
+
+DeviceInfo device_info() {
+  static DeviceInfo cache[64];
+  static bool filled[64] = {false};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return DeviceInfo{};
+  if (!filled[dev]) {
+    DeviceInfo d;
+    int major = 0, minor = 0, optin = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {
+      d.sm90 = major == 9 && minor == 0;
+      d.smem_optin = optin;
+    }
+    cache[dev] = d;
+    filled[dev] = true;
+  }
+  return cache[dev];
+}
+
+// The sm90 backward buckets: 64 and 128 (65..128, incl. 96, zero-padded).
+int bwd_bucket(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 0; }
+
+bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev) {
+  switch (bwd_bucket(p.head_dim)) {
+#ifndef JAX_FLASH_DISABLE_HDIM64
+    case 64: return BwdConfigFor<64>::type::kSmemAlloc <= dev.smem_optin;
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM128
+    case 128: return BwdConfigFor<128>::type::kSmemAlloc <= dev.smem_optin;
+#endif
+    default: return false;
+  }
+}
+
+template <typename Element>
+cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
+  switch (bwd_bucket(p.head_dim)) {
+#ifndef JAX_FLASH_DISABLE_HDIM64
+    case 64: return run_bwd_hdim<Element, 64>(p, stream);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM128
+    case 128: return run_bwd_hdim<Element, 128>(p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace
+#endif  // !JAX_FLASH_DISABLE_BACKWARD
+
+bool bwd_supported(const BwdParams& p) {
+#ifdef JAX_FLASH_DISABLE_BACKWARD
+  (void)p;
+  return false;
+#else
+  if (p.deterministic) return false;  // sm80 has the fixed-order dQ kernel
+#ifdef JAX_FLASH_SM90_ABLATION
+  if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant > 1) return false;
+#else
+  if (p.sm90_bwd_variant != 0) return false;
+#endif
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
+    return false;
+  if (p.num_heads % p.num_heads_k != 0) return false;
+  if (p.head_dim <= 0 || p.head_dim > 128 || p.head_dim % 8 != 0) return false;
+  if (p.head_dim_rounded != rounded_head_dim(p.head_dim)) return false;  // dq_accum pitch
+  if (p.lse == nullptr || p.delta == nullptr) return false;
+  if (p.dq_accum == nullptr || !aligned16(p.dq_accum) || p.seqlen_q_rounded < p.seqlen_q) return false;
+  if (p.dq == nullptr || !aligned16(p.dq)) return false;
+  if ((p.q_segment == nullptr) != (p.kv_segment == nullptr)) return false;
+  if (!(p.scale > 0.f) || !(p.softcap >= 0.f)) return false;
+#ifdef JAX_FLASH_DISABLE_FP16
+  if (p.dtype != DType::kBFloat16) return false;
+#else
+  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
+#endif
+  // Grid (KV blocks x kv heads x batch) and the dq_convert grid fit.
+  if (int64_t(p.batch) * p.num_heads_k * ((int64_t(p.seqlen_k) + 127) / 128) >= (int64_t(1) << 31))
+    return false;
+  if (p.num_heads > 65535 || p.batch > 65535) return false;
+  // dq (written by dq_convert with 16-byte stores) has q's strides; dK / dV
+  // K's / V's; dO O's. All are read / written by TMA except dq.
+  if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
+                 p.q_batch_stride) ||
+      !tensor_ok(p.dout, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
+                 p.o_batch_stride) ||
+      !tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
+                 p.k_batch_stride) ||
+      !tensor_ok(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
+                 p.v_batch_stride) ||
+      !tensor_ok(p.dk, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
+                 p.k_batch_stride) ||
+      !tensor_ok(p.dv, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
+                 p.v_batch_stride))
+    return false;
+  const DeviceInfo dev = device_info();
+  if (!dev.sm90) return false;
+  return bucket_compiled_and_ok(p, dev);
+#endif
+}
+
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
+#ifdef JAX_FLASH_DISABLE_BACKWARD
+  (void)p;
+  (void)stream;
+  return cudaErrorNotSupported;
+#else
+  if (!bwd_supported(p)) return cudaErrorNotSupported;
+  if (p.batch == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case DType::kBFloat16: return bwd_dtype<__nv_bfloat16>(p, stream);
+#ifndef JAX_FLASH_DISABLE_FP16
+    case DType::kFloat16: return bwd_dtype<__half>(p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
+#endif
+}
+
+}  // namespace jax_flash::sm90

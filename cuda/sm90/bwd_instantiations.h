@@ -1,0 +1,18 @@
+// Declaration of the per-(dtype, head-dim bucket) sm90 backward launchers,
+// defined in bwd_launch_templates.cuh and explicitly instantiated one per file
+// under cuda/instantiations/ (bwd_<dtype>_hdim<d>_sm90.cu,
+// tools/gen_instantiations.py).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "jax_flash/params.h"
+
+namespace jax_flash::sm90 {
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream);
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,77 @@
+// FlashAttention-3 style backward for Hopper (sm_90a): dK, dV (and dQ into
+// the fp32 dq_accum workspace) of one KV block per CTA.
+//
+// Grid: one CTA per (KV block of 128 keys, kv head, batch), in the order of
+// BwdTileScheduler (causal: heaviest KV blocks first). CTA = 384 threads:
+//   warpgroup 0 (setmaxnreg.dec 24): warp 0 = producer (TMA of K, V once and
+//     of the Q / dO ring, LSE / delta stages), warp 1 = dQ writer (bulk
+//     reduce-add of the staged dQ tiles into dq_accum), warps 2-3 idle;
+//   warpgroups 1, 2 (setmaxnreg.inc 240): consumers, 64 keys each, dK and dV
+//     in registers for the whole sweep (bwd_mainloop.cuh), then the epilogue
+//     (dK * scale, dV -> 16-bit -> the K / V tiles -> TMA store, which clips
+//     the seq and head-dim tails).
+// The sweep covers every (q head of the GQA group, visible query block), so
+// GQA sums stay in registers. dQ is accumulated with fp32 bulk reductions in
+// an order that depends on timing: not deterministic (deterministic requests
+// are answered with cudaErrorNotSupported and served by the sm80 kernels).
+//
+// Synchronisation:
+//   mbarriers  full_kv (1 arrival + K/V bytes; waited with parity 0 once),
+//              full_q/full_do[s] (32 producer lanes + TMA bytes),
+//              empty_q/empty_do[s] (8 consumer warps);
+//   named      PdS (256: both consumer WGs wrote dS), dQFull/dQEmpty + wg
+//              (160: consumer WG + writer warp), Epi (256), EpiWG + wg (128).
+#pragma once
+
+#include "bwd_mainloop.cuh"
+
+namespace jax_flash::sm90 {
+
+template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem_raw[];
+  BwdSmem<Cfg> sm;
+  sm.base = (ptx::smem_u32(smem_raw) + 1023u) & ~1023u;
+
+  const int warp = ptx::warp_id_uniform();
+  if (threadIdx.x == 0) {
+    ptx::mbar_init(sm.full_kv(), 1);
+#pragma unroll
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(sm.full_q(s), Cfg::kFullArrivals);
+      ptx::mbar_init(sm.empty_q(s), Cfg::kEmptyArrivals);
+      ptx::mbar_init(sm.full_do(s), Cfg::kFullArrivals);
+      ptx::mbar_init(sm.empty_do(s), Cfg::kEmptyArrivals);
+    }
+    ptx::mbar_fence_init();
+    ptx::prefetch_tmap(&args.tm_q);
+    ptx::prefetch_tmap(&args.tm_k);
+    ptx::prefetch_tmap(&args.tm_v);
+    ptx::prefetch_tmap(&args.tm_do);
+    if constexpr (kDqTensor) ptx::prefetch_tmap(&args.tm_dqacc);
+  }
+  __syncthreads();
+
+  const BwdTile tile = make_bwd_tile<Cfg>(args, blockIdx.x);
+  if (warp < 4) {  // producer warpgroup
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (warp == 0) {
+      bwd_producer<Cfg>(args, sm, tile);
+    } else if (warp == 1) {
+      bwd_dq_writer<Cfg, kDqTensor>(args, sm, tile);
+    }
+  } else {
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int tid_wg = threadIdx.x % 128;
+    const BwdConsumer<Element, Cfg, kSoftcap, kDqTensor> c{args, sm, warp / 4 - 1, tid_wg / 32, tid_wg % 32};
+    c.run(tile);
+  }
+#else
+  // Built for another target: this kernel needs sm_90a (wgmma, setmaxnreg).
+  __trap();
+#endif
+}
+
+}  // namespace jax_flash::sm90

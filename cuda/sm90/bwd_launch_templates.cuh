@@ -1,0 +1,135 @@
+// Host side of the sm90 backward: TMA descriptors, kernel arguments, the
+// dq_accum zeroing, the main kernel and the dq_convert post-pass (the sm80
+// one, cuda/sm80/bwd_postprocess.cuh: dq = scale * dq_accum -> input dtype).
+// Included only by the generated files cuda/instantiations/bwd_*_sm90.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "bwd_instantiations.h"
+#include "bwd_kernel.cuh"
+#include "launch_templates.cuh"  // encode_bshd (tensor maps of the forward)
+#include "sm80/bwd_postprocess.cuh"
+
+namespace jax_flash::sm90 {
+
+// dq = scale * dq_accum ([b, h, seqlen_q_rounded, kPitch] fp32) in q's layout.
+template <typename Element, int kPitch>
+cudaError_t launch_dq_convert(const BwdParams& p, cudaStream_t stream) {
+  const sm80::BwdKernelArgs args{p, sm80::make_mask_info(p), sm80::make_softmax_scale(p.scale, p.softcap)};
+  const int64_t chunks = int64_t(p.seqlen_q) * (kPitch / 8);
+  const dim3 grid(unsigned((chunks + sm80::kConvertThreads - 1) / sm80::kConvertThreads), p.num_heads,
+                  p.batch);
+  sm80::dq_convert_kernel<Element, kPitch><<<grid, sm80::kConvertThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+// dq_accum [batch, heads, seqlen_q_rounded, pitch] fp32 as a 4-d map
+// (head_dim, seqlen_q, heads, batch): the reductions skip the columns past
+// head_dim and the rows past seqlen_q. 128B swizzle, box {32, 64, 1, 1}.
+inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seqlen_q,
+                            int seqlen_q_rounded, int pitch, int heads, int batch) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t row = cuuint64_t(pitch) * 4, head = row * cuuint64_t(seqlen_q_rounded),
+                   bat = head * cuuint64_t(heads);
+  cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(std::max(seqlen_q, 1)), cuuint64_t(heads),
+                        cuuint64_t(batch)};
+  cuuint64_t strides[3] = {row, head, bat};
+  cuuint32_t box[4] = {32, 64, 1, 1};
+  cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptr, dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+template <typename Element, typename Cfg>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  // Schedule variant (BwdParams::sm90_bwd_variant): 0 = tensor dQ reductions.
+  bool dq_tensor = true;
+  switch (p.sm90_bwd_variant) {
+    case 0: break;
+#ifdef JAX_FLASH_SM90_ABLATION
+    case 1: dq_tensor = false; break;
+#endif
+    default: return cudaErrorNotSupported;
+  }
+  BwdKernelArgs args;
+  std::memset(&args, 0, sizeof(args));
+  const int hd = p.head_dim;
+  // dK / dV have the layouts (strides) of K / V; dO has O's.
+  if (!encode_bshd(&args.tm_q, p.dtype, p.q, hd, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride,
+                   p.q_head_stride, p.q_batch_stride, Cfg::kBlockM) ||
+      !encode_bshd(&args.tm_do, p.dtype, p.dout, hd, p.seqlen_q, p.num_heads, p.batch,
+                   p.o_row_stride, p.o_head_stride, p.o_batch_stride, Cfg::kBlockM) ||
+      !encode_bshd(&args.tm_k, p.dtype, p.k, hd, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride,
+                   p.k_head_stride, p.k_batch_stride, Cfg::kBlockN) ||
+      !encode_bshd(&args.tm_v, p.dtype, p.v, hd, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride,
+                   p.v_head_stride, p.v_batch_stride, Cfg::kBlockN) ||
+      !encode_bshd(&args.tm_dk, p.dtype, p.dk, hd, p.seqlen_k, p.num_heads_k, p.batch,
+                   p.k_row_stride, p.k_head_stride, p.k_batch_stride, 64) ||
+      !encode_bshd(&args.tm_dv, p.dtype, p.dv, hd, p.seqlen_k, p.num_heads_k, p.batch,
+                   p.v_row_stride, p.v_head_stride, p.v_batch_stride, 64) ||
+      !encode_dq_accum(&args.tm_dqacc, p.dq_accum, hd, p.seqlen_q, p.seqlen_q_rounded,
+                       p.head_dim_rounded, p.num_heads, p.batch))
+    return cudaErrorNotSupported;
+  args.mask = make_mask_info(p);
+  args.sm = make_softmax_scale(p.scale, p.softcap);
+  const bool causal_like = args.mask.wr >= 0 && args.mask.wl < 0;
+  const int group = p.num_heads / p.num_heads_k;
+  args.sched = make_bwd_scheduler(p.batch, p.num_heads_k, group, p.seqlen_q, p.seqlen_k,
+                                  Cfg::kHeadDim, Cfg::kBlockN, causal_like);
+  args.scale = p.scale;
+  args.lse = p.lse;
+  args.delta = p.delta;
+  args.dq_accum = p.dq_accum;
+  args.num_heads = p.num_heads;
+  args.heads_per_kv = group;
+  args.seqlen_q_rounded = p.seqlen_q_rounded;
+  args.dq_pitch = p.head_dim_rounded;
+  args.head_dim = hd;
+
+  cudaError_t err;
+  if (p.seqlen_q > 0) {  // dq_accum is uninitialised on entry
+    const size_t bytes =
+        size_t(p.batch) * p.num_heads * size_t(p.seqlen_q_rounded) * p.head_dim_rounded * sizeof(float);
+    err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream);
+    if (err != cudaSuccess) return err;
+  }
+  if (args.sched.total > 0) {  // every KV block, also those no query sees (dK = dV = 0)
+    auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true> : bwd_kernel<Element, Cfg, false, true>;
+#ifdef JAX_FLASH_SM90_ABLATION
+    if (!dq_tensor)
+      kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, false> : bwd_kernel<Element, Cfg, false, false>;
+#else
+    (void)dq_tensor;
+#endif
+    err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
+    if (err != cudaSuccess) return err;
+    kernel<<<args.sched.total, Cfg::kThreads, Cfg::kSmemAlloc, stream>>>(args);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  if (p.seqlen_q == 0) return cudaSuccess;
+  // The dq_accum row pitch is the workspace's head_dim_rounded (96 for head
+  // dims 65..96, which this kernel runs in the 128 bucket).
+  if constexpr (Cfg::kHeadDim == 64) {
+    if (p.head_dim_rounded == 64) return launch_dq_convert<Element, 64>(p, stream);
+  } else {
+    if (p.head_dim_rounded == 96) return launch_dq_convert<Element, 96>(p, stream);
+    if (p.head_dim_rounded == 128) return launch_dq_convert<Element, 128>(p, stream);
+  }
+  return cudaErrorNotSupported;  // unreachable: bwd_supported checks the pitch
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd<Element, typename BwdConfigFor<kHeadDim>::type>(p, stream);
+}
+
+}  // namespace jax_flash::sm90

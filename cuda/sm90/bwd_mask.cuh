@@ -1,0 +1,81 @@
+// Masking for the sm90 backward, on the transposed score tile S^T (keys x
+// queries) that the consumer warpgroups hold (SdP_swapAB). Same rules as
+// mask.cuh (bottom-right aligned):
+//   query i sees key k iff k < seqlen_k
+//                       && (wl < 0 || k >= i + off - wl)    <=> i <= k - off + wl
+//                       && (wr < 0 || k <= i + off + wr)    <=> i >= k - off - wr
+//                       && (no segment ids || q_seg[i] == kv_seg[k]).
+// Queries >= seqlen_q are not masked here: their P is 0 through the staged
+// LSE (+inf), and their Q / dO rows are zero-filled by TMA.
+#pragma once
+
+#include <cstdint>
+
+#include "mask.cuh"
+
+namespace jax_flash::sm90 {
+
+// [first, last) query blocks (of bm rows) whose rows see a key of
+// [n0, n0 + bn) (keys clamped to seqlen_k).
+JF_DEVICE void q_block_range(const MaskInfo& mi, int n0, int bn, int bm, int& first, int& last) {
+  const int m_blocks = (mi.seqlen_q + bm - 1) / bm;
+  first = 0;
+  last = m_blocks;
+  if (mi.wr >= 0) {
+    const int64_t lo = int64_t(n0) - mi.off - mi.wr;  // first row that sees key n0
+    first = lo <= 0 ? 0 : int(min64(lo / bm, m_blocks));
+  }
+  if (mi.wl >= 0) {
+    const int64_t hi = int64_t(min(n0 + bn, mi.seqlen_k) - 1) - mi.off + mi.wl;  // last row
+    last = hi < 0 ? 0 : int(min64(hi / bm + 1, m_blocks));
+  }
+  if (last < first) last = first;
+}
+
+// Masks a warpgroup's S^T fragment (64 keys x NQ queries, wgmma layout,
+// float s[NQ/2]) with -inf. Element s[4j + 2h + e] is key key0 + 8h,
+// query q0 + 8j + e, where key0 = absolute key of the thread's first row
+// (n0 + 64 wg + 16 warp + lane / 4) and q0 = absolute query of its first
+// column (m0 + 2 (lane % 4)).
+template <int NR>
+JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key0 + 8 * h;
+    // Visible queries of this key: [lo, hi] (absolute), then relative to q0,
+    // clamped to [-1, 2 NR] (the column offsets d are in [0, 2 NR)) so that the
+    // compare below is on small ints.
+    const int64_t k64 = key;
+    int64_t lo = mi.wr >= 0 ? k64 - mi.off - mi.wr : INT64_MIN / 2;
+    int64_t hi = mi.wl >= 0 ? k64 - mi.off + mi.wl : INT64_MAX / 2;
+    if (key >= mi.seqlen_k) hi = lo - 1;  // keys past the end: nothing visible
+    const int rlo = int(max64(min64(lo - q0, 2 * NR), -1));
+    const int rhi = int(max64(min64(hi - q0, 2 * NR), -1));
+#pragma unroll
+    for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * j + e;
+        if (d < rlo || d > rhi) s[4 * j + 2 * h + e] = -INFINITY;
+      }
+  }
+  if (mi.has_seg()) {
+    const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
+    const int32_t* q_seg = mi.q_seg + int64_t(batch) * mi.seqlen_q;
+    // Keys past seqlen_k are already -inf; do not read them.
+    const int ks0 = key0 < mi.seqlen_k ? __ldg(kv_seg + key0) : 0;
+    const int ks1 = key0 + 8 < mi.seqlen_k ? __ldg(kv_seg + key0 + 8) : 0;
+#pragma unroll
+    for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int q = q0 + 8 * j + e;
+        // Queries past seqlen_q have P = 0 anyway; do not read them.
+        const int qs = q < mi.seqlen_q ? __ldg(q_seg + q) : ks0;
+        if (qs != ks0) s[4 * j + e] = -INFINITY;
+        if (qs != ks1) s[4 * j + 2 + e] = -INFINITY;
+      }
+  }
+}
+
+}  // namespace jax_flash::sm90

@@ -1,0 +1,741 @@
+// Standalone GPU self-test and benchmark of the sm90 (Hopper, FA3-style)
+// backward, jax_flash::sm90::run_bwd. No JAX needed.
+//
+// Test mode: for each case, random 16-bit Q, K, V, dO; LSE and delta from a
+// float64 CPU reference (the same reference and tolerances as selftest.cu,
+// which checks the sm80 backward); dQ, dK, dV poisoned with NaN (0xFF bytes)
+// and dq_accum too (the launcher must zero it); one PASS/FAIL row per case
+// with the max gradient errors relative to the largest reference magnitude
+// (floored at 0.05). The row padding of dQ, dK, dV (strided cases) must stay
+// untouched (TMA store / convert clipping). Requests the sm90 backward does
+// not serve must answer cudaErrorNotSupported (deterministic mode, head dim
+// > 128): those rows check exactly that ("NS ok"). Builds with
+// -DJAX_FLASH_SM90_ABLATION also run BwdParams::sm90_bwd_variant 1 (dQ by row
+// bulk reductions instead of tensor reductions); "#v" counts the variants run
+// and a failing row names the failing ones. Exit code 1 on a failure.
+//
+// Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16) and
+// (D=64, H=32), causal and not: sm90 run_bwd (default, and variant 1 where
+// compiled) next to sm80 run_bwd (fast mode), each including its dq_accum memset and dq_convert pass; 10
+// back-to-back calls between two events, median of 5 repeats; FLOPs = 2.5 x
+// the forward's 4 B H T S D (halved when causal). LSE comes from the sm80
+// forward; also prints max |dX_sm90 - dX_sm80| / max |dX_sm80|.
+//
+// Build: tools/build_sm90_bwd_tests.sh (see cuda/tests/README.md).
+// Options: ./selftest_sm90_bwd [filter-substring] [--quick] [--bench]
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "jax_flash/params.h"
+#include "sm80/launch.h"
+#include "sm90/launch.h"
+
+using jax_flash::BwdParams;
+using jax_flash::DType;
+using jax_flash::FwdParams;
+
+#define CHECK_CUDA(x)                                                                    \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
+                   __LINE__, cudaGetErrorString(e_));                                    \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+struct Case {
+  std::string name;
+  int B, T, S, H, Hk, D;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  bool segments = false;
+  float softcap = 0.f;
+  float scale_mul = 1.f;  // scale = scale_mul / sqrt(D)
+  bool deterministic = false;
+  bool fp16 = false;
+  int pitch_pad = 0;      // extra elements per row (non-contiguous strides)
+  bool expect_ns = false; // run_bwd must answer cudaErrorNotSupported
+};
+
+// ------------------------------------------------------------------ 16-bit helpers
+static uint16_t to_bits(float x, bool fp16) {
+  if (fp16) {
+    __half h = __float2half_rn(x);
+    uint16_t b;
+    std::memcpy(&b, &h, 2);
+    return b;
+  }
+  __nv_bfloat16 h = __float2bfloat16_rn(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+static float from_bits(uint16_t b, bool fp16) {
+  if (fp16) {
+    __half h;
+    std::memcpy(&h, &b, 2);
+    return __half2float(h);
+  }
+  __nv_bfloat16 h;
+  std::memcpy(&h, &b, 2);
+  return __bfloat162float(h);
+}
+
+// A [batch, seq, heads, D] tensor stored with row pitch heads*D + pad.
+struct Tensor {
+  int B, L, H, D, pad;
+  std::vector<uint16_t> bits;  // storage, poisoned padding
+  std::vector<double> val;     // dense [B][L][H][D] values (rounded)
+  int64_t row_stride() const { return int64_t(H) * D + pad; }
+  int64_t batch_stride() const { return int64_t(L) * row_stride(); }
+  int64_t idx(int b, int l, int h, int d) const {
+    return b * batch_stride() + l * row_stride() + int64_t(h) * D + d;
+  }
+  size_t count() const { return size_t(B) * L * row_stride(); }
+  double& at(int b, int l, int h, int d) { return val[((size_t(b) * L + l) * H + h) * D + d]; }
+  double at(int b, int l, int h, int d) const {
+    return val[((size_t(b) * L + l) * H + h) * D + d];
+  }
+};
+
+static Tensor make_tensor(int B, int L, int H, int D, int pad, bool fp16, std::mt19937& rng,
+                          float stddev) {
+  Tensor t{B, L, H, D, pad, {}, {}};
+  t.bits.assign(t.count(), 0x7FC0);  // NaN in padding: must never be read into results
+  t.val.assign(size_t(B) * L * H * D, 0.0);
+  std::normal_distribution<float> nd(0.f, stddev);
+  for (int b = 0; b < B; ++b)
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d) {
+          const uint16_t bits = to_bits(nd(rng), fp16);
+          t.bits[t.idx(b, l, h, d)] = bits;
+          t.at(b, l, h, d) = from_bits(bits, fp16);
+        }
+  return t;
+}
+
+// ------------------------------------------------------------------ reference
+struct Reference {
+  std::vector<double> o, lse, dq, dk, dv, delta;  // dense layouts
+};
+
+static bool visible(const Case& c, int i, int j, const std::vector<int>& qs,
+                    const std::vector<int>& ks, int b) {
+  const int off = c.S - c.T;
+  int wl = c.wl, wr = c.wr;
+  if (c.causal) wr = wr < 0 ? 0 : std::min(wr, 0);
+  if (wl >= 0 && j < i + off - wl) return false;
+  if (wr >= 0 && j > i + off + wr) return false;
+  if (c.segments && qs[size_t(b) * c.T + i] != ks[size_t(b) * c.S + j]) return false;
+  return true;
+}
+
+static Reference reference(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& dout, const std::vector<int>& qs,
+                           const std::vector<int>& ks, double scale) {
+  const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, G = c.H / c.Hk;
+  Reference r;
+  r.o.assign(size_t(B) * T * H * D, 0.0);
+  r.dq.assign(size_t(B) * T * H * D, 0.0);
+  r.dk.assign(size_t(B) * S * c.Hk * D, 0.0);
+  r.dv.assign(size_t(B) * S * c.Hk * D, 0.0);
+  r.lse.assign(size_t(B) * H * T, 0.0);
+  r.delta.assign(size_t(B) * H * T, 0.0);
+  std::vector<double> raw(S), p(S), dp(S);
+  std::vector<char> vis(S);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int hk = h / G;
+      for (int i = 0; i < T; ++i) {
+        double m = -INFINITY;
+        for (int j = 0; j < S; ++j) {
+          double acc = 0;
+          for (int d = 0; d < D; ++d) acc += q.at(b, i, h, d) * k.at(b, j, hk, d);
+          raw[j] = acc * scale;
+          const double s = c.softcap > 0 ? c.softcap * std::tanh(raw[j] / c.softcap) : raw[j];
+          vis[j] = visible(c, i, j, qs, ks, b);
+          p[j] = s;
+          if (vis[j]) m = std::max(m, s);
+        }
+        double l = 0;
+        for (int j = 0; j < S; ++j) {
+          p[j] = vis[j] ? std::exp(p[j] - m) : 0.0;
+          l += p[j];
+        }
+        const size_t li = (size_t(b) * H + h) * T + i;
+        if (l == 0) {
+          r.lse[li] = -INFINITY;
+          continue;  // o, dq stay 0
+        }
+        r.lse[li] = m + std::log(l);
+        for (int j = 0; j < S; ++j) p[j] /= l;
+        double delta = 0;
+        for (int d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int j = 0; j < S; ++j) acc += p[j] * v.at(b, j, hk, d);
+          r.o[((size_t(b) * T + i) * H + h) * D + d] = acc;
+          delta += acc * dout.at(b, i, h, d);
+        }
+        r.delta[li] = delta;
+        for (int j = 0; j < S; ++j) {
+          if (p[j] == 0) {
+            dp[j] = 0;
+            continue;
+          }
+          double acc = 0;
+          for (int d = 0; d < D; ++d) acc += dout.at(b, i, h, d) * v.at(b, j, hk, d);
+          double ds = p[j] * (acc - delta);
+          if (c.softcap > 0) {
+            const double t = std::tanh(raw[j] / c.softcap);
+            ds *= 1 - t * t;
+          }
+          dp[j] = ds * scale;  // d(q.k)
+        }
+        for (int j = 0; j < S; ++j) {
+          if (p[j] == 0) continue;
+          for (int d = 0; d < D; ++d) {
+            r.dq[((size_t(b) * T + i) * H + h) * D + d] += dp[j] * k.at(b, j, hk, d);
+            r.dk[((size_t(b) * S + j) * c.Hk + hk) * D + d] += dp[j] * q.at(b, i, h, d);
+            r.dv[((size_t(b) * S + j) * c.Hk + hk) * D + d] += p[j] * dout.at(b, i, h, d);
+          }
+        }
+      }
+    }
+  return r;
+}
+
+// ------------------------------------------------------------------ device helpers
+template <typename T>
+static T* dev_alloc(size_t n) {
+  T* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return p;
+}
+static uint16_t* upload(const Tensor& t) {
+  uint16_t* p = dev_alloc<uint16_t>(t.count());
+  CHECK_CUDA(cudaMemcpy(p, t.bits.data(), t.count() * 2, cudaMemcpyHostToDevice));
+  return p;
+}
+
+// Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
+static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
+                    const std::vector<double>& ref, bool fp16, double* ref_max) {
+  double e = 0, rm = 0;
+  for (int b = 0; b < layout.B; ++b)
+    for (int l = 0; l < layout.L; ++l)
+      for (int h = 0; h < layout.H; ++h)
+        for (int d = 0; d < layout.D; ++d) {
+          const double r = ref[((size_t(b) * layout.L + l) * layout.H + h) * layout.D + d];
+          const double g = from_bits(got[layout.idx(b, l, h, d)], fp16);
+          const double diff = std::fabs(g - r);
+          e = std::isnan(diff) ? INFINITY : std::max(e, diff);
+          rm = std::max(rm, std::fabs(r));
+        }
+  *ref_max = rm;
+  return e;
+}
+
+// Padding elements (columns past H * D of each row) must still hold the
+// poison pattern 0xFFFF: the kernels clip their stores to the tensor.
+static bool padding_untouched(const std::vector<uint16_t>& got, const Tensor& layout) {
+  const int64_t rs = layout.row_stride(), used = int64_t(layout.H) * layout.D;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (int64_t(i) % rs >= used && got[i] != 0xFFFF) return false;
+  return true;
+}
+
+struct Row {
+  double dq = 0, dk = 0, dv = 0;
+  bool pad_ok = true;
+  bool pass = true;
+  bool skipped = false;  // not supported, and not expected to be
+  bool ns_checked = false;
+  int variants_run = 0;
+  std::string failed_variants;
+};
+
+static std::vector<int> make_segments(const Case& c, int n, std::mt19937& rng) {
+  // Runs of random length (ids 0..4 repeat, as in selftest.cu).
+  std::vector<int> seg(size_t(c.B) * n, 0);
+  std::uniform_int_distribution<int> len(1, 24);
+  for (int b = 0; b < c.B; ++b) {
+    int id = 0, left = len(rng);
+    for (int i = 0; i < n; ++i) {
+      if (left-- == 0) {
+        ++id;
+        left = len(rng);
+      }
+      seg[size_t(b) * n + i] = id % 5;
+    }
+  }
+  return seg;
+}
+
+static Row run_case(const Case& c, std::mt19937& rng) {
+  const bool fp16 = c.fp16;
+  const double scale = c.scale_mul / std::sqrt(double(c.D));
+  Tensor q = make_tensor(c.B, c.T, c.H, c.D, c.pitch_pad, fp16, rng, 1.f);
+  Tensor k = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
+  Tensor v = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
+  Tensor dout = make_tensor(c.B, c.T, c.H, c.D, c.pitch_pad, fp16, rng, 1.f);
+  std::vector<int> qs, ks;
+  if (c.segments) {
+    qs = make_segments(c, c.T, rng);
+    ks = make_segments(c, c.S, rng);
+  }
+  const Reference ref = reference(c, q, k, v, dout, qs, ks, scale);
+
+  uint16_t *d_q = upload(q), *d_k = upload(k), *d_v = upload(v), *d_do = upload(dout);
+  uint16_t *d_dq = dev_alloc<uint16_t>(q.count()), *d_dk = dev_alloc<uint16_t>(k.count()),
+           *d_dv = dev_alloc<uint16_t>(v.count());
+  const size_t nstat = size_t(c.B) * c.H * c.T;
+  float* d_lse = dev_alloc<float>(nstat);
+  float* d_delta = dev_alloc<float>(nstat);
+  int32_t *d_qs = nullptr, *d_ks = nullptr;
+  if (c.segments) {
+    d_qs = dev_alloc<int32_t>(qs.size());
+    d_ks = dev_alloc<int32_t>(ks.size());
+    CHECK_CUDA(cudaMemcpy(d_qs, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_ks, ks.data(), ks.size() * 4, cudaMemcpyHostToDevice));
+  }
+  std::vector<float> lse_f(nstat), delta_f(nstat);
+  for (size_t i = 0; i < nstat; ++i) {
+    lse_f[i] = float(ref.lse[i]);  // -inf for rows without a visible key
+    delta_f[i] = float(ref.delta[i]);
+  }
+  if (nstat) {
+    CHECK_CUDA(cudaMemcpy(d_lse, lse_f.data(), nstat * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_delta, delta_f.data(), nstat * 4, cudaMemcpyHostToDevice));
+  }
+  const int hd_round = jax_flash::rounded_head_dim(c.D);
+  const int tq_round = jax_flash::rounded_seqlen(c.T);
+  const size_t nacc = size_t(c.B) * c.H * tq_round * hd_round;
+  float* d_acc = dev_alloc<float>(nacc);
+
+  BwdParams bp{};
+  bp.q = d_q;
+  bp.k = d_k;
+  bp.v = d_v;
+  bp.o = nullptr;  // not read by the backward (delta is precomputed)
+  bp.lse = d_lse;
+  bp.q_batch_stride = q.batch_stride();
+  bp.q_row_stride = q.row_stride();
+  bp.q_head_stride = c.D;
+  bp.k_batch_stride = k.batch_stride();
+  bp.k_row_stride = k.row_stride();
+  bp.k_head_stride = c.D;
+  bp.v_batch_stride = v.batch_stride();
+  bp.v_row_stride = v.row_stride();
+  bp.v_head_stride = c.D;
+  bp.o_batch_stride = dout.batch_stride();  // dO has O's strides
+  bp.o_row_stride = dout.row_stride();
+  bp.o_head_stride = c.D;
+  bp.batch = c.B;
+  bp.seqlen_q = c.T;
+  bp.seqlen_k = c.S;
+  bp.num_heads = c.H;
+  bp.num_heads_k = c.Hk;
+  bp.head_dim = c.D;
+  bp.scale = float(scale);
+  bp.softcap = c.softcap;
+  bp.window_left = c.wl;
+  bp.window_right = c.causal ? (c.wr < 0 ? 0 : std::min(c.wr, 0)) : c.wr;
+  bp.causal = c.causal;
+  bp.q_segment = d_qs;
+  bp.kv_segment = d_ks;
+  bp.dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
+  CHECK_CUDA(cudaDeviceGetAttribute(&bp.num_sms, cudaDevAttrMultiProcessorCount, 0));
+  bp.dout = d_do;
+  bp.delta = d_delta;
+  bp.dq = d_dq;
+  bp.dk = d_dk;
+  bp.dv = d_dv;
+  bp.seqlen_q_rounded = tq_round;
+  bp.seqlen_k_rounded = jax_flash::rounded_seqlen(c.S);
+  bp.head_dim_rounded = hd_round;
+  bp.dq_accum = d_acc;
+  bp.dk_accum = nullptr;
+  bp.dv_accum = nullptr;
+  bp.deterministic = c.deterministic;
+
+  auto poison = [&] {
+    CHECK_CUDA(cudaMemset(d_dq, 0xFF, q.count() * 2));
+    CHECK_CUDA(cudaMemset(d_dk, 0xFF, k.count() * 2));
+    CHECK_CUDA(cudaMemset(d_dv, 0xFF, v.count() * 2));
+    CHECK_CUDA(cudaMemset(d_acc, 0xFF, nacc * 4));  // the launcher must zero it
+    CHECK_CUDA(cudaDeviceSynchronize());
+  };
+  poison();
+  Row row;
+  auto free_all = [&] {
+    for (void* ptr : std::initializer_list<void*>{d_q, d_k, d_v, d_do, d_dq, d_dk, d_dv, d_lse,
+                                                  d_delta, d_acc, d_qs, d_ks})
+      if (ptr) CHECK_CUDA(cudaFree(ptr));
+  };
+  const bool supported = jax_flash::sm90::bwd_supported(bp);
+  cudaError_t err = jax_flash::sm90::run_bwd(bp, 0);
+  if (c.expect_ns) {
+    // Must decline without touching anything (the caller then runs sm80).
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<uint16_t> g(k.count());
+    CHECK_CUDA(cudaMemcpy(g.data(), d_dk, k.count() * 2, cudaMemcpyDeviceToHost));
+    bool untouched = true;
+    for (uint16_t x : g) untouched &= x == 0xFFFF;
+    row.ns_checked = true;
+    row.pass = !supported && err == cudaErrorNotSupported && untouched;
+    free_all();
+    return row;
+  }
+  if (err == cudaErrorNotSupported) {
+    row.skipped = true;
+    free_all();
+    return row;
+  }
+  const double tol_g = fp16 ? 1e-2 : 4e-2;  // selftest.cu's gradient tolerances
+  // Variant 0 (default), then in -DJAX_FLASH_SM90_ABLATION builds variant 1
+  // (dQ by row bulk reductions); the row keeps the worst errors.
+  for (int variant = 0; variant < 2; ++variant) {
+    if (variant > 0) {
+      bp.sm90_bwd_variant = variant;
+      if (!jax_flash::sm90::bwd_supported(bp)) break;  // not compiled in
+      poison();
+      err = jax_flash::sm90::run_bwd(bp, 0);
+    }
+    CHECK_CUDA(err);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<uint16_t> g_dq(q.count()), g_dk(k.count()), g_dv(v.count());
+    CHECK_CUDA(cudaMemcpy(g_dq.data(), d_dq, q.count() * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(g_dk.data(), d_dk, k.count() * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(g_dv.data(), d_dv, v.count() * 2, cudaMemcpyDeviceToHost));
+    double m1, m2, m3;
+    const double edq = err16(g_dq, q, ref.dq, fp16, &m1) / std::max(m1, 0.05);
+    const double edk = err16(g_dk, k, ref.dk, fp16, &m2) / std::max(m2, 0.05);
+    const double edv = err16(g_dv, v, ref.dv, fp16, &m3) / std::max(m3, 0.05);
+    const bool pad = padding_untouched(g_dq, q) && padding_untouched(g_dk, k) &&
+                     padding_untouched(g_dv, v);
+    row.dq = std::max(row.dq, edq);
+    row.dk = std::max(row.dk, edk);
+    row.dv = std::max(row.dv, edv);
+    row.pad_ok = row.pad_ok && pad;
+    ++row.variants_run;
+    if (!(edq <= tol_g && edk <= tol_g && edv <= tol_g && pad)) {
+      row.pass = false;
+      row.failed_variants += (row.failed_variants.empty() ? "v" : ",v") + std::to_string(variant);
+    }
+  }
+  free_all();
+  return row;
+}
+
+static std::vector<Case> all_cases(bool quick) {
+  std::vector<Case> cs;
+  for (int D : {64, 96, 128}) {
+    const std::string d = "d" + std::to_string(D);
+    Case base{d + " plain", 2, 37, 53, 4, 2, D};
+    cs.push_back(base);
+    Case c = base;
+    c.name = d + " causal";
+    c.causal = true;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " causal T>S (empty rows)";
+    c.causal = true;
+    c.T = 53;
+    c.S = 37;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " window(7,3)";
+    c.wl = 7;
+    c.wr = 3;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " segments";
+    c.segments = true;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " softcap 2 (scale x4)";
+    c.softcap = 2.f;
+    c.scale_mul = 4.f;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " fp16 causal";
+    c.causal = true;
+    c.fp16 = true;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " deterministic -> NotSupported";
+    c.causal = true;
+    c.deterministic = true;
+    c.expect_ns = true;
+    cs.push_back(c);
+    c = Case{d + " multiblock MQA causal", 1, 300, 517, 2, 1, D};
+    c.causal = true;
+    cs.push_back(c);
+    c = Case{d + " multiblock GQA 4:1 plain", 1, 300, 517, 8, 2, D};
+    cs.push_back(c);
+    if (!quick) {
+      c = Case{d + " multiblock window+seg", 1, 333, 290, 2, 2, D};
+      c.wl = 100;
+      c.wr = 20;
+      c.segments = true;
+      cs.push_back(c);
+      c = Case{d + " multiblock plain strided", 2, 257, 259, 2, 1, D};
+      c.pitch_pad = 8;
+      cs.push_back(c);
+      c = Case{d + " multiblock causal T=1000 S=1531", 1, 1000, 1531, 2, 1, D};
+      c.causal = true;
+      cs.push_back(c);
+      c = Case{d + " multiblock causal T>S GQA", 2, 517, 300, 4, 2, D};
+      c.causal = true;
+      cs.push_back(c);
+      c = Case{d + " multiblock softcap window fp16", 1, 400, 400, 2, 1, D};
+      c.softcap = 5.f;
+      c.scale_mul = 2.f;
+      c.wl = 150;
+      c.fp16 = true;
+      cs.push_back(c);
+      c = Case{d + " multiblock segments causal", 2, 300, 300, 2, 2, D};
+      c.segments = true;
+      c.causal = true;
+      cs.push_back(c);
+    }
+  }
+  // Head dims served by a larger bucket (zero-filled columns).
+  cs.push_back(Case{"d40 (bucket 64)", 2, 37, 53, 4, 2, 40});
+  cs.push_back(Case{"d80 (bucket 128, pitch 96) strided", 2, 37, 53, 4, 4, 80, false, -1, -1, false,
+                    0.f, 1.f, false, false, 8});
+  Case c{"d80 multiblock causal GQA", 1, 300, 517, 4, 2, 80};
+  c.causal = true;
+  cs.push_back(c);
+  c = Case{"d256 -> NotSupported", 2, 37, 53, 2, 1, 256};
+  c.expect_ns = true;
+  cs.push_back(c);
+  c = Case{"d200 -> NotSupported", 2, 37, 53, 2, 1, 200};
+  c.expect_ns = true;
+  cs.push_back(c);
+  cs.push_back(Case{"tiny T=1 S=1", 1, 1, 1, 1, 1, 64});
+  c = Case{"window(0,0) diag only", 1, 70, 70, 2, 1, 128};
+  c.wl = 0;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"left window only 16", 1, 150, 150, 2, 1, 64};
+  c.wl = 16;
+  cs.push_back(c);
+  c = Case{"right window only 5, T>S", 1, 200, 130, 2, 1, 128};
+  c.wr = 5;
+  cs.push_back(c);
+  cs.push_back(Case{"S=0 (dQ = 0)", 1, 20, 0, 2, 1, 64});
+  cs.push_back(Case{"T=0 (dK = dV = 0)", 1, 0, 70, 2, 1, 128});
+  c = Case{"causal T=S=1 many heads", 3, 1, 1, 8, 8, 128};
+  c.causal = true;
+  cs.push_back(c);
+  return cs;
+}
+
+// ------------------------------------------------------------------ bench
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+__global__ void fill_bits(uint16_t* p, size_t n, uint32_t seed) {
+  // Deterministic pseudo-random bf16 values in about [-2, 2).
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    const float f = (float(x & 0xFFFF) / 65536.f) * 4.f - 2.f;
+    p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+}
+
+static void bench() {
+  struct Shape {
+    int D, H;
+  };
+  const int B = 2, T = 8192, S = 8192;
+  std::printf("bench: B=%d T=S=%d bf16, backward TF/s (2.5 x fwd FLOPs; 10 calls between events, "
+              "median of 5; incl. dq_accum memset and dq_convert)\n",
+              B, T);
+  std::printf("%-5s %-4s %-7s %9s %9s %9s %7s   %s\n", "D", "H", "causal", "sm90", "sm90 v1", "sm80",
+              "90/80", "max|d90-d80|/max|d80| (dQ, dK, dV)");
+  for (Shape sh : {Shape{128, 16}, Shape{64, 32}}) {
+    const size_t n = size_t(B) * T * sh.H * sh.D;
+    uint16_t *dq_in = dev_alloc<uint16_t>(n), *dk_in = dev_alloc<uint16_t>(n),
+             *dv_in = dev_alloc<uint16_t>(n), *ddo = dev_alloc<uint16_t>(n), *d_o = dev_alloc<uint16_t>(n);
+    uint32_t seed = 1;
+    for (uint16_t* p : {dq_in, dk_in, dv_in, ddo}) fill_bits<<<1024, 256>>>(p, n, seed++);
+    uint16_t* g[2][3];
+    for (auto& gi : g)
+      for (auto& x : gi) x = dev_alloc<uint16_t>(n);
+    const size_t nstat = size_t(B) * sh.H * T;
+    float* d_lse = dev_alloc<float>(nstat);
+    float* d_delta = dev_alloc<float>(nstat);
+    CHECK_CUDA(cudaMemset(d_delta, 0, nstat * 4));  // any value: timing only
+    const size_t nacc = size_t(B) * sh.H * jax_flash::rounded_seqlen(T) * jax_flash::rounded_head_dim(sh.D);
+    float* d_acc = dev_alloc<float>(nacc);
+    for (bool causal : {false, true}) {
+      BwdParams p{};
+      p.q = dq_in;
+      p.k = dk_in;
+      p.v = dv_in;
+      p.o = d_o;
+      p.lse = d_lse;
+      const int64_t rs = int64_t(sh.H) * sh.D;
+      p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = rs;
+      p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = sh.D;
+      p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = rs * T;
+      p.batch = B;
+      p.seqlen_q = T;
+      p.seqlen_k = S;
+      p.num_heads = p.num_heads_k = sh.H;
+      p.head_dim = sh.D;
+      p.scale = float(1.0 / std::sqrt(double(sh.D)));
+      p.window_left = -1;
+      p.window_right = causal ? 0 : -1;
+      p.causal = causal;
+      p.dtype = DType::kBFloat16;
+      CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
+      CHECK_CUDA(jax_flash::sm80::run_fwd(p, 0));  // LSE (and O, unused)
+      p.dout = ddo;
+      p.delta = d_delta;
+      p.seqlen_q_rounded = jax_flash::rounded_seqlen(T);
+      p.seqlen_k_rounded = jax_flash::rounded_seqlen(S);
+      p.head_dim_rounded = jax_flash::rounded_head_dim(sh.D);
+      p.dq_accum = d_acc;
+      p.deterministic = false;
+      const double flops = 2.5 * 4.0 * B * sh.H * double(T) * S * sh.D * (causal ? 0.5 : 1.0);
+      cudaEvent_t e0, e1;
+      CHECK_CUDA(cudaEventCreate(&e0));
+      CHECK_CUDA(cudaEventCreate(&e1));
+      auto time_it = [&](auto&& launch) -> double {
+        if (launch() != cudaSuccess) return -1;
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<double> reps;
+        for (int r = 0; r < 5; ++r) {
+          CHECK_CUDA(cudaEventRecord(e0));
+          for (int i = 0; i < 10; ++i) launch();
+          CHECK_CUDA(cudaEventRecord(e1));
+          CHECK_CUDA(cudaEventSynchronize(e1));
+          float ms = 0;
+          CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+          reps.push_back(ms / 10);
+        }
+        CHECK_CUDA(cudaGetLastError());
+        return flops / (median(reps) * 1e-3) / 1e12;
+      };
+      // tf: sm90 variant 1 (row dQ reductions, ablation builds), sm80, sm90
+      // default (last, so that g[0] holds the default variant's gradients).
+      double tf[3];
+      for (int impl = 0; impl < 3; ++impl) {
+        BwdParams pi = p;
+        pi.dq = g[impl == 1][0];
+        pi.dk = g[impl == 1][1];
+        pi.dv = g[impl == 1][2];
+        pi.sm90_bwd_variant = impl == 0 ? 1 : 0;
+        if (impl == 1)
+          tf[impl] = time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); });
+        else
+          tf[impl] = jax_flash::sm90::bwd_supported(pi)
+                         ? time_it([&] { return jax_flash::sm90::run_bwd(pi, 0); })
+                         : -1;
+      }
+      std::swap(tf[0], tf[2]);  // -> sm90 default, sm80, sm90 v1
+      std::swap(tf[1], tf[2]);  // -> sm90 default, sm90 v1, sm80
+      double rel[3] = {-1, -1, -1};
+      if (tf[0] > 0 && tf[2] > 0) {
+        std::vector<uint16_t> a(n), b(n);
+        for (int t = 0; t < 3; ++t) {
+          CHECK_CUDA(cudaMemcpy(a.data(), g[0][t], n * 2, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(b.data(), g[1][t], n * 2, cudaMemcpyDeviceToHost));
+          double md = 0, mr = 0;
+          for (size_t i = 0; i < n; ++i) {
+            const double x = from_bits(a[i], false), y = from_bits(b[i], false);
+            const double d = std::fabs(x - y);
+            md = std::isnan(d) ? INFINITY : std::max(md, d);
+            mr = std::max(mr, std::fabs(y));
+          }
+          rel[t] = md / std::max(mr, 1e-30);
+        }
+      }
+      std::printf("%-5d %-4d %-7s", sh.D, sh.H, causal ? "yes" : "no");
+      for (double x : tf) {
+        if (x < 0)
+          std::printf(" %9s", "-");
+        else
+          std::printf(" %9.1f", x);
+      }
+      std::printf(" %7.2f   %.3g %.3g %.3g\n", tf[0] > 0 && tf[2] > 0 ? tf[0] / tf[2] : 0.0, rel[0],
+                  rel[1], rel[2]);
+      std::fflush(stdout);
+      CHECK_CUDA(cudaEventDestroy(e0));
+      CHECK_CUDA(cudaEventDestroy(e1));
+    }
+    for (void* ptr : std::initializer_list<void*>{dq_in, dk_in, dv_in, ddo, d_o, d_lse, d_delta, d_acc})
+      CHECK_CUDA(cudaFree(ptr));
+    for (auto& gi : g)
+      for (auto& x : gi) CHECK_CUDA(cudaFree(x));
+  }
+}
+
+int main(int argc, char** argv) {
+  std::string filter;
+  bool quick = false, do_bench = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick")
+      quick = true;
+    else if (a == "--bench")
+      do_bench = true;
+    else
+      filter = a;
+  }
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d), %d SMs\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount);
+  if (do_bench) {
+    bench();
+    return 0;
+  }
+  std::mt19937 rng(1234);
+  int failed = 0, run = 0, skipped = 0;
+  std::printf("%-40s %9s %9s %9s %4s %3s  %s\n", "case", "dQ", "dK", "dV", "pad", "#v", "result");
+  for (const Case& c : all_cases(quick)) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    const Row r = run_case(c, rng);
+    if (r.skipped) {
+      ++skipped;
+      std::printf("%-40s %9s %9s %9s %4s %3s  %s\n", c.name.c_str(), "-", "-", "-", "-", "-",
+                  "SKIP (run_bwd: not supported)");
+      continue;
+    }
+    ++run;
+    failed += !r.pass;
+    if (r.ns_checked) {
+      std::printf("%-40s %9s %9s %9s %4s %3s  %s\n", c.name.c_str(), "-", "-", "-", "-", "-",
+                  r.pass ? "PASS (NS ok)" : "FAIL (expected cudaErrorNotSupported, untouched outputs)");
+    } else {
+      std::printf("%-40s %9.2e %9.2e %9.2e %4s %3d  %s%s\n", c.name.c_str(), r.dq, r.dk, r.dv,
+                  r.pad_ok ? "ok" : "BAD", r.variants_run, r.pass ? "PASS" : "FAIL ",
+                  r.failed_variants.c_str());
+    }
+    std::fflush(stdout);
+  }
+  std::printf("%d passed, %d failed, %d skipped\n", run - failed, failed, skipped);
+  return (failed || run == 0) ? 1 : 0;
+}

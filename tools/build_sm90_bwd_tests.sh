@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds the Hopper (sm_90a) backward self-test into build_carry/ (git-ignored),
+# to be carried to an H100/H200 and run there:
+#   build_carry/selftest_sm90_bwd   sm90 backward vs float64 reference (--quick,
+#                                   filter), --bench: TF/s next to the sm80 backward
+# Built with -DJAX_FLASH_SM90_ABLATION (BwdParams::sm90_bwd_variant 1, dQ by
+# row bulk reductions, selectable next to the default tensor reductions).
+# Links the sm90 backward (bwd_dispatch.cu + bwd_*_sm90.cu) and the whole sm80
+# family (its forward gives the benchmark's LSE, its backward the comparison),
+# all compiled for sm_90a. Also prints the ptxas register/spill report of the
+# sm90 backward kernels. Called by tools/build_sm90_tests.sh; runs alone too.
+# Usage: tools/build_sm90_bwd_tests.sh [-j N]   (~5-8 min on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc)
+if [[ "${1:-}" == "-j" ]]; then JOBS=$2; fi
+OUTDIR=build_carry
+OBJ=build/obj_sm90_bwd_tests  # objects and ptxas logs (git-ignored, not carried)
+mkdir -p "$OBJ" "$OUTDIR"
+NVCC=${NVCC:-nvcc}
+FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
+       -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda -Xptxas -v
+       -DJAX_FLASH_SM90_ABLATION)
+SOURCES=(cuda/tests/selftest_sm90_bwd.cu cuda/sm90/bwd_dispatch.cu cuda/instantiations/bwd_*_sm90.cu
+         cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu cuda/instantiations/bwd_*_sm80.cu)
+
+compile() {  # src -> obj, ptxas report kept next to it
+  local src=$1 obj
+  obj=$OBJ/$(echo "${1%.cu}" | tr / _).o
+  "$NVCC" "${FLAGS[@]}" -c "$src" -o "$obj" >"$obj.log" 2>&1 || { cat "$obj.log"; return 1; }
+  if grep -q -i "warning" "$obj.log"; then grep -i -B2 -A2 "warning" "$obj.log"; fi
+}
+export -f compile
+export NVCC OBJ
+export FLAGS_STR="${FLAGS[*]}"
+t0=$SECONDS
+printf '%s\n' "${SOURCES[@]}" | xargs -P "$JOBS" -I{} bash -c 'FLAGS=($FLAGS_STR); compile "$@"' _ {}
+"$NVCC" -gencode=arch=compute_90a,code=sm_90a "$OBJ"/*.o -o "$OUTDIR/selftest_sm90_bwd"
+echo "built $OUTDIR/selftest_sm90_bwd in $((SECONDS - t0)) s"
+
+# ptxas summary of the sm90 backward kernels: registers at entry (setmaxnreg
+# then gives the consumers 240), spills, stack; C75xx notes (wgmma
+# serialisation, injected warpgroup.arrive) would be performance bugs.
+echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, softcap, dQ tensor reductions):"
+for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log; do
+  grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
+    sed -nE "/Compiling entry/s/.*bwd_kernelI([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)EEELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 softcap=\4 dq_tensor=\5/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    paste -d' ' - - -
+  grep -h "C75" "$log" || true
+done
