@@ -66,6 +66,11 @@ if has sm90; then
   timeout 200 $bin >>"$OUT/sm90.log" 2>&1
   rc2=$?
   if [[ -n "${SM90_BENCH:-}" ]]; then timeout 200 $bin --bench >>"$OUT/sm90.log" 2>&1; fi
+  if [[ -x build_carry/selftest_sm90_bwd ]]; then  # the FA3-style backward
+    timeout 300 build_carry/selftest_sm90_bwd >>"$OUT/sm90.log" 2>&1
+    note "sm90 backward: rc=$? $(grep -E 'passed, [0-9]+ failed' "$OUT/sm90.log" | tail -1)"
+    if [[ -n "${SM90_BENCH:-}" ]]; then timeout 300 build_carry/selftest_sm90_bwd --bench >>"$OUT/sm90.log" 2>&1; fi
+  fi
   grep -v PASS "$OUT/sm90.log" | tail -25
   note "sm90: primitives rc=$rc1, $bin rc=$rc2 $(grep -E 'passed, [0-9]+ failed' "$OUT/sm90.log" | tail -1) ($((SECONDS-t0)) s)"
 fi

@@ -180,6 +180,22 @@ ffi::Error LaunchForward(const FwdParams& p, int32_t family, cudaStream_t stream
   return LaunchError(sm80::run_fwd(p, stream), "forward");
 }
 
+// Backward kernel family, as LaunchForward: sm90 (FA3-style) when it serves the
+// call (sm_90 GPU, hdim <= 128, not deterministic), else sm80.
+ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t stream) {
+  if (family != 0 && family != 80 && family != 90) {
+    return Invalid("kernel_family must be 0 (auto), 80 or 90; got " + std::to_string(family));
+  }
+#ifdef JAX_FLASH_HAS_SM90
+  if (family != 80 && sm90::bwd_supported(p)) return LaunchError(sm90::run_bwd(p, stream), "sm90 backward");
+#endif
+  if (family == 90) {
+    return Invalid("the sm90 backward cannot serve this call (needs an sm_90 GPU, head_dim <= 128, "
+                   "deterministic=False); use kernel_family 0 or 80");
+  }
+  return LaunchError(sm80::run_bwd(p, stream), "backward");
+}
+
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
                    ffi::Result<ffi::AnyBuffer> o,
@@ -215,7 +231,8 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::Result<ffi::Buffer<ffi::F32>> dk_accum,
                    ffi::Result<ffi::Buffer<ffi::F32>> dv_accum, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool causal, bool has_segment_ids, bool deterministic) {
+                   bool causal, bool has_segment_ids, bool deterministic,
+                   int32_t kernel_family) {
   BwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
@@ -263,7 +280,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   Poison(p.dq, dq->size_bytes(), stream);
   Poison(p.dk, dk->size_bytes(), stream);
   Poison(p.dv, dv->size_bytes(), stream);
-  return LaunchError(sm80::run_bwd(p, stream), "backward");
+  return LaunchBackward(p, kernel_family, stream);
 }
 
 }  // namespace
@@ -314,5 +331,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("window_right")
         .Attr<bool>("causal")
         .Attr<bool>("has_segment_ids")
-        .Attr<bool>("deterministic"),
+        .Attr<bool>("deterministic")
+        .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -88,7 +88,7 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
   out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32))
   o, lse = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg,
-                    kernel_family=ffi.forward_family(),
+                    kernel_family=ffi.kernel_family(),
                     **ffi.mask_attrs(spec))
   return o, lse
 
@@ -113,6 +113,7 @@ def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
   dq, dk, dv, *_ = ffi.call(ffi.BWD, out_shapes, q, k, v, o,
                             lse.astype(f32), do, delta.astype(f32), q_seg,
                             kv_seg, deterministic=bool(spec.deterministic),
+                            kernel_family=ffi.kernel_family(),
                             **ffi.mask_attrs(spec))
   return dq, dk, dv
 

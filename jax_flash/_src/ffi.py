@@ -27,8 +27,9 @@ TARGETS = (FWD, BWD)
 _FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
 
 
-def forward_family() -> np.int32:
-  """The forward kernel family for the handler's `kernel_family` attribute.
+def kernel_family() -> np.int32:
+  """The kernel family for the handlers' `kernel_family` attribute (forward
+  and backward).
 
   JAX_FLASH_CUDA_FAMILY=auto (default) | sm80 | sm90, read at trace time: lets
   tests and benchmarks run the portable sm80 kernels on a Hopper GPU, or
