@@ -8,7 +8,10 @@
 # Links the sm90 backward (bwd_dispatch.cu + bwd_*_sm90.cu) and the whole sm80
 # family (its forward gives the benchmark's LSE, its backward the comparison),
 # all compiled for sm_90a. Also prints the ptxas register/spill report of the
-# sm90 backward kernels. Called by tools/build_sm90_tests.sh; runs alone too.
+# sm90 backward kernels. Also builds build_carry/sm90_bwd_primitives (GPU unit
+# test of the backward's building blocks) and builds and runs the CPU-only
+# index-math check cuda/tests/sm90_bwd_layout_check.cpp (fails the script on a
+# mismatch). Called by tools/build_sm90_tests.sh; runs alone too.
 # Usage: tools/build_sm90_bwd_tests.sh [-j N]   (~5-8 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +40,24 @@ t0=$SECONDS
 printf '%s\n' "${SOURCES[@]}" | xargs -P "$JOBS" -I{} bash -c 'FLAGS=($FLAGS_STR); compile "$@"' _ {}
 "$NVCC" -gencode=arch=compute_90a,code=sm_90a "$OBJ"/*.o -o "$OUTDIR/selftest_sm90_bwd"
 echo "built $OUTDIR/selftest_sm90_bwd in $((SECONDS - t0)) s"
+
+# GPU unit test of the backward's building blocks (store_ds + the dQ / dK
+# GEMMs, the dQ reductions, the dK store), to localise a selftest failure.
+"$NVCC" "${FLAGS[@]}" cuda/tests/sm90_bwd_primitives.cu -o "$OUTDIR/sm90_bwd_primitives" \
+  >"$OBJ/sm90_bwd_primitives.log" 2>&1 || { cat "$OBJ/sm90_bwd_primitives.log"; exit 1; }
+if grep -q -i "warning" "$OBJ/sm90_bwd_primitives.log"; then grep -i -B2 -A2 "warning" "$OBJ/sm90_bwd_primitives.log"; fi
+echo "built $OUTDIR/sm90_bwd_primitives"
+
+# CPU-only check of the backward's index math (no GPU needed): runs here.
+CUDA_INC=${CUDA_INC:-}
+if [[ -z "$CUDA_INC" ]]; then  # the toolkit's include dir (nvcc may be a wrapper script)
+  for d in "$(dirname "$(readlink -f "$(command -v "$NVCC")")")/../include" /usr/local/cuda/include; do
+    if [[ -f "$d/cuda.h" ]]; then CUDA_INC=$d; break; fi
+  done
+fi
+g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"$CUDA_INC" \
+  cuda/tests/sm90_bwd_layout_check.cpp -o "$OBJ/sm90_bwd_layout_check"
+"$OBJ/sm90_bwd_layout_check"
 
 # ptxas summary of the sm90 backward kernels: registers at entry (setmaxnreg
 # then gives the consumers 240), spills, stack; C75xx notes (wgmma

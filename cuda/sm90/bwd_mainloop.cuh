@@ -245,43 +245,67 @@ struct BwdConsumer {
     __syncwarp();
   }
 
+  // Descriptors of k-step 0 of each GEMM (static: also used by the host-side
+  // layout check). The k-step offsets are KMajorStep / MNMajorStep.
   // S^T (or dP^T) = A_wg B^T: A = rows [64 wg, 64 wg + 64) of a K-major
   // [D/64][kBlockN][64] tile (K or V), B = a K-major [D/64][kBlockM][64] tile
-  // (Q or dO). Issue only.
-  JF_DEVICE void issue_sdp(float (&acc)[kSR], uint32_t a_tile, uint32_t b_tile) const {
-    ptx::gemm_ss<Element, kBM, 0, kD / 16>(
-        acc, ptx::make_desc(ptx::kDescKMajor, a_tile + 64 * wg * 128),
-        ptx::make_desc(ptx::kDescKMajor, b_tile), KMajorStep<kBN>{}, KMajorStep<kBM>{}, true);
+  // (Q or dO).
+  static JF_DEVICE uint64_t sdp_desc_a(int wg, uint32_t a_tile) {
+    return ptx::make_desc(ptx::kDescKMajor, a_tile + 64 * wg * 128);
   }
+  static JF_DEVICE uint64_t sdp_desc_b(uint32_t b_tile) { return ptx::make_desc(ptx::kDescKMajor, b_tile); }
+  using SdpStepA = KMajorStep<kBN>;
+  using SdpStepB = KMajorStep<kBM>;
   // dV += P^T dO (or dK += dS^T Q): A from registers (K = kBlockM queries),
-  // B = an MN-major [D/64][kBlockM][64] tile (dO or Q), N = D. Issue only.
-  JF_DEVICE void issue_dkv(float (&acc)[kKR], const uint32_t (&frag)[kPK][4], uint32_t b_tile) const {
-    ptx::gemm_rs<Element, kD, 1, kPK>(acc, frag, ptx::make_desc(ptx::desc_mn_major<kBM>(), b_tile),
-                                      MNMajorStep{}, false);
+  // B = an MN-major [D/64][kBlockM][64] tile (dO or Q), N = D.
+  static JF_DEVICE uint64_t dkv_desc_b(uint32_t b_tile) {
+    return ptx::make_desc(ptx::desc_mn_major<kBM>(), b_tile);
   }
+  using DkvStepB = MNMajorStep;
   // dQ tile of this WG = dS[rows] K[:, cols]: A = dS rows [64 wgM, +64) of
   // the K-major [kBlockN/64][kBlockM][64] dS buffer, B = column block wgN of
-  // K ([D/64][kBlockN][64], MN-major), N = 64, K = kBlockN keys. Issue only.
+  // K ([D/64][kBlockN][64], MN-major), N = 64, K = kBlockN keys.
+  static constexpr int dq_wg_m(int wg) { return Cfg::kDqSplitM == 2 ? wg : 0; }
+  static constexpr int dq_wg_n(int wg) { return Cfg::kDqSplitN == 2 ? wg : 0; }
+  static JF_DEVICE uint64_t dq_desc_a(int wg, uint32_t ds_tile) {
+    return ptx::make_desc(ptx::kDescKMajor, ds_tile + 64 * dq_wg_m(wg) * 128);
+  }
+  static JF_DEVICE uint64_t dq_desc_b(int wg, uint32_t k_tile) {
+    return ptx::make_desc(ptx::desc_mn_major<kBN>(), k_tile + dq_wg_n(wg) * kBN * 128);
+  }
+  using DqStepA = KMajorStep<kBM>;
+  using DqStepB = MNMajorStep;
+
+  // Issue only (no commit / wait).
+  JF_DEVICE void issue_sdp(float (&acc)[kSR], uint32_t a_tile, uint32_t b_tile) const {
+    ptx::gemm_ss<Element, kBM, 0, kD / 16>(acc, sdp_desc_a(wg, a_tile), sdp_desc_b(b_tile), SdpStepA{},
+                                           SdpStepB{}, true);
+  }
+  JF_DEVICE void issue_dkv(float (&acc)[kKR], const uint32_t (&frag)[kPK][4], uint32_t b_tile) const {
+    ptx::gemm_rs<Element, kD, 1, kPK>(acc, frag, dkv_desc_b(b_tile), DkvStepB{}, false);
+  }
   JF_DEVICE void issue_dq(float (&acc)[kQR], uint32_t ds_tile) const {
-    const int wg_m = Cfg::kDqSplitM == 2 ? wg : 0;
-    const int wg_n = Cfg::kDqSplitN == 2 ? wg : 0;
-    ptx::gemm_ss<Element, Cfg::kDqCols, 1, kBN / 16>(
-        acc, ptx::make_desc(ptx::kDescKMajor, ds_tile + 64 * wg_m * 128),
-        ptx::make_desc(ptx::desc_mn_major<kBN>(), sm.k() + wg_n * kBN * 128), KMajorStep<kBM>{},
-        MNMajorStep{}, true);
+    ptx::gemm_ss<Element, Cfg::kDqCols, 1, kBN / 16>(acc, dq_desc_a(wg, ds_tile), dq_desc_b(wg, sm.k()),
+                                                      DqStepA{}, DqStepB{}, true);
   }
 
   // dS^T (accumulator layout, packed as A fragments) -> the dS buffer
   // (queries x keys, 128B-swizzled K-major), transposing with stmatrix:
   // fragment k covers queries 16k..16k+15 (matrices i = 0..3: queries
   // 16k + 8 (i / 2) + 0..7, keys 64 wg + 16 warp + 8 (i % 2) + 0..7).
-  JF_DEVICE void store_ds(const uint32_t (&dsf)[kPK][4], uint32_t ds_tile) const {
+  // Byte offset in the dS buffer of the row address that `lane` (warp `warp`
+  // of consumer WG `wg`) gives to the stmatrix of fragment k (also used by
+  // the host-side layout check, cuda/tests/sm90_bwd_layout_check.cpp).
+  static JF_DEVICE uint32_t ds_offset(int wg, int warp, int lane, int k) {
     const int i = lane / 8, c = lane % 8;
-    const uint32_t addr = ds_tile + uint32_t(wg * kBM * 128) + uint32_t((8 * (i / 2) + c) * 128) +
-                          (uint32_t((2 * warp + (i % 2)) ^ c) << 4);
+    return uint32_t(wg * kBM * 128) + uint32_t((8 * (i / 2) + c) * 128) +
+           (uint32_t((2 * warp + (i % 2)) ^ c) << 4) + uint32_t(k * 16 * 128);
+  }
+  JF_DEVICE void store_ds(const uint32_t (&dsf)[kPK][4], uint32_t ds_tile) const {
 #pragma unroll
     for (int k = 0; k < kPK; ++k)
-      ptx::stmatrix_x4_trans(addr + k * 16 * 128, dsf[k][0], dsf[k][1], dsf[k][2], dsf[k][3]);
+      ptx::stmatrix_x4_trans(ds_tile + ds_offset(wg, warp, lane, k), dsf[k][0], dsf[k][1], dsf[k][2],
+                             dsf[k][3]);
   }
 
   // dQ fragment (64 x 64 fp32) -> the WG's staging tile. kDqTensor: two
@@ -289,45 +313,47 @@ struct BwdConsumer {
   // the thread's float2 at (r, 8j + 2t) is box j / 4, chunk 2 (j % 4) + t / 2,
   // byte 8 (t % 2), and rows r, r + 8 share r % 8. Both layouts store
   // without bank conflicts. Else the padded row-major tile.
-  JF_DEVICE void store_dq(const float (&dq)[kQR]) const {
+  // Byte offset in the WG's staging tile of the float2 dq[4j + 2h], dq[4j + 2h + 1]
+  // of `lane` (warp `warp`).
+  static JF_DEVICE uint32_t dq_offset(int warp, int lane, int j, int h) {
     if constexpr (kDqTensor) {
       const int t = lane % 4;
-      const uint32_t row_addr = sm.dq(wg) + uint32_t((16 * warp + lane / 4) * 128 + 8 * (t % 2));
+      const uint32_t row_addr = uint32_t((16 * warp + lane / 4) * 128 + 8 * (t % 2));
       const uint32_t sw = uint32_t(lane / 4) << 4;  // (r % 8) << 4
-#pragma unroll
-      for (int j = 0; j < kQR / 4; ++j) {
-        const uint32_t addr =
-            row_addr + (j / 4) * 64 * 128 + ((uint32_t(2 * (j % 4) + t / 2) << 4) ^ sw);
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          ptx::st_shared_v2_f32(addr + h * 8 * 128, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-      }
-      return;
+      return row_addr + uint32_t((j / 4) * 64 * 128) + ((uint32_t(2 * (j % 4) + t / 2) << 4) ^ sw) +
+             uint32_t(h * 8 * 128);
+    } else {
+      const int row = 16 * warp + lane / 4;
+      return uint32_t((row * Cfg::kDqPitch + 2 * (lane % 4)) * 4) +
+             uint32_t((8 * h * Cfg::kDqPitch + 8 * j) * 4);
     }
-    const int row = 16 * warp + lane / 4;
-    const uint32_t addr = sm.dq(wg) + uint32_t((row * Cfg::kDqPitch + 2 * (lane % 4)) * 4);
+  }
+  JF_DEVICE void store_dq(const float (&dq)[kQR]) const {
 #pragma unroll
     for (int j = 0; j < kQR / 4; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        ptx::st_shared_v2_f32(addr + uint32_t((8 * h * Cfg::kDqPitch + 8 * j) * 4), dq[4 * j + 2 * h],
+        ptx::st_shared_v2_f32(sm.dq(wg) + dq_offset(warp, lane, j, h), dq[4 * j + 2 * h],
                               dq[4 * j + 2 * h + 1]);
   }
 
   // dK (scaled) / dV fragment -> rows [64 wg, +64) of a [D/64][kBlockN][64]
   // 128B-swizzled tile (the K / V buffer), 16-bit.
-  JF_DEVICE void store_kv_tile(const float (&acc)[kKR], uint32_t tile) const {
+  // Byte offset in the tile of the packed pair acc[4j + 2h], acc[4j + 2h + 1].
+  static JF_DEVICE uint32_t kv_offset(int wg, int warp, int lane, int j, int h) {
     const int row = 64 * wg + 16 * warp + lane / 4;  // h = 0; row % 8 == lane / 4
-    const uint32_t row_addr = tile + uint32_t(row * 128 + 4 * (lane % 4));
+    const uint32_t row_addr = uint32_t(row * 128 + 4 * (lane % 4));
     const uint32_t sw = uint32_t(lane / 4) << 4;
+    return row_addr + uint32_t((j / 8) * kBN * 128) + ((uint32_t(j % 8) << 4) ^ sw) +
+           uint32_t(h * 8 * 128);
+  }
+  JF_DEVICE void store_kv_tile(const float (&acc)[kKR], uint32_t tile) const {
 #pragma unroll
-    for (int j = 0; j < kD / 8; ++j) {
-      const uint32_t addr = row_addr + (j / 8) * kBN * 128 + ((uint32_t(j % 8) << 4) ^ sw);
+    for (int j = 0; j < kD / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        ptx::st_shared_b32(addr + h * 8 * 128,
+        ptx::st_shared_b32(tile + kv_offset(wg, warp, lane, j, h),
                            ptx::pack2<Element>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
-    }
   }
 
   JF_DEVICE void run(const BwdTile& w) const {

@@ -5,6 +5,7 @@
 
 #include "instantiations.h"
 #include "launch.h"
+#include "mask.cuh"
 #include "smem_layout.cuh"
 
 namespace jax_flash::sm90 {
@@ -117,9 +118,19 @@ bool fwd_supported(const FwdParams& p) {
       !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
                  p.o_batch_stride))
     return false;
+  // The dynamic scheduler's per-call tile counter (4-byte aligned device int).
+  if (fwd_needs_tile_counter(p) &&
+      (p.sm90_tile_counter == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_tile_counter) & 3) != 0))
+    return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
   return bucket_compiled_and_ok(p, dev);
+}
+
+bool fwd_needs_tile_counter(const FwdParams& p) {
+  const MaskInfo mi = make_mask_info(p);
+  return variant_uses_dynamic(p.sm90_variant, sm90_rounded_head_dim(p.head_dim),
+                              mi.wr >= 0 && mi.wl < 0);
 }
 
 int num_variants() { return kNumVariants; }

@@ -74,4 +74,16 @@ constexpr bool variant_available(int variant, int hdim_bucket, bool bf16, int de
 #endif
 }
 
+// The variant actually launched (kVarTuned resolved for the mask).
+constexpr int resolved_variant(int variant, int hdim_bucket, bool causal_like) {
+  return variant == kVarTuned ? tuned_variant(hdim_bucket, causal_like) : variant;
+}
+
+// Whether the launched variant uses the dynamic scheduler (kFlagDynamic), i.e.
+// needs FwdParams::sm90_tile_counter.
+constexpr bool variant_uses_dynamic(int variant, int hdim_bucket, bool causal_like) {
+  const int v = resolved_variant(variant, hdim_bucket, causal_like);
+  return v == kVarDynamic || v == kVarDynamicOInV;
+}
+
 }  // namespace jax_flash::sm90

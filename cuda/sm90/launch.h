@@ -19,6 +19,13 @@ bool fwd_supported(const FwdParams& params);
 // (callers fall back to jax_flash::sm80::run_fwd), else the launch error.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
+// Whether `params` (its sm90_variant, resolved for the mask) selects the
+// dynamic tile scheduler, which needs params.sm90_tile_counter: a device
+// workspace of kFwdTileCounterBytes per call, zeroed by run_fwd on the stream
+// (fwd_supported is false without it). Only ablation-build variants do today.
+constexpr size_t kFwdTileCounterBytes = 4;
+bool fwd_needs_tile_counter(const FwdParams& params);
+
 // Backward (FA3 style, bwd_*.cuh): true when run_bwd can serve `params`: an
 // sm_90 GPU, bf16/fp16, head_dim a multiple of 8 up to 128 (buckets 64 / 128;
 // head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch),

@@ -11,7 +11,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <type_traits>
 
@@ -69,33 +68,6 @@ inline int device_sm_count() {
   return n > 0 ? n : 1;
 }
 
-namespace {
-
-// Tile counters of the dynamic scheduler (kFlagDynamic, scheduler.cuh): a
-// ring of zero-initialised ints per device and per translation unit; each
-// launch takes the next one and leaves it at 0 again. Two launches sharing a
-// counter must not run at the same time: that needs kTileCounters launches of
-// the same instantiation file in flight at once.
-constexpr int kTileCounters = 64;
-__device__ int g_tile_counters[kTileCounters];
-
-int* next_tile_counter() {
-  static std::atomic<int*> base[64];
-  static std::atomic<unsigned> slot{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return nullptr;
-  int* b = base[dev].load();
-  if (b == nullptr) {
-    void* ptr = nullptr;
-    if (cudaGetSymbolAddress(&ptr, g_tile_counters) != cudaSuccess) return nullptr;
-    b = static_cast<int*>(ptr);
-    base[dev].store(b);
-  }
-  return b + slot.fetch_add(1u) % kTileCounters;
-}
-
-}  // namespace
-
 template <typename Element, typename Cfg, int kFlags>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   FwdKernelArgs args;
@@ -116,7 +88,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   args.sched = make_scheduler(p.batch, p.num_heads, p.num_heads / p.num_heads_k, p.seqlen_q,
                               p.seqlen_k, Cfg::kHeadDim, Cfg::kBlockM, causal_like);
   if constexpr ((kFlags & kFlagDynamic) != 0) {
-    args.sched.counter = next_tile_counter();
+    // The call's own counter (FwdParams::sm90_tile_counter), zeroed below.
+    args.sched.counter = p.sm90_tile_counter;
     if (args.sched.counter == nullptr) return cudaErrorNotSupported;
   }
   args.lse = p.lse;
@@ -130,6 +103,12 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int sms = p.num_sms > 0 ? p.num_sms : device_sm_count();
   const int grid = std::min(args.sched.total, sms);
   if (grid <= 0) return cudaSuccess;
+  if constexpr ((kFlags & kFlagDynamic) != 0) {
+    // Stream-ordered (a memset node under graph capture): every launch, graph
+    // replay included, starts from 0 on a counter no other launch touches.
+    err = cudaMemsetAsync(args.sched.counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  }
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemAlloc, stream>>>(args);
   return cudaGetLastError();
 }

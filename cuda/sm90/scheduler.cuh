@@ -19,12 +19,14 @@
 // round robin. The producer warp claims the next tile when it starts the
 // current one (the atomic's latency hides behind the loads) and hands the
 // index to each consumer warpgroup through shared memory (named barriers
-// kBarTileFull / kBarTileEmpty + WG). Workspace: one zeroed int per launch in
-// flight; every launch claims exactly `total` indices (grid = min(total,
-// #SMs): one per tile after the first plus one failed claim per CTA), and the
-// claim that returns total - 1 is the last one, so that CTA resets the
-// counter to 0 for the next launch. The launcher takes the int from a small
-// device-global ring (launch_templates.cuh).
+// kBarTileFull / kBarTileEmpty + WG). Workspace: one int per call
+// (FwdParams::sm90_tile_counter), zeroed by the launcher with cudaMemsetAsync
+// on the stream right before the kernel; every launch claims exactly `total`
+// indices (one per processed tile: grid = min(total, #SMs) first tiles, then
+// one per claimed tile, plus one failed claim per CTA). No self-reset and no
+// global ring: a counter shared by two launches (another stream, a graph
+// replay) would hand tiles of one launch to the other, and a reset racing
+// the other launch's claims could leave it non-zero for good.
 #pragma once
 
 #include "ptx/common.cuh"
@@ -46,15 +48,12 @@ struct TileScheduler {
   int total;               // num_m_blocks * num_bh
   int heads_per_section;   // 0: plain head-major order
   int section_tiles;       // heads_per_section * num_m_blocks
-  int* counter;            // kFlagDynamic: zeroed int (see above), else unused
+  int* counter;            // kFlagDynamic: the call's zeroed int (see above), else unused
 
   // kFlagDynamic: the tile this CTA processes after the current one (>= total:
-  // none). One call per processed tile, by one thread.
-  JF_DEVICE int claim_next() const {
-    const int v = atomicAdd(counter, 1);
-    if (v == total - 1) atomicExch(counter, 0);  // the launch's last claim
-    return v + int(gridDim.x);
-  }
+  // none). One call per processed tile, by one thread. total < 2^30 (blocks
+  // of >= 128 rows, fwd_supported), so v + gridDim.x cannot overflow.
+  JF_DEVICE int claim_next() const { return atomicAdd(counter, 1) + int(gridDim.x); }
 
   JF_DEVICE void decode(int t, int& m_block, int& head, int& batch) const {
     int bh;

@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +37,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "jax_flash/params.h"
@@ -185,6 +187,38 @@ static T* dev_alloc(size_t n) {
   CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
   return p;
 }
+// The dynamic scheduler's per-call workspace (FwdParams::sm90_tile_counter):
+// one device int, poisoned before each test launch (run_fwd must zero it).
+static int32_t* tile_counter() {
+  static int32_t* p = dev_alloc<int32_t>(1);
+  return p;
+}
+
+// Waits for the GPU like cudaDeviceSynchronize / cudaEventSynchronize, but
+// gives up after kHangSeconds (a deadlocked kernel never returns): prints
+// what hung and exits, so that one GPU run reports the hang instead of
+// timing out silently.
+constexpr double kHangSeconds = 60;
+template <typename Query>
+static void wait_or_die(Query query, const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  cudaError_t e;
+  while ((e = query()) == cudaErrorNotReady) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > kHangSeconds) {
+      std::printf("HANG: %s did not finish within %.0f s (deadlock?); exiting\n", what.c_str(),
+                  kHangSeconds);
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  CHECK_CUDA(e);
+}
+static void sync_or_die(const std::string& what) {
+  wait_or_die([] { return cudaStreamQuery(0); }, what);
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 static uint16_t* upload(const Tensor& t) {
   uint16_t* p = dev_alloc<uint16_t>(t.count());
   CHECK_CUDA(cudaMemcpy(p, t.bits.data(), t.count() * 2, cudaMemcpyHostToDevice));
@@ -228,6 +262,7 @@ static FwdParams make_params(const Case& c, const Tensor& q, const Tensor& k, co
   fp.dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
   CHECK_CUDA(cudaDeviceGetAttribute(&fp.num_sms, cudaDevAttrMultiProcessorCount, 0));
   if (c.sms > 0) fp.num_sms = c.sms;
+  fp.sm90_tile_counter = tile_counter();
   return fp;
 }
 
@@ -295,8 +330,9 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     }
     CHECK_CUDA(cudaMemset(d_o, 0xFF, q.count() * 2));
     CHECK_CUDA(cudaMemset(d_lse, 0xFF, nstat * 4));
+    CHECK_CUDA(cudaMemset(fp.sm90_tile_counter, 0x55, 4));  // run_fwd zeroes it when it needs it
     CHECK_CUDA(jax_flash::sm90::run_fwd(fp, 0));
-    CHECK_CUDA(cudaDeviceSynchronize());
+    sync_or_die(c.name + " v" + std::to_string(variant));
     CHECK_CUDA(cudaMemcpy(o_bits.data(), d_o, q.count() * 2, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(lse.data(), d_lse, nstat * 4, cudaMemcpyDeviceToHost));
     ++row.variants_run;
@@ -504,6 +540,7 @@ static void bench() {
     p.causal = sh.causal;
     p.dtype = DType::kBFloat16;
     CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
+    p.sm90_tile_counter = tile_counter();  // one stream: launches never overlap
     const double flops = 4.0 * B * sh.H * double(T) * S * sh.D * (sh.causal ? 0.5 : 1.0);
 
     // Configurations: sm90 variants 0..nv-1 (those available), then sm80.
@@ -525,8 +562,11 @@ static void bench() {
     const int ncfg = int(cfg.size()) + 1;
     idx[nv] = ncfg - 1;
     std::vector<bool> ok(ncfg, true);
-    for (int c = 0; c < ncfg; ++c) ok[c] = launch(c) == cudaSuccess;  // warm-up
-    CHECK_CUDA(cudaDeviceSynchronize());
+    const std::string where = "bench D/H/B/T " + std::to_string(sh.D) + "/" + std::to_string(sh.H) + "/" + std::to_string(B) + "/" + std::to_string(T) + (sh.causal ? " causal" : "");
+    for (int c = 0; c < ncfg; ++c) {  // warm-up, one configuration at a time
+      ok[c] = launch(c) == cudaSuccess;
+      sync_or_die(where + " config " + std::to_string(c));
+    }
     cudaEvent_t e0, e1;
     CHECK_CUDA(cudaEventCreate(&e0));
     CHECK_CUDA(cudaEventCreate(&e1));
@@ -537,6 +577,7 @@ static void bench() {
         CHECK_CUDA(cudaEventRecord(e0));
         for (int i = 0; i < kLaunches; ++i) launch(c);
         CHECK_CUDA(cudaEventRecord(e1));
+        wait_or_die([&] { return cudaEventQuery(e1); }, where + " config " + std::to_string(c));
         CHECK_CUDA(cudaEventSynchronize(e1));
         float t = 0;
         CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
@@ -549,14 +590,14 @@ static void bench() {
     for (int c = 0; c < ncfg; ++c)
       if (ok[c]) tf[c] = flops / (median(ms[c]) * 1e-3) / 1e12;
 
-    // O of every variant (after the timing: the dynamic scheduler's counters
-    // have been reused many times) against v0's, and v0's against sm80's.
+    // O of every variant (after the timing: the dynamic scheduler's counter
+    // has been zeroed and reused many times) against v0's, and v0's against sm80's.
     double worst = 0;
     std::vector<uint16_t> ref(n), got(n);
     auto run_poisoned = [&](int c, uint16_t* out, std::vector<uint16_t>& host) {
       CHECK_CUDA(cudaMemset(out, 0xFF, n * 2));
       if (launch(c) != cudaSuccess) return false;
-      CHECK_CUDA(cudaDeviceSynchronize());
+      sync_or_die(where + " check config " + std::to_string(c));
       CHECK_CUDA(cudaMemcpy(host.data(), out, n * 2, cudaMemcpyDeviceToHost));
       return true;
     };

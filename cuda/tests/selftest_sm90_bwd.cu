@@ -21,13 +21,20 @@
 // the forward's 4 B H T S D (halved when causal). LSE comes from the sm80
 // forward; also prints max |dX_sm90 - dX_sm80| / max |dX_sm80|.
 //
+// A failing row is preceded by lines naming, for dQ, dK and dV, the worst
+// element and the count of bad elements per (row % 128 < 64 or >= 64: the
+// consumer warpgroup; head-dim column block), to localise the fault. A kernel
+// that does not finish within 60 s prints "HANG: <case> (variant v)" and exits
+// with code 3 (a barrier protocol fault; the context cannot be recovered).
+//
 // Build: tools/build_sm90_bwd_tests.sh (see cuda/tests/README.md).
-// Options: ./selftest_sm90_bwd [filter-substring] [--quick] [--bench]
+// Options: ./selftest_sm90_bwd [filter-substring] [--quick] [--bench] [--variant=N]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,6 +42,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "jax_flash/params.h"
@@ -231,8 +239,18 @@ static uint16_t* upload(const Tensor& t) {
 }
 
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
+// Where: the worst element, and (for a failure report) how many elements are
+// off by more than `bad_abs`, split by the kernel's work split: row % 128 in
+// [0, 64) or [64, 128) (the consumer warpgroup of a dK / dV row; of a dQ row
+// for D <= 64) and head-dim column block d / 64.
+struct ErrWhere {
+  int b = -1, l = -1, h = -1, d = -1;
+  double got = 0, ref = 0;
+  long bad[2][2] = {{0, 0}, {0, 0}};  // [row half][column block]
+};
 static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
-                    const std::vector<double>& ref, bool fp16, double* ref_max) {
+                    const std::vector<double>& ref, bool fp16, double* ref_max,
+                    ErrWhere* where = nullptr, double bad_abs = INFINITY) {
   double e = 0, rm = 0;
   for (int b = 0; b < layout.B; ++b)
     for (int l = 0; l < layout.L; ++l)
@@ -240,12 +258,48 @@ static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
         for (int d = 0; d < layout.D; ++d) {
           const double r = ref[((size_t(b) * layout.L + l) * layout.H + h) * layout.D + d];
           const double g = from_bits(got[layout.idx(b, l, h, d)], fp16);
-          const double diff = std::fabs(g - r);
-          e = std::isnan(diff) ? INFINITY : std::max(e, diff);
+          double diff = std::fabs(g - r);
+          if (std::isnan(diff)) diff = INFINITY;
+          if (where && diff > e) {
+            where->b = b;
+            where->l = l;
+            where->h = h;
+            where->d = d;
+            where->got = g;
+            where->ref = r;
+          }
+          if (where && diff > bad_abs) ++where->bad[(l % 128) / 64][std::min(d / 64, 1)];
+          e = std::max(e, diff);
           rm = std::max(rm, std::fabs(r));
         }
   *ref_max = rm;
   return e;
+}
+
+// Waits for the default stream with a deadline: a wrong barrier protocol
+// shows up as a hang, which then names the case instead of blocking the run.
+static void sync_or_hang(const std::string& what, double seconds = 60.0) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(0);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) CHECK_CUDA(e);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
+      std::printf("HANG: %s did not finish within %.0f s (barrier protocol / TMA transaction bytes?)\n",
+                  what.c_str(), seconds);
+      std::fflush(stdout);
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+static void print_where(const char* name, const ErrWhere& w, double ref_max, double tol) {
+  std::printf("    %s: worst at (b %d, l %d, h %d, d %d) got %.6g ref %.6g; |err| > %.2g: "
+              "rows%%128<64 [cb0 %ld, cb1 %ld], rows%%128>=64 [cb0 %ld, cb1 %ld]\n",
+              name, w.b, w.l, w.h, w.d, w.got, w.ref, tol * std::max(ref_max, 0.05), w.bad[0][0],
+              w.bad[0][1], w.bad[1][0], w.bad[1][1]);
 }
 
 // Padding elements (columns past H * D of each row) must still hold the
@@ -256,6 +310,8 @@ static bool padding_untouched(const std::vector<uint16_t>& got, const Tensor& la
     if (int64_t(i) % rs >= used && got[i] != 0xFFFF) return false;
   return true;
 }
+
+static int g_only_variant = -1;  // --variant=N
 
 struct Row {
   double dq = 0, dk = 0, dv = 0;
@@ -385,6 +441,11 @@ static Row run_case(const Case& c, std::mt19937& rng) {
                                                   d_delta, d_acc, d_qs, d_ks})
       if (ptr) CHECK_CUDA(cudaFree(ptr));
   };
+  // --variant=N runs only BwdParams::sm90_bwd_variant N (e.g. 1 when the
+  // default tensor-reduction path hangs or fails).
+  const int v_first = g_only_variant > 0 ? g_only_variant : 0;
+  const int v_end = g_only_variant >= 0 ? v_first + 1 : 2;
+  bp.sm90_bwd_variant = c.expect_ns ? 0 : v_first;
   const bool supported = jax_flash::sm90::bwd_supported(bp);
   cudaError_t err = jax_flash::sm90::run_bwd(bp, 0);
   if (c.expect_ns) {
@@ -407,15 +468,15 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   const double tol_g = fp16 ? 1e-2 : 4e-2;  // selftest.cu's gradient tolerances
   // Variant 0 (default), then in -DJAX_FLASH_SM90_ABLATION builds variant 1
   // (dQ by row bulk reductions); the row keeps the worst errors.
-  for (int variant = 0; variant < 2; ++variant) {
-    if (variant > 0) {
+  for (int variant = v_first; variant < v_end; ++variant) {
+    if (variant > v_first) {
       bp.sm90_bwd_variant = variant;
       if (!jax_flash::sm90::bwd_supported(bp)) break;  // not compiled in
       poison();
       err = jax_flash::sm90::run_bwd(bp, 0);
     }
     CHECK_CUDA(err);
-    CHECK_CUDA(cudaDeviceSynchronize());
+    sync_or_hang(c.name + " (variant " + std::to_string(variant) + ")");
     std::vector<uint16_t> g_dq(q.count()), g_dk(k.count()), g_dv(v.count());
     CHECK_CUDA(cudaMemcpy(g_dq.data(), d_dq, q.count() * 2, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(g_dk.data(), d_dk, k.count() * 2, cudaMemcpyDeviceToHost));
@@ -434,6 +495,23 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     if (!(edq <= tol_g && edk <= tol_g && edv <= tol_g && pad)) {
       row.pass = false;
       row.failed_variants += (row.failed_variants.empty() ? "v" : ",v") + std::to_string(variant);
+      // Where it fails (printed before the case's row): worst element and the
+      // count of bad elements per (row half, head-dim column block).
+      std::printf("  %s, variant %d: dQ %.2e dK %.2e dV %.2e pad %s\n", c.name.c_str(), variant, edq, edk,
+                  edv, pad ? "ok" : "BAD");
+      const struct {
+        const char* n;
+        const std::vector<uint16_t>* g;
+        const Tensor* t;
+        const std::vector<double>* r;
+        double m;
+      } ts[3] = {{"dQ", &g_dq, &q, &ref.dq, m1}, {"dK", &g_dk, &k, &ref.dk, m2}, {"dV", &g_dv, &v, &ref.dv, m3}};
+      for (const auto& t : ts) {
+        ErrWhere w;
+        double rm;
+        err16(*t.g, *t.t, *t.r, fp16, &rm, &w, tol_g * std::max(t.m, 0.05));
+        print_where(t.n, w, t.m, tol_g);
+      }
     }
   }
   free_all();
@@ -701,6 +779,8 @@ int main(int argc, char** argv) {
       quick = true;
     else if (a == "--bench")
       do_bench = true;
+    else if (a.rfind("--variant=", 0) == 0)
+      g_only_variant = std::atoi(a.c_str() + 10);
     else
       filter = a;
   }

@@ -1,0 +1,437 @@
+// CPU-only check of the sm90 backward's shared-memory index math (no GPU, no
+// nvcc): the kernel's own address / descriptor functions (BwdConsumer::
+// ds_offset, dq_offset, kv_offset, *_desc_*, the k-step functors, the smem
+// plan, the masks and the tile scheduler) are compiled by g++ and checked
+// against independent models of the hardware, written from the PTX ISA and
+// CUTLASS (not from the kernel):
+//   - 128B swizzle: byte address bits [4,7) ^= bits [7,10) (tiles 1 KB aligned);
+//     TMA with CU_TENSOR_MAP_SWIZZLE_128B and a 128-byte inner box row writes
+//     box element (r, c) at base + swz(r * 128 + c * elem_bytes);
+//   - wgmma smem descriptor (CUTLASS GmmaDescriptor): start >> 4 in [0,14),
+//     LBO >> 4 in [16,30), SBO >> 4 in [32,46), base offset [49,52) = 0,
+//     layout [62,64) = 1 (128B swizzle). Canonical layouts (cute
+//     make_gmma_desc, in 16-bit elements, T = 8 elements = 16 bytes):
+//       K-major  SW128: ((8,m),(T,2k)):((8T,SBO),(1,T))  -> (mn, k) at
+//                start + (mn % 8) * 128 + (mn / 8) * SBO + 2 k, then swizzled
+//       MN-major SW128: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) -> (k, mn) at
+//                start + 2 (mn % 64) + (mn / 64) * LBO + (k % 8) * 128 + (k / 8) * SBO
+//   - wgmma accumulator: d[4j + 2h + e] = D[16w + g + 8h][8j + 2t + e];
+//     register A fragment: a[0] = A[16w+g][2t..2t+1], a[1] = A[16w+g+8][2t..],
+//     a[2] = A[16w+g][2t+8..], a[3] = A[16w+g+8][2t+8..] (low half = lower column);
+//   - stmatrix.m8n8.x4.trans: register r_i of lane l holds R_i[l/4][2(l%4) + e];
+//     lane 8i + c gives the address of stored row c, which receives column c
+//     of R_i (R_i[0..7][c], 8 consecutive 16-bit elements).
+// Element identities (not values) flow through the models, so a wrong index
+// names the element it got.
+//
+// Build and run (tools/build_sm90_bwd_tests.sh does both; CUDA = the toolkit):
+//   g++ -std=c++17 -O2 -Icuda/include -Icuda -I$CUDA/include
+//       cuda/tests/sm90_bwd_layout_check.cpp -o build/sm90_bwd_layout_check
+//   build/sm90_bwd_layout_check       (exit code 1 on a mismatch)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+// ---- host shims for the device-only names the headers mention (only the
+// integer index functions below are actually called).
+#define JF_DEVICE inline
+struct JfTid {
+  unsigned x = 0, y = 0, z = 0;
+};
+static JfTid threadIdx;
+using std::max;
+using std::min;
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+inline unsigned long long __cvta_generic_to_shared(const void*) { return 0; }
+inline int __shfl_sync(unsigned, int v, int) { return v; }
+inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+inline void __syncwarp() {}
+inline float __fdividef(float a, float b) { return a / b; }
+
+#include "sm90/bwd_mainloop.cuh"
+
+using namespace jax_flash::sm90;
+
+static int g_fail = 0;
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      if (g_fail < 20) {                                   \
+        std::printf("  FAIL %s:%d: ", __FILE__, __LINE__); \
+        std::printf(__VA_ARGS__);                          \
+        std::printf("\n");                                 \
+      }                                                    \
+      ++g_fail;                                            \
+    }                                                      \
+  } while (0)
+
+// ---------------------------------------------------------------- models
+static uint32_t swz(uint32_t addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
+
+struct Desc {
+  uint32_t start, lbo, sbo;
+};
+static Desc decode(uint64_t d) {
+  CHECK((d >> 62) == 1, "descriptor layout type %llu, want 1 (128B swizzle)", (unsigned long long)(d >> 62));
+  CHECK(((d >> 49) & 7) == 0, "descriptor base offset %llu, want 0", (unsigned long long)((d >> 49) & 7));
+  CHECK(((d >> 14) & 3) == 0 && ((d >> 30) & 3) == 0 && ((d >> 46) & 7) == 0 && ((d >> 52) & 0x3FF) == 0,
+        "reserved descriptor bits set: %016llx", (unsigned long long)d);
+  return Desc{uint32_t(d & 0x3FFF) << 4, uint32_t((d >> 16) & 0x3FFF) << 4, uint32_t((d >> 32) & 0x3FFF) << 4};
+}
+// Byte address of element (mn, k) (k < 16) of one k16 step.
+static uint32_t kmajor_addr(uint64_t d, int mn, int k) {
+  const Desc s = decode(d);
+  return swz(s.start + (mn % 8) * 128 + (mn / 8) * s.sbo + 2 * k);
+}
+static uint32_t mnmajor_addr(uint64_t d, int k, int mn) {
+  const Desc s = decode(d);
+  return swz(s.start + 2 * (mn % 64) + (mn / 64) * s.lbo + (k % 8) * 128 + (k / 8) * s.sbo);
+}
+// The kernel's k-step: descriptor + (offset >> 4), as ptx::gemm_ss / gemm_rs do.
+template <typename Step>
+static uint64_t step_desc(uint64_t d0, Step step, int kk) {
+  return d0 + (step(kk) >> 4);
+}
+
+// A 16-bit shared-memory image holding element ids (-1 = never written).
+struct Smem16 {
+  std::vector<int64_t> v;
+  explicit Smem16(size_t bytes) : v(bytes / 2, -1) {}
+  int64_t get(uint32_t addr) const {
+    CHECK(addr % 2 == 0 && addr / 2 < v.size(), "16-bit read at %u out of the image", addr);
+    return (addr % 2 == 0 && addr / 2 < v.size()) ? v[addr / 2] : -2;
+  }
+  void put(uint32_t addr, int64_t id, int* writes = nullptr) {
+    CHECK(addr % 2 == 0 && addr / 2 < v.size(), "16-bit write at %u out of the image", addr);
+    if (addr % 2 || addr / 2 >= v.size()) return;
+    v[addr / 2] = id;
+    if (writes) ++writes[addr / 2];
+  }
+};
+
+// TMA 128B-swizzled box (rows x 64 16-bit elements) at `base` of the image.
+static void tma_load_box16(Smem16& sm, uint32_t base, int rows, int64_t (*id)(int, int, int), int tag,
+                           int row0, int col0) {
+  CHECK(base % 1024 == 0, "TMA box base %u not 1 KB aligned", base);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < 64; ++c) sm.put(base + swz(uint32_t(r * 128 + c * 2)), id(tag, row0 + r, col0 + c));
+}
+
+static int64_t ident(int tag, int r, int c) { return (int64_t(tag) << 40) | (int64_t(r) << 20) | c; }
+enum : int { kTagK = 1, kTagV, kTagQ, kTagDO, kTagDS };
+
+// ---------------------------------------------------------------- checks
+template <typename Cfg>
+static void check_config() {
+  using C = BwdConsumer<__nv_bfloat16, Cfg, false, true>;
+  using CRows = BwdConsumer<__nv_bfloat16, Cfg, false, false>;
+  constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  std::printf("config D=%d BM=%d BN=%d: smem %d B (+1 KB slack)\n", kD, kBM, kBN, Cfg::kSmemBytes);
+  const int fail0 = g_fail;
+
+  // ---- smem plan: regions disjoint, in order, 1 KB aligned where swizzled
+  {
+    struct R {
+      const char* n;
+      int off, bytes;
+    } rs[] = {{"K", Cfg::kOffK, Cfg::kKVBytes},
+              {"V", Cfg::kOffV, Cfg::kKVBytes},
+              {"Q", Cfg::kOffQ, Cfg::kStages * Cfg::kQBytes},
+              {"dO", Cfg::kOffdO, Cfg::kStages * Cfg::kQBytes},
+              {"dS", Cfg::kOffdS, 2 * Cfg::kDsBytes},
+              {"dQ", Cfg::kOffdQ, Cfg::kConsumerWGs * Cfg::kDqWGBytes},
+              {"LSE", Cfg::kOffLse, Cfg::kStages * Cfg::kStatBytes},
+              {"delta", Cfg::kOffDelta, Cfg::kStages * Cfg::kStatBytes},
+              {"bars", Cfg::kOffBar, 8 * Cfg::kNumBars}};
+    for (size_t i = 0; i + 1 < sizeof(rs) / sizeof(rs[0]); ++i)
+      CHECK(rs[i].off + rs[i].bytes <= rs[i + 1].off, "%s overlaps %s", rs[i].n, rs[i + 1].n);
+    CHECK(Cfg::kOffBar + 8 * Cfg::kNumBars <= Cfg::kSmemBytes, "barriers past the plan");
+    CHECK(Cfg::kSmemAlloc <= 227 * 1024, "plan > 227 KB");
+    CHECK(Cfg::kDqWGBytes >= 2 * 64 * 128 && Cfg::kDqWGBytes >= 64 * Cfg::kDqPitch * 4, "dQ staging tile too small");
+  }
+
+  Smem16 sm(Cfg::kOffdQ);  // the 16-bit part of the plan
+  // K, V: TMA boxes {64, kBN}; Q, dO stage 0: boxes {64, kBM}
+  for (int cb = 0; cb < kD / 64; ++cb) {
+    tma_load_box16(sm, Cfg::kOffK + cb * kBN * 128, kBN, ident, kTagK, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffV + cb * kBN * 128, kBN, ident, kTagV, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffQ + cb * kBM * 128, kBM, ident, kTagQ, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffdO + cb * kBM * 128, kBM, ident, kTagDO, 0, 64 * cb);
+  }
+
+  for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
+    // ---- S^T = K_wg Q^T (and dP^T = V_wg dO^T): A (m = key, k = d), B K-major (n = query, k = d)
+    for (int kk = 0; kk < kD / 16; ++kk)
+      for (int k = 0; k < 16; ++k) {
+        const uint64_t da = step_desc(C::sdp_desc_a(wg, Cfg::kOffK), typename C::SdpStepA{}, kk);
+        const uint64_t dav = step_desc(C::sdp_desc_a(wg, Cfg::kOffV), typename C::SdpStepA{}, kk);
+        for (int m = 0; m < 64; ++m) {
+          CHECK(sm.get(kmajor_addr(da, m, k)) == ident(kTagK, 64 * wg + m, 16 * kk + k),
+                "S^T A wg%d kk%d (m%d,k%d)", wg, kk, m, k);
+          CHECK(sm.get(kmajor_addr(dav, m, k)) == ident(kTagV, 64 * wg + m, 16 * kk + k),
+                "dP^T A wg%d kk%d (m%d,k%d)", wg, kk, m, k);
+        }
+        const uint64_t db = step_desc(C::sdp_desc_b(Cfg::kOffQ), typename C::SdpStepB{}, kk);
+        const uint64_t dbo = step_desc(C::sdp_desc_b(Cfg::kOffdO), typename C::SdpStepB{}, kk);
+        for (int n = 0; n < kBM; ++n) {
+          CHECK(sm.get(kmajor_addr(db, n, k)) == ident(kTagQ, n, 16 * kk + k), "S^T B kk%d (n%d,k%d)", kk, n, k);
+          CHECK(sm.get(kmajor_addr(dbo, n, k)) == ident(kTagDO, n, 16 * kk + k), "dP^T B kk%d (n%d,k%d)", kk, n, k);
+        }
+      }
+    // ---- dV += P^T dO, dK += dS^T Q: B MN-major (k = query, n = d)
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      const uint64_t dq = step_desc(C::dkv_desc_b(Cfg::kOffQ), typename C::DkvStepB{}, kk);
+      const uint64_t ddo = step_desc(C::dkv_desc_b(Cfg::kOffdO), typename C::DkvStepB{}, kk);
+      for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < kD; ++n) {
+          CHECK(sm.get(mnmajor_addr(dq, k, n)) == ident(kTagQ, 16 * kk + k, n), "dK B kk%d (k%d,n%d)", kk, k, n);
+          CHECK(sm.get(mnmajor_addr(ddo, k, n)) == ident(kTagDO, 16 * kk + k, n), "dV B kk%d (k%d,n%d)", kk, k, n);
+        }
+    }
+    // ---- dQ B = K MN-major (k = key, n = d within the WG's column block)
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t d = step_desc(C::dq_desc_b(wg, Cfg::kOffK), typename C::DqStepB{}, kk);
+      for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < Cfg::kDqCols; ++n)
+          CHECK(sm.get(mnmajor_addr(d, k, n)) == ident(kTagK, 16 * kk + k, 64 * C::dq_wg_n(wg) + n),
+                "dQ B wg%d kk%d (k%d,n%d)", wg, kk, k, n);
+    }
+  }
+
+  // ---- dS^T accumulator -> A fragments (acc_to_a pairing) -> stmatrix.trans
+  // into the dS buffer -> read back as the dQ GEMM's A (K-major, m = query,
+  // k = key) and as the RS A fragment of dK += dS^T Q.
+  {
+    const uint32_t ds_base = Cfg::kOffdS;  // buffer 0
+    std::vector<int> writes(sm.v.size(), 0);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int w = 0; w < 4; ++w) {
+        // regs[lane][k][i][half] = element id, from the accumulator layout and
+        // the kernel's acc_to_a pairing a[k][i] = (d[8k + 2i], d[8k + 2i + 1]).
+        std::vector<int64_t> regs(32 * (kBM / 16) * 4 * 2);
+        auto R = [&](int l, int k, int i, int hf) -> int64_t& { return regs[((l * (kBM / 16) + k) * 4 + i) * 2 + hf]; };
+        for (int l = 0; l < 32; ++l) {
+          const int g = l / 4, t = l % 4;
+          for (int k = 0; k < kBM / 16; ++k)
+            for (int i = 0; i < 4; ++i)
+              for (int hf = 0; hf < 2; ++hf) {
+                const int idx = 8 * k + 2 * i + hf;  // accumulator register index
+                const int j = idx / 4, h = (idx / 2) % 2, e = idx % 2;
+                const int key = 64 * wg + 16 * w + g + 8 * h, q = 8 * j + 2 * t + e;
+                R(l, k, i, hf) = ident(kTagDS, q, key);  // dS[q][key]
+              }
+          // RS A fragment of dK += dS^T Q, k-step k: A(m = key, kq = query)
+          for (int k = 0; k < kBM / 16; ++k)
+            for (int i = 0; i < 4; ++i)
+              for (int hf = 0; hf < 2; ++hf) {
+                const int m = 16 * w + g + 8 * (i % 2), kq = 2 * t + 8 * (i / 2) + hf;
+                CHECK(R(l, k, i, hf) == ident(kTagDS, 16 * k + kq, 64 * wg + m), "RS A fragment wg%d w%d l%d k%d i%d",
+                      wg, w, l, k, i);
+              }
+        }
+        // stmatrix.trans, fragment k: matrix i = register i; lane 8i + c gives
+        // the row address of stored row c = column c of R_i.
+        for (int k = 0; k < kBM / 16; ++k)
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 8; ++c) {
+              const uint32_t row_addr = ds_base + C::ds_offset(wg, w, 8 * i + c, k);
+              CHECK(row_addr % 16 == 0, "stmatrix row address %u not 16-byte aligned", row_addr);
+              for (int r = 0; r < 8; ++r) {
+                // R_i[r][c] is in lane 4r + c/2, half c%2
+                sm.put(row_addr + 2 * r, R(4 * r + c / 2, k, i, c % 2), writes.data());
+              }
+            }
+      }
+    for (uint32_t b = ds_base; b < ds_base + Cfg::kDsBytes; b += 2)
+      CHECK(writes[b / 2] == 1, "dS buffer element at %u written %d times", b, writes[b / 2]);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t d = step_desc(C::dq_desc_a(wg, ds_base), typename C::DqStepA{}, kk);
+        for (int m = 0; m < 64; ++m)
+          for (int k = 0; k < 16; ++k)
+            CHECK(sm.get(kmajor_addr(d, m, k)) == ident(kTagDS, 64 * C::dq_wg_m(wg) + m, 16 * kk + k),
+                  "dQ A (dS) wg%d kk%d (m%d,k%d): got %llx", wg, kk, m, k,
+                  (unsigned long long)sm.get(kmajor_addr(d, m, k)));
+      }
+  }
+
+  // ---- dQ accumulator (64 x 64 fp32 per WG) -> staging tile -> reads of the
+  // two TMA reduce boxes {32 cols, 64 rows} (128B swizzle, fp32) / the rows.
+  for (int variant = 0; variant < 2; ++variant) {
+    std::vector<int64_t> st(Cfg::kDqWGBytes / 4, -1);
+    std::vector<int> wr(st.size(), 0);
+    for (int w = 0; w < 4; ++w)
+      for (int l = 0; l < 32; ++l)
+        for (int j = 0; j < Cfg::kDqCols / 8; ++j)
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t off = variant == 0 ? C::dq_offset(w, l, j, h) : CRows::dq_offset(w, l, j, h);
+            CHECK(off % 8 == 0 && off + 8 <= uint32_t(Cfg::kDqWGBytes), "dQ staging offset %u", off);
+            if (off % 8 || off + 8 > uint32_t(Cfg::kDqWGBytes)) continue;
+            for (int e = 0; e < 2; ++e) {
+              const int r = 16 * w + l / 4 + 8 * h, c = 8 * j + 2 * (l % 4) + e;
+              st[off / 4 + e] = ident(9, r, c);
+              ++wr[off / 4 + e];
+            }
+          }
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < 64; ++c) {
+        uint32_t a;
+        if (variant == 0) {
+          const int b = c / 32;  // box b: smem base + b * 64 * 128 (1 KB aligned)
+          a = uint32_t(b * 64 * 128) + swz(uint32_t(r * 128 + (c % 32) * 4));
+        } else {
+          a = uint32_t((r * Cfg::kDqPitch + c) * 4);
+        }
+        CHECK(st[a / 4] == ident(9, r, c) && wr[a / 4] == 1, "dQ staging (%s) element (%d,%d)",
+              variant == 0 ? "tensor" : "rows", r, c);
+      }
+  }
+
+  // ---- dK / dV accumulator -> 16-bit tile rows [64 wg, +64) -> TMA store
+  // boxes {64, 64} at tile + cb * kBN * 128 + 64 wg * 128.
+  {
+    Smem16 t(Cfg::kKVBytes);
+    std::vector<int> wr(t.v.size(), 0);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int w = 0; w < 4; ++w)
+        for (int l = 0; l < 32; ++l)
+          for (int j = 0; j < kD / 8; ++j)
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t off = C::kv_offset(wg, w, l, j, h);
+              CHECK(off % 4 == 0, "dK/dV pair offset %u not 4-byte aligned", off);
+              for (int e = 0; e < 2; ++e)
+                t.put(off + 2 * e, ident(7, 64 * wg + 16 * w + l / 4 + 8 * h, 8 * j + 2 * (l % 4) + e), wr.data());
+            }
+    for (size_t i = 0; i < wr.size(); ++i) CHECK(wr[i] == 1, "dK/dV tile element %zu written %d times", i, wr[i]);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int cb = 0; cb < kD / 64; ++cb) {
+        const uint32_t base = uint32_t(cb * kBN * 128 + 64 * wg * 128);
+        CHECK(base % 1024 == 0, "TMA store box base %u", base);
+        for (int r = 0; r < 64; ++r)
+          for (int c = 0; c < 64; ++c)
+            CHECK(t.get(base + swz(uint32_t(r * 128 + 2 * c))) == ident(7, 64 * wg + r, 64 * cb + c),
+                  "dK/dV store box wg%d cb%d (%d,%d)", wg, cb, r, c);
+      }
+  }
+  std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
+// ---------------------------------------------------------------- masks
+static bool visible_ref(const MaskInfo& mi, int i, int k, const int* qs, const int* ks) {
+  if (k >= mi.seqlen_k) return false;
+  const int off = mi.seqlen_k - mi.seqlen_q;
+  if (mi.wl >= 0 && k < i + off - mi.wl) return false;
+  if (mi.wr >= 0 && k > i + off + mi.wr) return false;
+  if (qs && qs[i] != ks[k]) return false;
+  return true;
+}
+
+template <int kBM>
+static void check_masks() {
+  const int fail0 = g_fail;
+  std::mt19937 rng(7);
+  int cases = 0;
+  const int lens[] = {1, 5, 37, 53, 64, 65, 127, 128, 129, 200, 300, 517};
+  const int wins[] = {-1, 0, 1, 3, 7, 20, 64, 100, 150};
+  for (int T : lens)
+    for (int S : lens)
+      for (int wl : wins)
+        for (int wr : wins) {
+          if ((rng() % 4) != 0) continue;  // a random quarter of the grid
+          for (int seg = 0; seg < 2; ++seg) {
+            ++cases;
+            std::vector<int> qs(T), ks(S);
+            if (seg) {
+              for (int& x : qs) x = 0;
+              int id = 0;
+              for (int i = 0; i < T; ++i) qs[i] = (id += (rng() % 9 == 0)) % 3;
+              id = 0;
+              for (int i = 0; i < S; ++i) ks[i] = (id += (rng() % 9 == 0)) % 3;
+            }
+            MaskInfo mi{};
+            mi.seqlen_q = T;
+            mi.seqlen_k = S;
+            mi.off = S - T;
+            mi.wl = wl;
+            mi.wr = wr;
+            mi.q_seg = seg ? qs.data() : nullptr;
+            mi.kv_seg = seg ? ks.data() : nullptr;
+            const int nb = (S + 127) / 128;
+            for (int n = 0; n < nb; ++n) {
+              int first, last;
+              q_block_range(mi, n * 128, 128, kBM, first, last);
+              // every query block with a visible pair in this KV block is in range
+              for (int i = 0; i < T; ++i)
+                for (int k = n * 128; k < std::min(S, n * 128 + 128); ++k)
+                  if (visible_ref(mi, i, k, nullptr, nullptr) && !(i / kBM >= first && i / kBM < last)) {
+                    CHECK(false, "q_block_range T=%d S=%d wl=%d wr=%d n=%d: row %d key %d outside [%d,%d)", T, S, wl, wr,
+                          n, i, k, first, last);
+                    i = T;
+                    break;
+                  }
+              for (int mb = first; mb < last; ++mb)
+                for (int wg = 0; wg < 2; ++wg) {
+                  const int m0 = mb * kBM, n0 = n * 128 + 64 * wg;
+                  const bool needs = mi.block_needs_mask(m0, kBM, n0, 64);
+                  for (int w = 0; w < 4; ++w)
+                    for (int l = 0; l < 32; ++l) {
+                      float s[kBM / 2];
+                      for (float& x : s) x = 1.f;
+                      const int key0 = n0 + 16 * w + l / 4, q0 = m0 + 2 * (l % 4);
+                      if (needs) apply_mask_t(s, mi, 0, key0, q0);
+                      for (int j = 0; j < kBM / 8; ++j)
+                        for (int h = 0; h < 2; ++h)
+                          for (int e = 0; e < 2; ++e) {
+                            const int key = key0 + 8 * h, q = q0 + 8 * j + e;
+                            if (q >= T) continue;  // P = 0 through the staged LSE (+inf)
+                            const bool vis = visible_ref(mi, q, key, seg ? qs.data() : nullptr, ks.data());
+                            const bool kept = s[4 * j + 2 * h + e] != -INFINITY;
+                            CHECK(vis == kept, "mask T=%d S=%d wl=%d wr=%d seg=%d key %d query %d: visible %d kept %d (needs %d)",
+                                  T, S, wl, wr, seg, key, q, vis, kept, needs);
+                          }
+                    }
+                }
+            }
+          }
+        }
+  std::printf("masks (kBlockM %d, %d cases): %s\n", kBM, cases, g_fail == fail0 ? "ok" : "FAILED");
+}
+
+static void check_scheduler() {
+  const int fail0 = g_fail;
+  for (int batch : {1, 2, 3})
+    for (int hk : {1, 2, 5})
+      for (int group : {1, 4})
+        for (int sq : {1, 300, 8192, 100000})
+          for (int sk : {1, 130, 8192})
+            for (int causal = 0; causal < 2; ++causal) {
+              const BwdTileScheduler s = make_bwd_scheduler(batch, hk, group, sq, sk, 128, 128, causal);
+              std::vector<int> seen(size_t(s.total), 0);
+              for (int t = 0; t < s.total; ++t) {
+                int n, h, b;
+                s.decode(t, n, h, b);
+                const bool ok = n >= 0 && n < s.num_n_blocks && h >= 0 && h < hk && b >= 0 && b < batch;
+                CHECK(ok, "scheduler tile %d -> (%d,%d,%d)", t, n, h, b);
+                if (ok) ++seen[(size_t(b) * hk + h) * s.num_n_blocks + n];
+              }
+              for (int x : seen) CHECK(x == 1, "scheduler: a tile decoded %d times", x);
+            }
+  std::printf("tile scheduler: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
+int main() {
+  check_config<BwdConfigFor<64>::type>();
+  check_config<BwdConfigFor<128>::type>();
+  check_masks<128>();
+  check_masks<64>();
+  check_scheduler();
+  std::printf("%s (%d failed checks)\n", g_fail ? "FAILED" : "ALL OK", g_fail);
+  return g_fail ? 1 : 0;
+}

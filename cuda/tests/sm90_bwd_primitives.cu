@@ -1,0 +1,320 @@
+// GPU unit test of the sm90 backward's own building blocks, below the full
+// kernel, so that a failing selftest_sm90_bwd can be localised (needs an
+// sm_90 GPU). One CTA of the two consumer warpgroups runs the real
+// BwdConsumer member functions of bwd_mainloop.cuh on known inputs:
+//   dS^T fragment (wgmma accumulator layout) -> acc_to_a -> store_ds
+//   (stmatrix.trans into the K-major dS tile) -> issue_dq (wgmma SS, dS K-major
+//   A, K MN-major B) -> dQ, and issue_dkv (wgmma RS, dS^T A fragments, Q
+//   MN-major B) -> dK; then store_dq into the staging tile and its addition
+//   into a prefilled fp32 dq_accum by the writer's reduction (TMA tensor
+//   reduce-add through encode_dq_accum, or the row bulk reductions), with
+//   seq and head-dim tails that must be skipped; then store_kv_tile of dK and
+//   its TMA store (encode_bshd, box {64, 64}) with a seq tail.
+// Rows, per head-dim bucket (D=64: kBlockM 128; D=128: kBlockM 64):
+//   dQ = dS K  (registers)     : store_ds / the dQ descriptors
+//   dK = dS^T Q (registers)    : acc_to_a / the RS GEMM with MN-major Q (64 rows)
+//   dq_accum += dQ (tensor)    : store_dq swizzle / encode_dq_accum / cp.reduce.async.bulk.tensor
+//   dq_accum += dQ (rows)      : the ablation path
+//   dK tile -> TMA store       : store_kv_tile / tm_dk
+// Inputs are quarter-integers: everything is exact, results must match bit
+// for bit. K and Q tiles are written with sw128_offset (the TMA layout,
+// validated against TMA by sm90_primitives).
+//
+// Build: tools/build_sm90_bwd_tests.sh (-> build_carry/sm90_bwd_primitives).
+// Run:   timeout 60 build_carry/sm90_bwd_primitives ; exit code 1 on a failure.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sm90/bwd_launch_templates.cuh"  // BwdConsumer, encode_dq_accum, encode_bshd
+
+using namespace jax_flash;
+using namespace jax_flash::sm90;
+
+#define CHECK_CUDA(x)                                                                    \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
+                   __LINE__, cudaGetErrorString(e_));                                    \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+static uint16_t bf16_bits(float x) {
+  __nv_bfloat16 h = __float2bfloat16_rn(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+static float bf16_val(uint16_t b) {
+  __nv_bfloat16 h;
+  std::memcpy(&h, &b, 2);
+  return __bfloat162float(h);
+}
+
+// Problem of one CTA: dS^T [kBN keys][kBM queries] (fp32, quarter-integers
+// exactly representable in bf16), K [kBN][D], Q [kBM][D] (bf16 bits).
+// Outputs: dq [kBM][D], dk [kBN][D] (fp32 straight from the accumulators),
+// dq_accum [2 heads][kSeqRounded][D] (head 1 gets the reduction, rows >=
+// seqlen_q and columns >= head_dim must keep their prefill), dk16 [kBN][D]
+// (bf16 through store_kv_tile + TMA store; rows >= seqlen_k keep their fill).
+template <typename Cfg, bool kDqTensor>
+__global__ void __launch_bounds__(256, 1)
+    k_bwd_blocks(const __grid_constant__ BwdKernelArgs args, const float* dsT, const uint16_t* K,
+                 const uint16_t* Q, float* dq_out, float* dk_out, int seqlen_q, int seqlen_k) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace ptx;
+  using C = BwdConsumer<__nv_bfloat16, Cfg, false, kDqTensor>;
+  constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  extern __shared__ __align__(1024) char smem_raw[];
+  BwdSmem<Cfg> sm;
+  sm.base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+  const C c{args, sm, wg, warp, lane};
+
+  // K and Q tiles in the TMA layout
+  for (int i = tid; i < kBN * kD / 2; i += 256) {
+    const int r = (2 * i) / kD, col = (2 * i) % kD;
+    st_shared_b32(sm.k() + sw128_offset<kBN>(r, col), uint32_t(K[r * kD + col]) | (uint32_t(K[r * kD + col + 1]) << 16));
+  }
+  for (int i = tid; i < kBM * kD / 2; i += 256) {
+    const int r = (2 * i) / kD, col = (2 * i) % kD;
+    st_shared_b32(sm.q(0) + sw128_offset<kBM>(r, col), uint32_t(Q[r * kD + col]) | (uint32_t(Q[r * kD + col + 1]) << 16));
+  }
+  // dS^T accumulator fragment: d[4j + 2h + e] = dS^T[64 wg + 16 warp + g + 8h][8j + 2t + e]
+  float dp[C::kSR];
+#pragma unroll
+  for (int j = 0; j < C::kSR / 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        dp[4 * j + 2 * h + e] = dsT[(64 * wg + 16 * warp + lane / 4 + 8 * h) * kBM + 8 * j + 2 * (lane % 4) + e];
+  uint32_t dsf[C::kPK][4];
+  acc_to_a<__nv_bfloat16>(dp, dsf);
+  c.store_ds(dsf, sm.ds(1));
+  fence_proxy_async_smem();
+  __syncthreads();
+
+  float dq[C::kQR], dk[C::kKR];
+#pragma unroll
+  for (int i = 0; i < C::kKR; ++i) dk[i] = 0.f;
+  wgmma_fence();
+  c.issue_dq(dq, sm.ds(1));
+  wgmma_commit();
+  fence_regs(dsf);
+  fence_regs(dk);
+  wgmma_fence();
+  c.issue_dkv(dk, dsf, sm.q(0));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(dq);
+  fence_regs(dk);
+
+  // raw accumulators
+  const int wg_m = C::dq_wg_m(wg), wg_n = C::dq_wg_n(wg);
+#pragma unroll
+  for (int j = 0; j < C::kQR / 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        dq_out[(64 * wg_m + 16 * warp + lane / 4 + 8 * h) * kD + 64 * wg_n + 8 * j + 2 * (lane % 4) + e] =
+            dq[4 * j + 2 * h + e];
+#pragma unroll
+  for (int j = 0; j < C::kKR / 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        dk_out[(64 * wg + 16 * warp + lane / 4 + 8 * h) * kD + 8 * j + 2 * (lane % 4) + e] = dk[4 * j + 2 * h + e];
+
+  // dQ staging + the writer's reduction (head 1 of dq_accum), one WG at a time
+  // as in bwd_dq_writer: thread 0 of the WG issues.
+  c.store_dq(dq);
+  fence_proxy_async_smem();
+  named_bar_sync(kBwdBarDqFull + wg, 128);
+  const int row0 = 64 * wg_m, col0 = 64 * wg_n;
+  if constexpr (kDqTensor) {
+    if (tid % 128 == 0 && row0 < seqlen_q) {
+      for (int b = 0; b < 2; ++b)
+        if (col0 + 32 * b < args.head_dim) tma_reduce_add_4d(&args.tm_dqacc, sm.dq(wg) + b * 64 * 128, col0 + 32 * b, row0, 1, 0);
+      bulk_commit();
+      bulk_wait<0>();
+    }
+  } else {
+    if (tid % 128 < 64) {
+      const int r = tid % 128;
+      const uint32_t bytes = uint32_t(min(Cfg::kDqCols, args.head_dim - col0)) * 4u;
+      if (row0 + r < seqlen_q)
+        bulk_reduce_add_f32(args.dq_accum + (int64_t(args.seqlen_q_rounded) + row0 + r) * args.dq_pitch + col0,
+                            sm.dq(wg) + uint32_t(r * Cfg::kDqPitch * 4), bytes);
+      bulk_commit();
+      bulk_wait<0>();
+    }
+  }
+
+  // dK -> 16-bit tile (the K buffer) -> TMA store of the WG's rows
+  __syncthreads();  // every GEMM done with K
+  c.store_kv_tile(dk, sm.k());
+  fence_proxy_async_smem();
+  named_bar_sync(kBwdBarEpiWG + wg, 128);
+  if (tid % 128 == 0 && 64 * wg < seqlen_k) {
+    for (int cb = 0; cb < kD / 64; ++cb)
+      tma_store_4d(&args.tm_dk, sm.k() + cb * kBN * 128 + 64 * wg * 128, cb * 64, 64 * wg, 0, 0);
+    bulk_commit();
+    bulk_wait<0>();
+  }
+#else
+  __trap();
+#endif
+}
+
+template <typename Cfg, bool kDqTensor>
+static void run(int& failures) {
+  constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  const int seqlen_q = kBM - 3, seqlen_k = kBN - 7, head_dim = kD - 8, pitch = kD, seq_rounded = 128;
+  std::mt19937 rng(kD * 7 + kDqTensor);
+  std::uniform_int_distribution<int> qi(-8, 8);
+  auto quarter = [&] { return qi(rng) * 0.25f; };
+  std::vector<float> dsT(kBN * kBM);
+  std::vector<uint16_t> K(kBN * kD), Q(kBM * kD);
+  for (auto& x : dsT) x = quarter();
+  for (auto& x : K) x = bf16_bits(quarter());
+  for (auto& x : Q) x = bf16_bits(quarter());
+  // references (exact)
+  std::vector<double> rdq(kBM * kD, 0.0), rdk(kBN * kD, 0.0);
+  for (int q = 0; q < kBM; ++q)
+    for (int d = 0; d < kD; ++d)
+      for (int k = 0; k < kBN; ++k) rdq[q * kD + d] += double(dsT[k * kBM + q]) * bf16_val(K[k * kD + d]);
+  for (int k = 0; k < kBN; ++k)
+    for (int d = 0; d < kD; ++d)
+      for (int q = 0; q < kBM; ++q) rdk[k * kD + d] += double(dsT[k * kBM + q]) * bf16_val(Q[q * kD + d]);
+
+  float *d_dsT, *d_dq, *d_dk, *d_acc;
+  uint16_t *d_K, *d_Q, *d_dk16;
+  const size_t nacc = size_t(2) * seq_rounded * pitch;
+  CHECK_CUDA(cudaMalloc(&d_dsT, dsT.size() * 4));
+  CHECK_CUDA(cudaMalloc(&d_dq, kBM * kD * 4));
+  CHECK_CUDA(cudaMalloc(&d_dk, kBN * kD * 4));
+  CHECK_CUDA(cudaMalloc(&d_acc, nacc * 4));
+  CHECK_CUDA(cudaMalloc(&d_K, K.size() * 2));
+  CHECK_CUDA(cudaMalloc(&d_Q, Q.size() * 2));
+  CHECK_CUDA(cudaMalloc(&d_dk16, kBN * kD * 2));
+  CHECK_CUDA(cudaMemcpy(d_dsT, dsT.data(), dsT.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_K, K.data(), K.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_Q, Q.data(), Q.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemset(d_dq, 0xFF, kBM * kD * 4));
+  CHECK_CUDA(cudaMemset(d_dk, 0xFF, kBN * kD * 4));
+  CHECK_CUDA(cudaMemset(d_dk16, 0xFF, kBN * kD * 2));
+  std::vector<float> acc0(nacc);
+  for (size_t i = 0; i < nacc; ++i) acc0[i] = float(int(i % 13) - 6) * 0.5f;  // prefill: the reduction adds
+  CHECK_CUDA(cudaMemcpy(d_acc, acc0.data(), nacc * 4, cudaMemcpyHostToDevice));
+
+  BwdKernelArgs args;
+  std::memset(&args, 0, sizeof(args));
+  bool ok = encode_dq_accum(&args.tm_dqacc, d_acc, head_dim, seqlen_q, seq_rounded, pitch, 2, 1) &&
+            encode_bshd(&args.tm_dk, DType::kBFloat16, d_dk16, head_dim, seqlen_k, 1, 1, kD, kD,
+                        int64_t(kBN) * kD, 64);
+  if (!ok) {
+    std::printf("D=%-3d %-6s tensor map encoding failed\n", kD, kDqTensor ? "tensor" : "rows");
+    ++failures;
+    return;
+  }
+  args.dq_accum = d_acc;
+  args.seqlen_q_rounded = seq_rounded;
+  args.dq_pitch = pitch;
+  args.head_dim = head_dim;
+  auto kernel = k_bwd_blocks<Cfg, kDqTensor>;
+  CHECK_CUDA(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc));
+  kernel<<<1, 256, Cfg::kSmemAlloc>>>(args, d_dsT, d_K, d_Q, d_dq, d_dk, seqlen_q, seqlen_k);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  std::vector<float> g_dq(kBM * kD), g_dk(kBN * kD), g_acc(nacc);
+  std::vector<uint16_t> g_dk16(kBN * kD);
+  CHECK_CUDA(cudaMemcpy(g_dq.data(), d_dq, g_dq.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(g_dk.data(), d_dk, g_dk.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(g_acc.data(), d_acc, nacc * 4, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(g_dk16.data(), d_dk16, g_dk16.size() * 2, cudaMemcpyDeviceToHost));
+
+  auto row = [&](const char* name, int bad, int total, const std::string& first) {
+    std::printf("D=%-3d BM=%-3d %-34s %s  %d/%d wrong%s%s\n", kD, kBM, name, bad ? "FAIL" : "PASS", bad, total,
+                bad ? ", first: " : "", first.c_str());
+    failures += bad != 0;
+  };
+  char buf[160];
+  if (kDqTensor) {  // the GEMM rows are the same for both dQ paths: print once
+    int bad = 0;
+    std::string first;
+    for (int q = 0; q < kBM; ++q)
+      for (int d = 0; d < kD; ++d)
+        if (double(g_dq[q * kD + d]) != rdq[q * kD + d] && bad++ == 0) {
+          std::snprintf(buf, sizeof(buf), "(q %d, d %d) got %g want %g", q, d, g_dq[q * kD + d], rdq[q * kD + d]);
+          first = buf;
+        }
+    row("dQ = dS K (store_ds, wgmma SS)", bad, kBM * kD, first);
+    bad = 0;
+    first.clear();
+    for (int k = 0; k < kBN; ++k)
+      for (int d = 0; d < kD; ++d)
+        if (double(g_dk[k * kD + d]) != rdk[k * kD + d] && bad++ == 0) {
+          std::snprintf(buf, sizeof(buf), "(key %d, d %d) got %g want %g", k, d, g_dk[k * kD + d], rdk[k * kD + d]);
+          first = buf;
+        }
+    row("dK = dS^T Q (wgmma RS, MN-major Q)", bad, kBN * kD, first);
+    bad = 0;
+    first.clear();
+    for (int k = 0; k < kBN; ++k)
+      for (int d = 0; d < kD; ++d) {
+        const bool inside = k < seqlen_k && d < head_dim;
+        const uint16_t want = inside ? bf16_bits(float(rdk[k * kD + d])) : uint16_t(0xFFFF);
+        if (g_dk16[k * kD + d] != want && bad++ == 0) {
+          std::snprintf(buf, sizeof(buf), "(key %d, d %d) got %04x want %04x", k, d, g_dk16[k * kD + d], want);
+          first = buf;
+        }
+      }
+    row("dK tile -> TMA store (seq/hd tails)", bad, kBN * kD, first);
+  }
+  int bad = 0;
+  std::string first;
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < seq_rounded; ++r)
+      for (int d = 0; d < pitch; ++d) {
+        const size_t i = (size_t(h) * seq_rounded + r) * pitch + d;
+        const bool inside = h == 1 && r < seqlen_q && d < head_dim;
+        const double want = double(acc0[i]) + (inside ? rdq[r * kD + d] : 0.0);
+        if (double(g_acc[i]) != want && bad++ == 0) {
+          std::snprintf(buf, sizeof(buf), "(head %d, row %d, col %d) got %g want %g", h, r, d, g_acc[i], want);
+          first = buf;
+        }
+      }
+  row(kDqTensor ? "dq_accum += dQ (TMA tensor reduce)" : "dq_accum += dQ (row bulk reduce)", bad,
+      int(nacc), first);
+  for (void* p : {(void*)d_dsT, (void*)d_dq, (void*)d_dk, (void*)d_acc, (void*)d_K, (void*)d_Q, (void*)d_dk16})
+    CHECK_CUDA(cudaFree(p));
+}
+
+int main() {
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  int failures = 0;
+  run<BwdConfigFor<64>::type, true>(failures);
+  run<BwdConfigFor<64>::type, false>(failures);
+  run<BwdConfigFor<128>::type, true>(failures);
+  run<BwdConfigFor<128>::type, false>(failures);
+  std::printf("%s (%d failing rows)\n", failures ? "FAILED" : "ALL PASS", failures);
+  return failures ? 1 : 0;
+}

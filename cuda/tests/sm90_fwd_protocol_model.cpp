@@ -1,0 +1,306 @@
+// Thread model of the sm90 forward CTA protocol (fwd_kernel.cuh, mainloop.cuh,
+// epilogue.cuh): producer warp, kWG consumer warpgroups (one thread each),
+// mbarriers (full/empty Q, K[2], V[2], o_free), named barriers (pingpong turns,
+// tile hand-off, OWrite), the dynamic tile counter, and shared-memory cells
+// tagged with what they hold. Asynchronous effects are placed at their most
+// dangerous point: TMA loads write at issue, wgmma reads at wgmma_wait, TMA
+// stores read at bulk_wait_read. Checks every read sees the right tag, every
+// tile is processed once, and no deadlock (timeout). Random yields explore
+// interleavings.
+//
+// Host only, no GPU: g++ -O2 -std=c++17 -pthread cuda/tests/sm90_fwd_protocol_model.cpp
+//   -o /tmp/m && /tmp/m [trials per configuration, default 300]  (~10 s)
+// Mutations of the protocol (no o_free wait, o_free parity off by one, no
+// OWrite barrier, o_free before the store read, no initial TileEmpty arrive)
+// are caught as bad reads or DEADLOCK. Keep in step with the kernel code.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+static std::mutex mu;
+static std::condition_variable cv;
+static std::atomic<bool> failed{false};
+static std::string fail_msg;
+static thread_local std::mt19937 trng;
+static void jitter() { for (int k = trng() % 4; k > 0; --k) std::this_thread::yield(); }
+static bool wait_until(const std::function<bool()>& pred) {  // under no lock
+  std::unique_lock<std::mutex> l(mu);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (!pred()) {
+    if (failed) return false;
+    if (cv.wait_until(l, deadline) == std::cv_status::timeout && !pred()) {
+      if (!failed) fail_msg = "DEADLOCK";
+      failed = true;
+      cv.notify_all();
+      return false;
+    }
+  }
+  return true;
+}
+
+struct MBar { int count = 1, pending = 1, done = 0; };
+struct NBar { int arrived = 0, gen = 0; };
+
+struct Cfg { int wg; bool pingpong, overlap, dynamic, oinv, alias_q; };
+struct Tag { int kind = 0, tile = -1, x = -1; bool operator==(const Tag& o) const { return kind == o.kind && tile == o.tile && x == o.x; } };
+enum { kQ = 1, kK, kV, kO };
+
+struct CTA {
+  Cfg c;
+  int bid, grid, total;
+  const std::vector<int>* nb;  // KV blocks per tile (0 = no keys)
+  std::atomic<int>* counter;
+  std::vector<std::atomic<int>>* seen;
+  MBar full_q, empty_q, full_k[2], empty_k[2], full_v[2], empty_v[2], o_free;
+  NBar nbar[16];
+  Tag qcell[3], kcell[2], vcell[2][3], ocell[3];
+  int slot = -1;
+
+  void mb_arrive(MBar& b) {
+    std::lock_guard<std::mutex> l(mu);
+    if (--b.pending == 0) { b.done++; b.pending = b.count; cv.notify_all(); }
+  }
+  void mb_wait(MBar& b, unsigned parity) { jitter(); wait_until([&] { return unsigned(b.done & 1) != parity; }); }
+  // weight: 32 per warp; the producer warp is 32, a consumer WG 128.
+  void bar_arrive(int id, int n, int w) {
+    std::lock_guard<std::mutex> l(mu);
+    NBar& b = nbar[id];
+    b.arrived += w;
+    if (b.arrived > n && !failed) { fail_msg = "named barrier overrun " + std::to_string(id); failed = true; cv.notify_all(); }
+    if (b.arrived == n) { b.arrived = 0; b.gen++; cv.notify_all(); }
+  }
+  void bar_sync(int id, int n, int w) {
+    jitter();
+    int g;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      NBar& b = nbar[id];
+      g = b.gen;
+      b.arrived += w;
+      if (b.arrived > n && !failed) { fail_msg = "named barrier overrun " + std::to_string(id); failed = true; cv.notify_all(); }
+      if (b.arrived == n) { b.arrived = 0; b.gen++; cv.notify_all(); return; }
+    }
+    wait_until([&] { return nbar[id].gen != g; });
+  }
+  void check(const Tag& got, const Tag& want, const char* what) {
+    std::lock_guard<std::mutex> l(mu);
+    if (!(got == want) && !failed) {
+      fail_msg = std::string("bad ") + what + ": got kind " + std::to_string(got.kind) + " tile " +
+                 std::to_string(got.tile) + " x " + std::to_string(got.x) + ", want tile " +
+                 std::to_string(want.tile) + " x " + std::to_string(want.x);
+      failed = true;
+      cv.notify_all();
+    }
+  }
+  void put(Tag& cell, Tag t) { std::lock_guard<std::mutex> l(mu); cell = t; }
+  Tag get(Tag& cell) { std::lock_guard<std::mutex> l(mu); return cell; }
+
+  static constexpr int kBarEpi = 1, kBarSched = 4, kBarFull = 7, kBarEmpty = 10, kBarOWrite = 13;
+
+  void producer() {
+    trng.seed(bid * 7919 + 1);
+    int ks = 0, vs = 0; unsigned kp = 0, vp = 0;
+    unsigned it = 0;
+    for (int tile = bid; tile < total && !failed; ++it) {
+      int next = tile + grid;
+      if (c.dynamic) next = counter->fetch_add(1) + grid;
+      const int nblk = (*nb)[tile];
+      auto load_k = [&](int n) {
+        mb_wait(empty_k[ks], kp ^ 1u);
+        put(kcell[ks], Tag{kK, tile, n});
+        mb_arrive(full_k[ks]);
+        if (++ks == 2) { ks = 0; kp ^= 1; }
+      };
+      auto load_v = [&](int n) {
+        mb_wait(empty_v[vs], vp ^ 1u);
+        for (int w = 0; w < c.wg; ++w) put(vcell[vs][w], Tag{kV, tile, n});
+        mb_arrive(full_v[vs]);
+        if (++vs == 2) { vs = 0; vp ^= 1; }
+      };
+      auto wait_o_free = [&] { if (c.oinv && it > 0) mb_wait(o_free, (it - 1) & 1u); };
+      if (nblk > 0) load_k(nblk - 1);
+      if (nblk == 0) wait_o_free();
+      mb_wait(empty_q, (it & 1u) ^ 1u);
+      for (int w = 0; w < c.wg; ++w) put(qcell[w], Tag{kQ, tile, w});
+      mb_arrive(full_q);
+      if (nblk > 0) wait_o_free();
+      for (int n = nblk - 1; n >= 0; --n) {
+        if (n > 0) load_k(n - 1);
+        load_v(n);
+      }
+      if (c.dynamic) {
+        for (int w = 0; w < c.wg; ++w) bar_sync(kBarEmpty + w, 160, 32);
+        { std::lock_guard<std::mutex> l(mu); slot = next; }
+        for (int w = 0; w < c.wg; ++w) bar_arrive(kBarFull + w, 160, 32);
+      }
+      tile = next;
+    }
+  }
+
+  void consumer(int wg) {
+    trng.seed(bid * 104729 + wg + 11);
+    int ks = 0, vs = 0; unsigned kp = 0, vp = 0;
+    const int nsched = 256;  // kBarSched: this WG + the one handing over the turn
+    auto sched_sync = [&] { if (c.pingpong) bar_sync(kBarSched + wg, nsched, 128); };
+    auto sched_arrive = [&] { if (c.pingpong) bar_arrive(kBarSched + (wg + 1 == c.wg ? 0 : wg + 1), nsched, 128); };
+    if (c.pingpong && wg == 0) bar_arrive(kBarSched + 0, nsched, 128);
+    if (c.dynamic) bar_arrive(kBarEmpty + wg, 160, 128);
+    unsigned it = 0;
+    bool store_pending = false; Tag store_tag; Tag* store_cells[2] = {nullptr, nullptr}; int store_ncells = 0;
+    auto wait_store_read = [&] {  // the TMA store reads its smem now (latest point)
+      if (!store_pending) return;
+      for (int i = 0; i < store_ncells; ++i) check(get(*store_cells[i]), store_tag, "O store source");
+      store_pending = false;
+    };
+    for (int tile = bid; tile < total && !failed; ++it) {
+      const int nblk = (*nb)[tile];
+      mb_wait(full_q, it & 1u);
+      auto k_cons = [&](int n) {  // wait full, QK^T, (wgmma wait) reads Q and K
+        mb_wait(full_k[ks], kp);
+        check(get(qcell[wg]), Tag{kQ, tile, wg}, "Q");
+        check(get(kcell[ks]), Tag{kK, tile, n}, "K");
+      };
+      auto k_rel = [&] { mb_arrive(empty_k[ks]); if (++ks == 2) { ks = 0; kp ^= 1; } };
+      auto v_cons = [&](int n) {
+        mb_wait(full_v[vs], vp);
+        for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), Tag{kV, tile, n}, "V");
+      };
+      auto v_rel = [&] { mb_arrive(empty_v[vs]); if (++vs == 2) { vs = 0; vp ^= 1; } };
+      if (nblk > 0) {
+        if (c.overlap) {
+          int n = nblk - 1;
+          k_cons(n); k_rel();
+          for (--n; n >= 0; --n) {
+            mb_wait(full_k[ks], kp);
+            sched_sync();
+            // issue QK(n) and PV(n+1); their reads are checked at the waits
+            mb_wait(full_v[vs], vp);
+            sched_arrive();
+            check(get(qcell[wg]), Tag{kQ, tile, wg}, "Q");
+            check(get(kcell[ks]), Tag{kK, tile, n}, "K");
+            k_rel();
+            for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), Tag{kV, tile, n + 1}, "V");
+            v_rel();
+          }
+          v_cons(0); v_rel();
+        } else {
+          sched_sync();
+          for (int n = nblk - 1; n >= 0; --n) {
+            mb_wait(full_k[ks], kp);
+            sched_arrive();
+            check(get(qcell[wg]), Tag{kQ, tile, wg}, "Q");
+            check(get(kcell[ks]), Tag{kK, tile, n}, "K");
+            k_rel();
+            mb_wait(full_v[vs], vp);
+            sched_sync();
+            for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), Tag{kV, tile, n}, "V");
+            v_rel();
+          }
+          sched_arrive();
+        }
+      }
+      if (!c.alias_q) mb_arrive(empty_q);
+      int next = tile + grid;
+      if (c.dynamic) {
+        bar_sync(kBarFull + wg, 160, 128);
+        { std::lock_guard<std::mutex> l(mu); next = slot; }
+        if (next < total) bar_arrive(kBarEmpty + wg, 160, 128);
+      }
+      // epilogue
+      (*seen)[tile]++;
+      Tag o{kO, tile, wg};
+      if (c.oinv) {
+        bar_sync(kBarOWrite, 128 * c.wg, 128);
+        for (int s = 0; s < 2; ++s) put(vcell[s][wg], o);
+        store_cells[0] = &vcell[0][wg]; store_cells[1] = &vcell[1][wg]; store_ncells = 2;
+      } else if (c.alias_q) {
+        put(qcell[wg], o);
+        store_cells[0] = &qcell[wg]; store_ncells = 1;
+      } else {
+        wait_store_read();
+        put(ocell[wg], o);
+        store_cells[0] = &ocell[wg]; store_ncells = 1;
+      }
+      store_pending = true; store_tag = o;
+      jitter();
+      if (c.alias_q) { wait_store_read(); mb_arrive(empty_q); }
+      if (c.oinv) { wait_store_read(); mb_arrive(o_free); }
+      tile = next;
+    }
+    wait_store_read();
+  }
+};
+
+int main(int argc, char** argv) {
+  const int trials = argc > 1 ? atoi(argv[1]) : 300;
+  std::mt19937 rng(12345);
+  const Cfg cfgs[] = {
+      {2, true, true, false, false, false},  // hdim 128 default
+      {3, true, true, false, false, false},  // hdim 64 default
+      {2, false, true, false, false, true},  // hdim 256 default (O in Q)
+      {2, true, true, true, false, false},   // v5 hdim 128
+      {3, true, true, true, false, false},   // v5 hdim 64
+      {2, false, true, true, false, true},   // v5 hdim 256
+      {2, false, true, false, true, false},  // v6
+      {2, false, true, true, true, false},   // v7
+      {2, true, true, false, true, false},   // v8 / v9
+      {2, true, false, true, true, false},   // serial pingpong, dynamic, O in V (stress)
+      {2, false, false, false, false, false},
+  };
+  int bad = 0;
+  for (int ci = 0; ci < int(sizeof(cfgs) / sizeof(cfgs[0])); ++ci) {
+    const Cfg c = cfgs[ci];
+    int cfg_bad = 0;
+    for (int t = 0; t < trials && !cfg_bad; ++t) {
+      const int total = 1 + rng() % 12, grid = 1 + rng() % 3;
+      std::vector<int> nb(total);
+      for (auto& x : nb) x = rng() % 4 == 0 ? 0 : 1 + rng() % 4;
+      std::atomic<int> counter{0};
+      std::vector<std::atomic<int>> seen(total);
+      for (auto& s : seen) s = 0;
+      failed = false;
+      fail_msg.clear();
+      std::vector<CTA*> ctas;
+      std::vector<std::thread> th;
+      const int g = std::min(grid, total);
+      for (int b = 0; b < g; ++b) {
+        CTA* x = new CTA();
+        x->c = c; x->bid = b; x->grid = g; x->total = total; x->nb = &nb; x->counter = &counter; x->seen = &seen;
+        x->full_q = {1, 1, 0};
+        x->empty_q = {c.wg, c.wg, 0};
+        for (int s = 0; s < 2; ++s) {
+          x->full_k[s] = {1, 1, 0}; x->full_v[s] = {1, 1, 0};
+          x->empty_k[s] = {c.wg, c.wg, 0}; x->empty_v[s] = {c.wg, c.wg, 0};
+        }
+        x->o_free = {c.wg, c.wg, 0};
+        ctas.push_back(x);
+        th.emplace_back([x] { x->producer(); });
+        for (int w = 0; w < c.wg; ++w) th.emplace_back([x, w] { x->consumer(w); });
+      }
+      for (auto& x : th) x.join();
+      std::string msg = fail_msg;
+      if (!failed)
+        for (int i = 0; i < total; ++i)
+          if (seen[i] != c.wg) { msg = "tile " + std::to_string(i) + " processed " + std::to_string(seen[i].load()) + "x"; break; }
+      if (!failed && c.dynamic && counter.load() != total) msg = "claims " + std::to_string(counter.load()) + " != total";
+      if (!msg.empty()) {
+        std::printf("cfg %d (wg %d pp %d ov %d dyn %d oinv %d aliasQ %d) trial %d total %d grid %d: %s\n", ci, c.wg,
+                    c.pingpong, c.overlap, c.dynamic, c.oinv, c.alias_q, t, total, g, msg.c_str());
+        cfg_bad = 1;
+      }
+      for (auto* x : ctas) delete x;
+    }
+    std::printf("cfg %d (wg %d pp %d ov %d dyn %d oinv %d aliasQ %d): %s\n", ci, c.wg, c.pingpong, c.overlap,
+                c.dynamic, c.oinv, c.alias_q, cfg_bad ? "FAIL" : "ok");
+    bad += cfg_bad;
+  }
+  return bad != 0;
+}
