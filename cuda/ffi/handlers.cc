@@ -199,7 +199,8 @@ ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t strea
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
                    ffi::Result<ffi::AnyBuffer> o,
-                   ffi::Result<ffi::Buffer<ffi::F32>> lse, float scale,
+                   ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                   ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
                    bool causal, bool has_segment_ids, int32_t kernel_family) {
   FwdParams p{};
@@ -216,6 +217,10 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   }
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
+  // Workspace of the sm90 dynamic tile scheduler (one int32, zeroed by the
+  // launcher on the stream when a schedule needs it; unused otherwise).
+  if (tile_counter->element_count() < 1) return Invalid("tile_counter workspace must hold one int32");
+  p.sm90_tile_counter = tile_counter->typed_data();
   Poison(p.o, o->size_bytes(), stream);
   Poison(p.lse, lse->size_bytes(), stream);
   return LaunchForward(p, kernel_family, stream);
@@ -297,6 +302,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // kv_segment
         .Ret<ffi::AnyBuffer>()  // o
         .Ret<ffi::Buffer<ffi::F32>>()  // lse
+        .Ret<ffi::Buffer<ffi::S32>>()  // tile_counter workspace (sm90 dynamic scheduler)
         .Attr<float>("scale")
         .Attr<float>("softcap")
         .Attr<int32_t>("window_left")

@@ -85,9 +85,12 @@ class CudaBackend:
 def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
   B, T, H, _ = q.shape
   q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
+  # The third result is a 4-byte workspace: the sm90 dynamic tile scheduler's
+  # counter (a per-call buffer, so concurrent calls never share one).
   out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
-                jax.ShapeDtypeStruct((B, H, T), jnp.float32))
-  o, lse = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg,
+                jax.ShapeDtypeStruct((B, H, T), jnp.float32),
+                jax.ShapeDtypeStruct((1,), jnp.int32))
+  o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg,
                     kernel_family=ffi.kernel_family(),
                     **ffi.mask_attrs(spec))
   return o, lse
