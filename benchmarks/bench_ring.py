@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -32,18 +30,8 @@ except ImportError:
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
   import jax_flash
 
-
-def _time(fn, args, iters, repeats):
-  jax.block_until_ready(fn(*args))
-  jax.block_until_ready(fn(*args))
-  ts = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-      out = fn(*args)
-    jax.block_until_ready(out)
-    ts.append((time.perf_counter() - t0) / iters)
-  return statistics.median(ts)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_attention import time_ms  # noqa: E402  (same timing method)
 
 
 def run_one(a) -> dict:
@@ -82,7 +70,7 @@ def run_one(a) -> dict:
   if ma is not None:
     est = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
            - ma.alias_size_in_bytes)
-  sec = _time(compiled, args, a.iters, a.repeats)
+  sec = time_ms(compiled, args, iters=a.iters, repeats=a.repeats, warmup=2) * 1e-3
   flops = 2.0 * a.batch * a.heads * a.seq * a.seq * a.dim * mult
   peaks = []
   for d in devices:

@@ -16,7 +16,7 @@ import pytest
 import jax_flash
 import reference
 from attention_suite import AttentionSuite
-from jax_flash._src import backends, ffi
+from jax_flash._src import backends, cuda_backend, ffi
 from reference import assert_close_to_reference
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -99,13 +99,7 @@ def test_explicit_cuda_request_it_cannot_serve_raises(rng):
     jax_flash.attention(q, q, q, implementation="cuda")
 
 
-def _compute_capability():
-  dev = jax.devices()[0]
-  cc = getattr(dev, "compute_capability", None)
-  return tuple(int(x) for x in str(cc).split(".")) if cc else None
-
-
-@pytest.mark.skipif(not ON_GPU or _compute_capability() != (9, 0),
+@pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
                     reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])

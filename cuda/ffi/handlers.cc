@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "jax_flash/device_attribute.h"
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
 #ifdef JAX_FLASH_HAS_SM90
@@ -98,18 +99,6 @@ void FillShapes(FwdParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   p.v = v.untyped_data();
 }
 
-// SM count of the current device, queried once per device: the handler runs on
-// every attention call, so it should not ask the driver each time.
-int MultiprocessorCount() {
-  static int cache[64] = {0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
-  if (cache[device] == 0) {
-    cudaDeviceGetAttribute(&cache[device], cudaDevAttrMultiProcessorCount, device);
-  }
-  return cache[device];
-}
-
 ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
                        int32_t window_left, int32_t window_right, bool causal,
                        bool has_segment_ids, const ffi::AnyBuffer& q_seg,
@@ -137,7 +126,7 @@ ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
     p.q_segment = static_cast<const int32_t*>(q_seg.untyped_data());
     p.kv_segment = static_cast<const int32_t*>(kv_seg.untyped_data());
   }
-  p.num_sms = MultiprocessorCount();
+  p.num_sms = device_attribute<cudaDevAttrMultiProcessorCount>(0);
   return ffi::Error::Success();
 }
 

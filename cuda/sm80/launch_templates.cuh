@@ -9,6 +9,7 @@
 #include "bwd_kernel.cuh"
 #include "bwd_postprocess.cuh"
 #include "fwd_kernel.cuh"
+#include "jax_flash/device_attribute.h"
 #include "instantiations.h"
 #include "kernel_traits.cuh"
 
@@ -23,18 +24,9 @@ inline cudaError_t set_smem(Kernel kernel, int bytes) {
                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-// Opt-in shared memory per block of the current device (cached per device).
+// Opt-in shared memory per block of the current device.
 inline int max_smem_optin() {
-  static int cache[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 48 * 1024;
-  if (cache[dev] == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-      return 48 * 1024;
-    cache[dev] = v;
-  }
-  return cache[dev];
+  return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024);
 }
 
 template <typename Element, typename Cfg>
@@ -56,19 +48,6 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   if (Pref::kSmemBytes <= optin) return launch_fwd<Element, Pref>(p, stream);
   if (Small::kSmemBytes <= optin) return launch_fwd<Element, Small>(p, stream);
   return cudaErrorNotSupported;  // not enough shared memory on this GPU
-}
-
-// Compute capability major of the current device (cached per device).
-inline int device_cc_major() {
-  static int cache[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
-  if (cache[dev] == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return 0;
-    cache[dev] = v;
-  }
-  return cache[dev];
 }
 
 template <typename Element, typename Cfg, bool kBulkDq>
@@ -96,7 +75,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
   if (p.seqlen_k > 0) {  // dK, dV (and dQ in fast mode)
     // sm90: dQ by bulk reductions from shared memory where the staging tile fits.
-    const bool bulk_dq = !p.deterministic && device_cc_major() >= 9 &&
+    const bool bulk_dq = !p.deterministic &&
+                         device_attribute<cudaDevAttrComputeCapabilityMajor>(0) >= 9 &&
                          Cfg::kSmemBytesBulkDq <= max_smem_optin();
     err = bulk_dq ? launch_bwd_main<Element, Cfg, true>(args, stream)
                   : launch_bwd_main<Element, Cfg, false>(args, stream);

@@ -28,6 +28,7 @@
 #ifdef JAX_FLASH_HOST_EMULATION
 #include "emu_device.h"
 #else
+#include "jax_flash/fast_math.cuh"
 // Dynamic shared memory (1 KB aligned: the swizzle address arithmetic of
 // warp_gemm.cuh XORs address bits 4-6 and relies on tiles starting on 1 KB).
 #define JF_SMEM(name) extern __shared__ __align__(1024) char name[]
@@ -113,20 +114,7 @@ JF_DEVICE void cp_async_wait() {
 }
 
 // ---------------------------------------------------------------- math
-// 2^x (ex2.approx: one MUFU op; ex2(-inf) = +0, which masking relies on).
-JF_DEVICE float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-// tanh from one exponential and one reciprocal: 1 - 2 / (1 + e^{2x}).
-// Absolute error ~1e-7 (tanh.approx.f32 has a relative error of ~2^-11, which
-// after multiplying by the softcap moved the fp32 LSE beyond the accuracy of
-// XLA's float32 tanh). Saturates cleanly: e^{2x} = inf gives 1, 0 gives -1.
-JF_DEVICE float tanh_approx(float x) {
-  const float e = exp2_approx(x * 2.8853900817779268f);  // 2 * log2(e)
-  return 1.f - __fdividef(2.f, 1.f + e);
-}
+// exp2_approx, tanh_approx: jax_flash/fast_math.cuh (shared with sm90).
 
 // Adds (a, b) to the two consecutive floats at p (8-byte aligned). sm90 has
 // vector float atomics (RED.E.ADD.F32x2): half the L2 atomic operations of two

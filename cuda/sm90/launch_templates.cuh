@@ -16,6 +16,7 @@
 
 #include "fwd_kernel.cuh"
 #include "instantiations.h"
+#include "jax_flash/device_attribute.h"
 
 namespace jax_flash::sm90 {
 
@@ -61,13 +62,6 @@ inline bool encode_bshd(CUtensorMap* map, DType dtype, const void* ptr, int head
   return r == CUDA_SUCCESS;
 }
 
-inline int device_sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 1;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 1;
-  return n > 0 ? n : 1;
-}
-
 template <typename Element, typename Cfg, int kFlags>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   FwdKernelArgs args;
@@ -100,7 +94,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
   if (err != cudaSuccess) return err;
-  const int sms = p.num_sms > 0 ? p.num_sms : device_sm_count();
+  const int sms = p.num_sms > 0 ? p.num_sms : device_attribute<cudaDevAttrMultiProcessorCount>(1);
   const int grid = std::min(args.sched.total, sms);
   if (grid <= 0) return cudaSuccess;
   if constexpr ((kFlags & kFlagDynamic) != 0) {

@@ -14,23 +14,14 @@
 
 #include <cmath>
 
+#include "jax_flash/fast_math.cuh"
 #include "ptx/common.cuh"
 
 namespace jax_flash::sm90 {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-JF_DEVICE float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-// tanh = 1 - 2 / (1 + e^{2x}): absolute error ~1e-7, as in sm80/mma.cuh
-// (tanh.approx.f32's 2^-11 relative error, times the softcap, moved the fp32
-// LSE beyond what float32 XLA attention gets).
-JF_DEVICE float tanh_approx(float x) {
-  return 1.f - __fdividef(2.f, 1.f + exp2_approx(x * (2.f * kLog2e)));
-}
+// exp2_approx, tanh_approx: jax_flash/fast_math.cuh (shared with sm80).
 JF_DEVICE float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
