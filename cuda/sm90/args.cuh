@@ -29,8 +29,6 @@ struct FwdKernelArgs {
 // Named barrier ids (0 is __syncthreads).
 constexpr int kBarEpilogue = 1;   // + consumer WG index: the WG's own 128 threads
 constexpr int kBarSched = 4;      // + consumer WG index: "this WG may issue its GEMMs"
-constexpr int kBarTileFull = 7;   // + consumer WG index (kFlagDynamic): next tile index written
-constexpr int kBarTileEmpty = 10; // + consumer WG index (kFlagDynamic): next tile index read
 constexpr int kBarOWrite = 13;    // all consumer WGs (kOInV): every WG is past its last PV
 
 template <typename Cfg>
@@ -48,6 +46,11 @@ struct SmemPlan {
   JF_DEVICE uint32_t full_v(int s) const { return bar(2 + 2 * Cfg::kStages + s); }
   JF_DEVICE uint32_t empty_v(int s) const { return bar(2 + 3 * Cfg::kStages + s); }
   JF_DEVICE uint32_t o_free() const { return bar(2 + 4 * Cfg::kStages); }
+  // kFlagDynamic: the next tile index written to tile_slot() (producer) / read
+  // by every consumer thread (mbarriers rather than named barriers: each
+  // thread's own arrive orders its access, which racecheck can follow).
+  JF_DEVICE uint32_t tile_full() const { return bar(3 + 4 * Cfg::kStages); }
+  JF_DEVICE uint32_t tile_empty() const { return bar(4 + 4 * Cfg::kStages); }
   JF_DEVICE uint32_t tile_slot() const { return base + Cfg::kOffTile; }
 };
 

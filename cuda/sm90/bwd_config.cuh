@@ -103,7 +103,13 @@ struct BwdConfig {
   // stores its share of the LSE / delta stage, lane 0 also arms the TMA
   // bytes); empty_*: every consumer warp once.
   static constexpr int kFullArrivals = 32;
-  static constexpr int kEmptyArrivals = 4 * kConsumerWGs;
+  // Every consumer thread arrives on an "empty" barrier: its own reads of the
+  // stage's LSE / delta rows (plain ld.shared, written by the producer warp's
+  // st.shared) are then ordered before the refill by the arrive's release
+  // semantics directly. (One elected lane per warp after __syncwarp is
+  // ordered too, but compute-sanitizer racecheck does not follow that chain:
+  // it reported 896 hazards per step and stage; cuda/tests/racecheck_probe.cu.)
+  static constexpr int kEmptyArrivals = 128 * kConsumerWGs;
 };
 
 template <int kHeadDim>

@@ -18,7 +18,6 @@ namespace jax_flash::sm90 {
 template <typename Element, typename Cfg, int kFlags>
 JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, int wg) {
   constexpr bool kDynamic = (kFlags & kFlagDynamic) != 0;
-  constexpr int kTileBarCount = 32 + 128;  // producer warp + this WG
   const int tid_wg = threadIdx.x % 128;
   const int warp = tid_wg / 32, lane = tid_wg % 32;
   ptx::PipeState<Cfg::kStages> kst, vst;
@@ -27,7 +26,6 @@ JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, in
   if constexpr (Mainloop::kPingpong) {
     if (wg == 0) ptx::named_bar_arrive(kBarSched + 0, 256);  // the first turn is WG 0's
   }
-  if constexpr (kDynamic) ptx::named_bar_arrive(kBarTileEmpty + wg, kTileBarCount);  // slot free
   uint32_t it = 0;
   for (int tile = blockIdx.x; tile < a.sched.total; ++it) {
     int m_block, head, batch;
@@ -46,9 +44,9 @@ JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, in
     if constexpr (!Cfg::kOAliasQ) ml.release(sm.empty_q());  // all QK^T of this warp are done
     int next = tile + int(gridDim.x);
     if constexpr (kDynamic) {  // before the epilogue, as FA3: the producer is ahead anyway
-      ptx::named_bar_sync(kBarTileFull + wg, kTileBarCount);
+      ptx::mbar_wait(sm.tile_full(), it & 1u);
       next = ld_shared_s32(sm.tile_slot());
-      if (next < a.sched.total) ptx::named_bar_arrive(kBarTileEmpty + wg, kTileBarCount);
+      ptx::mbar_arrive(sm.tile_empty());  // every thread, after its own read
     }
     epilogue_store<Element, Cfg>(a, sm, wg, warp, lane, o, smx, m0, head, batch);
     tile = next;
@@ -76,6 +74,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       ptx::mbar_init(sm.empty_v(s), Cfg::kKVEmptyArrivals);
     }
     ptx::mbar_init(sm.o_free(), Cfg::kOFreeArrivals);
+    ptx::mbar_init(sm.tile_full(), 1);
+    ptx::mbar_init(sm.tile_empty(), 128 * Cfg::kConsumerWGs);
     ptx::mbar_fence_init();
     ptx::prefetch_tmap(&args.tm_q);
     ptx::prefetch_tmap(&args.tm_k);
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warp < 4) {  // producer warpgroup
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == 0 && ((kFlags & kFlagDynamic) != 0 || ptx::lane_id() == 0))
+    if (warp == 0 && ptx::lane_id() == 0)
       producer_loop<Cfg, kFlags>(args, sm);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();

@@ -39,9 +39,7 @@
 namespace jax_flash::sm90 {
 
 // ------------------------------------------------------------------ producer
-// Static scheduler: run by one thread (lane 0 of warp 0). kFlagDynamic: run by
-// all of warp 0 (the tile-index hand-off uses named barriers, which count
-// whole warps); lane 0 issues the loads.
+// Run by one thread (lane 0 of warp 0).
 template <typename Cfg, int kFlags>
 JF_DEVICE void producer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm) {
   using namespace ptx;
@@ -49,13 +47,12 @@ JF_DEVICE void producer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm) {
   constexpr int kCB = Cfg::kHeadDim / 64;  // TMA boxes per tile
   PipeState<Cfg::kStages> kst, vst;
   uint32_t it = 0;
-  const bool leader = !kDynamic || lane_id() == 0;
   for (int tile = blockIdx.x; tile < a.sched.total; ++it) {
     int next = tile + int(gridDim.x);
     if constexpr (kDynamic) {
-      if (leader) next = a.sched.claim_next();  // used only after the loads below
+      next = a.sched.claim_next();  // used only after the loads below
     }
-    if (leader) {
+    {
       int m_block, head, batch;
       a.sched.decode(tile, m_block, head, batch);
       const int m0 = m_block * Cfg::kBlockM;
@@ -112,15 +109,12 @@ JF_DEVICE void producer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm) {
       }
     }
     if constexpr (kDynamic) {
-      __syncwarp();
-      next = __shfl_sync(0xffffffffu, next, 0);
-      constexpr int kN = 32 + 128;  // this warp + one consumer warpgroup
-#pragma unroll
-      for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) named_bar_sync(kBarTileEmpty + wg, kN);
-      if (leader) st_shared_b32(sm.tile_slot(), uint32_t(next));
-      __syncwarp();  // bar.arrive is .aligned: the whole warp, converged
-#pragma unroll
-      for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) named_bar_arrive(kBarTileFull + wg, kN);
+      // Hand-off `it` of the next tile index: the slot is rewritten once every
+      // consumer thread has read index it - 1 (tile_empty phase it - 1; the
+      // producer cannot run further ahead, so the parity is exact).
+      mbar_wait(sm.tile_empty(), (it & 1u) ^ 1u);
+      st_shared_b32(sm.tile_slot(), uint32_t(next));
+      mbar_arrive(sm.tile_full());  // release: the store above is visible to the waiters
     }
     tile = next;
   }

@@ -18,8 +18,8 @@
 // longest tiles go first to whichever SM is free (LPT) instead of a fixed
 // round robin. The producer warp claims the next tile when it starts the
 // current one (the atomic's latency hides behind the loads) and hands the
-// index to each consumer warpgroup through shared memory (named barriers
-// kBarTileFull / kBarTileEmpty + WG). Workspace: one int per call
+// index to the consumer threads through shared memory (mbarriers tile_full /
+// tile_empty, args.cuh). Workspace: one int per call
 // (FwdParams::sm90_tile_counter), zeroed by the launcher with cudaMemsetAsync
 // on the stream right before the kernel; every launch claims exactly `total`
 // indices (one per processed tile: grid = min(total, #SMs) first tiles, then

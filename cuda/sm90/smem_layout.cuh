@@ -85,8 +85,9 @@ struct FwdConfig {
   static constexpr int kOffBar = (kOAliasQ || kOInV) ? kEndKV : kEndKV + kQBytes;
   static_assert(!kOInV || kStages * kKVBytes >= kQBytes, "O tile must fit in the V ring");
   // mbarriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S],
-  // o_free (kOInV only, but always allocated)
-  static constexpr int kNumBars = 3 + 4 * kStages;
+  // o_free (kOInV only), tile_full, tile_empty (kFlagDynamic only); all
+  // always allocated
+  static constexpr int kNumBars = 5 + 4 * kStages;
   // One int after the barriers: the next tile index (kFlagDynamic), 16 bytes.
   static constexpr int kOffTile = kOffBar + 8 * kNumBars;
   static constexpr int kSmemBytes = kOffTile + 16;

@@ -1,7 +1,7 @@
 // Thread model of the sm90 forward CTA protocol (fwd_kernel.cuh, mainloop.cuh,
 // epilogue.cuh): producer warp, kWG consumer warpgroups (one thread each),
-// mbarriers (full/empty Q, K[2], V[2], o_free), named barriers (pingpong turns,
-// tile hand-off, OWrite), the dynamic tile counter, and shared-memory cells
+// mbarriers (full/empty Q, K[2], V[2], o_free, tile hand-off), named barriers
+// (pingpong turns, OWrite), the dynamic tile counter, and shared-memory cells
 // tagged with what they hold. Asynchronous effects are placed at their most
 // dangerous point: TMA loads write at issue, wgmma reads at wgmma_wait, TMA
 // stores read at bulk_wait_read. Checks every read sees the right tag, every
@@ -11,7 +11,7 @@
 // Host only, no GPU: g++ -O2 -std=c++17 -pthread cuda/tests/sm90_fwd_protocol_model.cpp
 //   -o /tmp/m && /tmp/m [trials per configuration, default 300]  (~10 s)
 // Mutations of the protocol (no o_free wait, o_free parity off by one, no
-// OWrite barrier, o_free before the store read, no initial TileEmpty arrive)
+// OWrite barrier, o_free before the store read, tile_empty parity off by one)
 // are caught as bad reads or DEADLOCK. Keep in step with the kernel code.
 #include <atomic>
 #include <chrono>
@@ -59,7 +59,7 @@ struct CTA {
   const std::vector<int>* nb;  // KV blocks per tile (0 = no keys)
   std::atomic<int>* counter;
   std::vector<std::atomic<int>>* seen;
-  MBar full_q, empty_q, full_k[2], empty_k[2], full_v[2], empty_v[2], o_free;
+  MBar full_q, empty_q, full_k[2], empty_k[2], full_v[2], empty_v[2], o_free, tile_full, tile_empty;
   NBar nbar[16];
   Tag qcell[3], kcell[2], vcell[2][3], ocell[3];
   int slot = -1;
@@ -103,7 +103,7 @@ struct CTA {
   void put(Tag& cell, Tag t) { std::lock_guard<std::mutex> l(mu); cell = t; }
   Tag get(Tag& cell) { std::lock_guard<std::mutex> l(mu); return cell; }
 
-  static constexpr int kBarEpi = 1, kBarSched = 4, kBarFull = 7, kBarEmpty = 10, kBarOWrite = 13;
+  static constexpr int kBarEpi = 1, kBarSched = 4, kBarOWrite = 13;
 
   void producer() {
     trng.seed(bid * 7919 + 1);
@@ -137,9 +137,9 @@ struct CTA {
         load_v(n);
       }
       if (c.dynamic) {
-        for (int w = 0; w < c.wg; ++w) bar_sync(kBarEmpty + w, 160, 32);
+        mb_wait(tile_empty, (it & 1u) ^ 1u);
         { std::lock_guard<std::mutex> l(mu); slot = next; }
-        for (int w = 0; w < c.wg; ++w) bar_arrive(kBarFull + w, 160, 32);
+        mb_arrive(tile_full);
       }
       tile = next;
     }
@@ -152,7 +152,6 @@ struct CTA {
     auto sched_sync = [&] { if (c.pingpong) bar_sync(kBarSched + wg, nsched, 128); };
     auto sched_arrive = [&] { if (c.pingpong) bar_arrive(kBarSched + (wg + 1 == c.wg ? 0 : wg + 1), nsched, 128); };
     if (c.pingpong && wg == 0) bar_arrive(kBarSched + 0, nsched, 128);
-    if (c.dynamic) bar_arrive(kBarEmpty + wg, 160, 128);
     unsigned it = 0;
     bool store_pending = false; Tag store_tag; Tag* store_cells[2] = {nullptr, nullptr}; int store_ncells = 0;
     auto wait_store_read = [&] {  // the TMA store reads its smem now (latest point)
@@ -210,9 +209,9 @@ struct CTA {
       if (!c.alias_q) mb_arrive(empty_q);
       int next = tile + grid;
       if (c.dynamic) {
-        bar_sync(kBarFull + wg, 160, 128);
+        mb_wait(tile_full, it & 1u);
         { std::lock_guard<std::mutex> l(mu); next = slot; }
-        if (next < total) bar_arrive(kBarEmpty + wg, 160, 128);
+        mb_arrive(tile_empty);
       }
       // epilogue
       (*seen)[tile]++;
@@ -281,6 +280,8 @@ int main(int argc, char** argv) {
           x->empty_k[s] = {c.wg, c.wg, 0}; x->empty_v[s] = {c.wg, c.wg, 0};
         }
         x->o_free = {c.wg, c.wg, 0};
+        x->tile_full = {1, 1, 0};
+        x->tile_empty = {c.wg, c.wg, 0};
         ctas.push_back(x);
         th.emplace_back([x] { x->producer(); });
         for (int w = 0; w < c.wg; ++w) th.emplace_back([x, w] { x->consumer(w); });
