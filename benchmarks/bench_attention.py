@@ -17,7 +17,9 @@ jax_flash_xla; CPU: jax_flash_pallas, jax_flash_xla, xla).
 Method (DESIGN.md): random normal inputs, jit, warm up, then N back-to-back
 calls between two `block_until_ready` syncs, median over repeats. FLOPs:
 fwd = 4*B*H*T*S*D (halved when causal), fwd_bwd = 3.5x fwd, where fwd_bwd is
-the gradient of sum(o * do) w.r.t. q, k, v (forward included). A failing
+the gradient of sum(o * do) w.r.t. q, k, v (forward included), bwd = 2.5x fwd:
+the backward alone (the VJP applied to do, the forward's residuals computed
+once before the timing). A failing
 implementation is recorded with its error and the run goes on. Results are
 merged into a JSON list (--out), replacing records with the same
 (impl, mode, dtype, B, T, S, H, H_kv, D, causal); a table is printed last.
@@ -64,7 +66,7 @@ class Shape:
     f = 4.0 * self.B * self.H * self.T * self.S * self.D
     if self.causal:
       f /= 2
-    return f * (3.5 if mode == "fwd_bwd" else 1.0)
+    return f * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
   def label(self) -> str:
     kv = f"/{self.H_kv}" if self.H_kv != self.H else ""
@@ -159,14 +161,22 @@ def make_inputs(shape: Shape, dtype, seed=0):
 
 
 def make_step(fn, mode: str, causal: bool, do):
+  """-> (step, binds): step(*binds(q, k, v)) runs the timed work."""
   if mode == "fwd":
-    return jax.jit(lambda q, k, v: fn(q, k, v, causal))
+    return jax.jit(lambda q, k, v: fn(q, k, v, causal)), lambda *qkv: qkv
+  if mode == "bwd":
+    # The VJP closure (a pytree holding the forward's residuals) is an
+    # argument, so the jitted step runs the backward kernels only.
+    def binds(q, k, v):
+      _, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, causal), q, k, v)
+      return vjp, do
+    return jax.jit(lambda vjp, do: vjp(do)), binds
 
   def loss(q, k, v):
     o = fn(q, k, v, causal)
     return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
 
-  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), lambda *qkv: qkv
 
 
 def time_ms(step, args, *, iters: int, repeats: int, warmup: int) -> float:
@@ -202,8 +212,8 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
                    D=shape.D, causal=shape.causal, ms=None, tflops=None,
                    date=date, command=command, device=device)
         try:
-          step = make_step(IMPLS[impl], mode, shape.causal, do)
-          ms = time_ms(step, (q, k, v), iters=iters, repeats=repeats,
+          step, binds = make_step(IMPLS[impl], mode, shape.causal, do)
+          ms = time_ms(step, binds(q, k, v), iters=iters, repeats=repeats,
                        warmup=warmup)
           rec.update(ms=round(ms, 4),
                      tflops=round(shape.flops(mode) / (ms * 1e-3) / 1e12, 2))
@@ -314,7 +324,8 @@ def main(argv=None):
   p.add_argument("--dims", help="only these head dims, e.g. 128 or 64,256")
   p.add_argument("--seqs", help="only these T, e.g. 4096,8192")
   p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-  p.add_argument("--modes", default="fwd,fwd_bwd")
+  p.add_argument("--modes", default="fwd,fwd_bwd",
+                 help="comma-separated from fwd, bwd, fwd_bwd")
   p.add_argument("--dtype", default="bfloat16")
   p.add_argument("--iters", type=int, default=20,
                  help="back-to-back calls per timing (>= 20 for results)")

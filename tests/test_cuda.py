@@ -121,7 +121,7 @@ def test_sm90_forward_serves_hopper(monkeypatch, rng, head_dim, causal):
   assert_close_to_reference("lse", lse, ref_lse, base_lse)
 
 
-@pytest.mark.skipif(not ON_GPU or _compute_capability() != (9, 0),
+@pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
                     reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128, 256, 200])

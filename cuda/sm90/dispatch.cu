@@ -148,7 +148,6 @@ const char* variant_name(int variant) {
     case kVarN176: return "v8 n176";
     case kVarN192: return "v9 n192";
     case kVarN192Q: return "v10 n192Q";
-    case kVarTuned: return "v11 tuned";
     default: return "?";
   }
 }

@@ -14,15 +14,17 @@ namespace jax_flash::sm90 {
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream);
 
-// Variant encoding of FwdParams::sm90_variant: 0 = the default for the head
-// dim (FA3's choice); 1 = pingpong + overlap, 2 = overlap only, 3 = pingpong
-// only, 4 = neither. Non-default variants exist only in builds with
-// -DJAX_FLASH_SM90_ABLATION (the self-test / benchmark).
+// Variant encoding of FwdParams::sm90_variant: 0 = the default, chosen per
+// (head-dim bucket, mask) by default_variant() below; 1 = pingpong + overlap,
+// 2 = overlap only, 3 = pingpong only, 4 = neither (all four with the static
+// scheduler and the bucket's default tile). Variants 1-4 other than the
+// bucket's default flags exist only in builds with -DJAX_FLASH_SM90_ABLATION
+// (the self-test / benchmark).
 //
-// Tuning variants (>= 5): candidates for a new default, compiled only with
-// -DJAX_FLASH_SM90_ABLATION and only for bf16; a variant that does not apply
-// to a head-dim bucket is not available (fwd_supported false) rather than a
-// copy of another one. Each keeps the default schedule flags of its bucket.
+// Tuning variants (>= 5) keep the default schedule flags of their bucket; a
+// variant that does not apply to a bucket is not available (fwd_supported
+// false) rather than a copy of another one. Ablation builds compile them for
+// bf16; every build compiles the ones default_variant() picks.
 enum : int {
   kVarDynamic = 5,      // dynamic persistent scheduler (atomic tile counter, LPT order), all buckets
   kVarOInV = 6,         // hdim 256: O staged in the V ring instead of Q (next Q loads during the epilogue)
@@ -30,8 +32,7 @@ enum : int {
   kVarN176 = 8,         // hdim 128: 128 x 176 tile (FA3's non-causal), O in the V ring
   kVarN192 = 9,         // hdim 128: 128 x 192 tile, O in the V ring
   kVarN192Q = 10,       // hdim 128: 128 x 192 tile, O in Q (= the -DJAX_FLASH_SM90_BLOCKN_HDIM128=192 build)
-  kVarTuned = 11,       // proposal, per mask: tuned_variant() below
-  kNumVariants = 12,
+  kNumVariants = 11,
 };
 
 constexpr int variant_flags(int variant, int default_flags) {
@@ -39,15 +40,22 @@ constexpr int variant_flags(int variant, int default_flags) {
                       : (((variant - 1) & 1) ? 0 : 1) | (((variant - 1) & 2) ? 0 : 2);
 }
 
-// The proposed per-(bucket, mask) choice behind kVarTuned (to become variant
-// 0 once measured): causal-like masks (right bound, no left bound) take the
-// dynamic scheduler (FA3 does for causal and local), hdim 256 with O in the
-// V ring; without such a mask hdim 128 takes the 128 x 192 tile (FA3: 176,
-// 192 "quite good too"; measured +4% at kernel level with O in Q) and hdim
-// 256 O in V; hdim 64 stays as it is.
-constexpr int tuned_variant(int hdim_bucket, bool causal_like) {
-  if (causal_like) return hdim_bucket == 256 ? kVarDynamicOInV : kVarDynamic;
-  return hdim_bucket == 128 ? kVarN192 : hdim_bucket == 256 ? kVarOInV : 0;
+// What variant 0 launches. Measured on the H200 (selftest_sm90 --bench, B=2
+// T=S=8192 bf16, benchmarks/results/sm90_variants_h200.txt): for causal-like
+// masks (right bound, no left bound) the dynamic scheduler is +13% at hdim 128,
+// +3% at 64, and with O staged in the V ring +30% at 256 (the static
+// heaviest-first order leaves SMs idle at the end); without such a mask the
+// static scheduler and tile stay: 128 x 176/192 tiles were within the noise
+// (+1%) and O in the V ring was -8% at hdim 256.
+constexpr int default_variant(int hdim_bucket, bool causal_like) {
+  if (!causal_like) return 0;
+  return hdim_bucket == 256 ? kVarDynamicOInV : kVarDynamic;
+}
+
+// The variant actually launched (variant 0 resolved for the mask; 0 is then
+// the static default).
+constexpr int resolved_variant(int variant, int hdim_bucket, bool causal_like) {
+  return variant == 0 ? default_variant(hdim_bucket, causal_like) : variant;
 }
 
 // Whether variant `variant` is compiled for (bucket, bf16 or not); without
@@ -64,7 +72,6 @@ constexpr bool variant_available(int variant, int hdim_bucket, bool bf16, int de
     case kVarN176:
     case kVarN192:
     case kVarN192Q: return hdim_bucket == 128;
-    case kVarTuned: return true;
     default: return false;
   }
 #else
@@ -72,11 +79,6 @@ constexpr bool variant_available(int variant, int hdim_bucket, bool bf16, int de
   (void)bf16;
   return variant >= 0 && variant < 5 && variant_flags(variant, default_flags) == default_flags;
 #endif
-}
-
-// The variant actually launched (kVarTuned resolved for the mask).
-constexpr int resolved_variant(int variant, int hdim_bucket, bool causal_like) {
-  return variant == kVarTuned ? tuned_variant(hdim_bucket, causal_like) : variant;
 }
 
 // Whether the launched variant uses the dynamic scheduler (kFlagDynamic), i.e.

@@ -107,49 +107,47 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-#ifdef JAX_FLASH_SM90_ABLATION
-// Tuning variants (instantiations.h), bf16 only.
+// Variants >= 5 (instantiations.h): the dynamic-scheduler ones that
+// default_variant() picks for causal-like masks, in every build and dtype; the
+// other tuning variants in ablation builds, bf16 only.
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream) {
   using Cfg = typename FwdConfigFor<kHeadDim>::type;
   constexpr int kDef = Cfg::kDefaultFlags;
-  if constexpr (!std::is_same_v<Element, __nv_bfloat16>) {
-    return cudaErrorNotSupported;
-  } else {
+#ifdef JAX_FLASH_SM90_ABLATION
+  constexpr bool kAblation = true;
+#else
+  constexpr bool kAblation = false;
+#endif
+  if constexpr (kHeadDim != 256 || kAblation) {
     if (variant == kVarDynamic) return launch_fwd<Element, Cfg, kDef | kFlagDynamic>(p, stream);
+  }
+  if constexpr (kHeadDim == 256) {
+    if (variant == kVarDynamicOInV)
+      return launch_fwd<Element, FwdConfig256V, kDef | kFlagDynamic>(p, stream);
+  }
+  if constexpr (kAblation && std::is_same_v<Element, __nv_bfloat16>) {
     if constexpr (kHeadDim == 256) {
       if (variant == kVarOInV) return launch_fwd<Element, FwdConfig256V, kDef>(p, stream);
-      if (variant == kVarDynamicOInV)
-        return launch_fwd<Element, FwdConfig256V, kDef | kFlagDynamic>(p, stream);
     }
     if constexpr (kHeadDim == 128) {
       if (variant == kVarN176) return launch_fwd<Element, FwdConfig128N176V, kDef>(p, stream);
       if (variant == kVarN192) return launch_fwd<Element, FwdConfig128N192V, kDef>(p, stream);
       if (variant == kVarN192Q) return launch_fwd<Element, FwdConfig128N192Q, kDef>(p, stream);
     }
-    return cudaErrorNotSupported;
   }
+  return cudaErrorNotSupported;
 }
-#endif
 
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   using Cfg = typename FwdConfigFor<kHeadDim>::type;
   constexpr int kDef = Cfg::kDefaultFlags;
   constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
-  int variant = p.sm90_variant;
-  if (!variant_available(variant, kHeadDim, kBf16, kDef)) return cudaErrorNotSupported;
-  if (variant == kVarTuned) {
-    const MaskInfo mi = make_mask_info(p);
-    variant = tuned_variant(kHeadDim, mi.wr >= 0 && mi.wl < 0);
-  }
-  if (variant >= 5) {
-#ifdef JAX_FLASH_SM90_ABLATION
-    return run_fwd_tuning<Element, kHeadDim>(p, variant, stream);
-#else
-    return cudaErrorNotSupported;
-#endif
-  }
+  if (!variant_available(p.sm90_variant, kHeadDim, kBf16, kDef)) return cudaErrorNotSupported;
+  const MaskInfo mi = make_mask_info(p);
+  const int variant = resolved_variant(p.sm90_variant, kHeadDim, mi.wr >= 0 && mi.wl < 0);
+  if (variant >= 5) return run_fwd_tuning<Element, kHeadDim>(p, variant, stream);
   const int flags = variant_flags(variant, kDef);
   if (flags == kDef) return launch_fwd<Element, Cfg, kDef>(p, stream);
 #ifdef JAX_FLASH_SM90_ABLATION

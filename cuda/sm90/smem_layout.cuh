@@ -119,7 +119,8 @@ template <> struct FwdConfigFor<128> { using type = FwdConfig<128, JAX_FLASH_SM9
 template <> struct FwdConfigFor<256> { using type = FwdConfig<256, 80, 2, 2>; };
 
 // Tile shapes of the tuning variants (instantiations.h, sm90_variant >= 5;
-// compiled only with -DJAX_FLASH_SM90_ABLATION).
+// FwdConfig256V is also the default for causal-like masks at hdim 256, the
+// others are compiled only with -DJAX_FLASH_SM90_ABLATION).
 using FwdConfig128N176V = FwdConfig<128, 176, 2, 2, true>;   // FA3's non-causal hdim-128 tile, O in V
 using FwdConfig128N192V = FwdConfig<128, 192, 2, 2, true>;   // O in V
 using FwdConfig128N192Q = FwdConfig<128, 192, 2, 2, false>;  // O in Q (= JAX_FLASH_SM90_BLOCKN_HDIM128=192)
