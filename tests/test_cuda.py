@@ -124,7 +124,7 @@ def test_sm90_forward_serves_hopper(monkeypatch, rng, head_dim, causal):
 @pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
                     reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 200])
 def test_sm90_backward_serves_hopper(monkeypatch, rng, head_dim, causal):
   """Forced to the sm90 family, the backward handler fails rather than fall
   back to sm80, so passing gradients come from the FA3-style sm90 backward."""

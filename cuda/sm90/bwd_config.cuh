@@ -2,31 +2,53 @@
 // (FlashAttention-3 style) backward. See bwd_kernel.cuh for the algorithm.
 //
 // CTA = 1 producer warpgroup + 2 consumer warpgroups (384 threads). The CTA
-// owns kBlockN = 128 keys of one KV head; consumer warpgroup wg owns keys
-// [64 wg, 64 wg + 64) of them (wgmma M = 64) and keeps their dK and dV (64 x D
-// each) in registers for the whole sweep over the query blocks (kBlockM rows
-// per step) of every q head of the GQA group. FA3 (hopper/flash_bwd_launch_
-// template.h, sm90): hdim 64: 128 x 128, hdim 128: 64 x 128, both with
-// SdP_swapAB (S^T = K Q^T, so that P^T and dS^T are wgmma accumulators that
-// feed dV += P^T dO and dK += dS^T Q from registers: Mma_dKV_is_RS),
-// dKV_swapAB = dQ_swapAB = false, 2 consumer warpgroups, 2 stages of Q / dO
-// and of dS. dQ = dS K (kBlockM x D per step) is split over the two
-// warpgroups into 64 x 64 tiles: along the head dim for kBlockM = 64
-// (hdim 128: FA3 AtomLayoutMdQ = 1), along the rows for kBlockM = 128
-// (hdim 64: AtomLayoutMdQ = 2).
+// owns kBlockN keys of one KV head and keeps their dK and dV in registers for
+// the whole sweep over the query blocks (kBlockM rows per step) of every q
+// head of the GQA group. Two work splits over the consumer warpgroups:
+//
+// kSdpSwapAB (hdim 64, 128; bwd_mainloop.cuh BwdConsumer): kBlockN = 128,
+// warpgroup wg owns keys [64 wg, 64 wg + 64) (wgmma M = 64) and their dK, dV
+// (64 x D each). FA3 (hopper/flash_bwd_launch_template.h, sm90): hdim 64:
+// 128 x 128, hdim 128: 64 x 128, both with SdP_swapAB (S^T = K Q^T, so that
+// P^T and dS^T are wgmma accumulators that feed dV += P^T dO and dK += dS^T Q
+// from registers: Mma_dKV_is_RS), dKV_swapAB = dQ_swapAB = false, 2 consumer
+// warpgroups, 2 stages of Q / dO and of dS. dQ = dS K (kBlockM x D per step)
+// is split over the two warpgroups into 64 x 64 tiles: along the head dim for
+// kBlockM = 64 (hdim 128: FA3 AtomLayoutMdQ = 1), along the rows for
+// kBlockM = 128 (hdim 64: AtomLayoutMdQ = 2).
+//
+// !kSdpSwapAB (hdim 256; bwd_consumer_hd256.cuh BwdConsumerHd256): kBlockM =
+// kBlockN = 64. dK and dV of 64 keys x 256 are 128 registers per thread
+// however they are split, so S = Q K^T and dP = dO V^T are split along the
+// keys (warpgroup wg: keys [32 wg, 32 wg + 32), 64 x 32, 16 registers each)
+// and dK, dV, dQ along the head dim (warpgroup wg: columns [128 wg, 128 wg +
+// 128)); P and dS go through shared memory (FA3 hdim 256: Mma_dKV_is_RS
+// false, SdP_swapAB false, 2 consumer warpgroups, dKV / dQ split over the
+// warpgroups along the head dim, 1 dO stage). FA3 uses kBlockN = 80 with
+// dKV_swapAB / dQ_swapAB (M = head dim, 160 accumulator registers for dK +
+// dV, dQ sliced and added with atomics from registers); 64 keys keep dV =
+// P^T dO and dK = dS^T Q unswapped (M = the 64 keys, A = P^T / dS^T read
+// MN-major from the [query][key] tiles: wgmma tnspA), 128 registers for dK +
+// dV and a 64-row dQ staged through shared memory like the other buckets.
+// dQ is made in kDqSlices = 2 column slices of 64 per warpgroup (32
+// registers each), each through the warpgroup's 64 x 64 fp32 staging tile.
 //
 // Shared memory (all 16-bit tiles in the 128B-swizzled TMA/wgmma layout of
 // smem_layout.cuh, [cols / 64][rows][64]):
 //   K, V          [D/64][kBlockN][64]           loaded once per CTA
-//   Q, dO         kStages x [D/64][kBlockM][64] TMA ring (producer warp)
+//   Q             kStages x [D/64][kBlockM][64] TMA ring (producer warp)
+//   dO            kStagesDo x [D/64][kBlockM][64]  TMA ring (1 stage for hdim 256)
 //   dS            2 x [kBlockN/64][kBlockM][64] dS (queries x keys, K-major
 //                                               for dQ = dS K), double buffered
-//   dQ            2 x 18 KB fp32                one staging tile per consumer WG:
+//   P             2 x [kBlockM][64]             !kSdpSwapAB only: P (queries x
+//                                               keys), double buffered
+//   dQ            2 x 16 or 18 KB fp32          one staging tile per consumer WG:
 //                   kDqTensor (default): [2][64][32] 128B-swizzled (two TMA boxes
 //                   of 32 columns, added into dq_accum by cp.reduce.async.bulk.tensor);
 //                   rows (ablation): [64][kDqPitch], one cp.reduce.async.bulk per row
-//   LSE, delta    kStages x [kBlockM] fp32      log2-unit LSE (+inf for empty
-//                                               rows / rows past seqlen_q), delta
+//   LSE           kStages x [kBlockM] fp32      log2-unit LSE (+inf for empty
+//                                               rows / rows past seqlen_q)
+//   delta         kStagesDo x [kBlockM] fp32
 //   mbarriers
 // After the mainloop dK and dV (16-bit) are staged in the K and V tiles and
 // stored by TMA (clipping the seq and head-dim tails).
@@ -43,35 +65,47 @@
 
 namespace jax_flash::sm90 {
 
-template <int kHeadDim_, int kBlockM_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_ = 128, int kStagesDo_ = 2, bool kSdpSwapAB_ = true>
 struct BwdConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;  // query rows per step
-  static constexpr int kBlockN = 128;       // keys per CTA (64 per consumer WG)
+  static constexpr int kBlockN = kBlockN_;  // keys per CTA
+  static constexpr bool kSdpSwapAB = kSdpSwapAB_;  // the work split (see the top)
   static constexpr int kConsumerWGs = 2;
-  static constexpr int kStages = 2;         // Q / dO ring
+  static constexpr int kStages = 2;         // Q ring (and LSE)
+  static constexpr int kStagesDo = kStagesDo_;  // dO ring (and delta)
+  static_assert(kStagesDo >= 1 && kStagesDo <= kStages, "dO stages");
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerRegs = 24;  // FA3 bwd: 24 / 240 with 2 consumer WGs
   static constexpr int kConsumerRegs = 240;
   static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
 
-  static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim bucket: 64 or 128");
+  static_assert(kSdpSwapAB ? (kHeadDim % 64 == 0 && kHeadDim <= 128 && kBlockN == 128)
+                           : (kHeadDim == 256 && kBlockN == 64 && kBlockM == 64),
+                "head dim buckets: 64 and 128 (SdP_swapAB, 128 keys), 256 (64 x 64)");
   static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: 64 or 128");
-  // dQ (kBlockM x D) split over the 2 WGs into 64-row x kDqCols tiles.
+  // dQ (kBlockM x D) split over the 2 WGs into 64-row x kDqWGCols parts,
+  // each made in kDqSlices 64-column slices (one staging tile each).
   static constexpr int kDqSplitM = kBlockM / 64;         // WGs along the rows
   static constexpr int kDqSplitN = kConsumerWGs / kDqSplitM;  // WGs along the head dim
   static_assert(kDqSplitM * kDqSplitN == kConsumerWGs, "dQ split");
-  static constexpr int kDqCols = kHeadDim / kDqSplitN;
-  static_assert(kDqCols == 64, "each WG's dQ tile is 64 x 64 (one wgmma N=64, one K column block)");
-  // Row pitch of a dQ staging tile (floats): +8 makes the float2 fragment
-  // stores conflict-free (rows g and g+4 land 32 banks apart) and keeps every
-  // row 16-byte aligned for the bulk copy engine.
-  static constexpr int kDqPitch = kDqCols + 8;
+  static constexpr int kDqWGCols = kHeadDim / kDqSplitN;
+  static constexpr int kDqCols = 64;
+  static constexpr int kDqSlices = kDqWGCols / kDqCols;
+  static_assert(kDqSlices * kDqCols == kDqWGCols && (kSdpSwapAB ? kDqSlices == 1 : kDqSlices == 2),
+                "each WG's dQ staging tile is 64 x 64 (one wgmma N=64, one K column block)");
+  // Row pitch of a dQ staging tile (floats) in the row-reduction ablation
+  // variant: +8 makes the float2 fragment stores conflict-free (rows g and
+  // g+4 land 32 banks apart) and keeps every row 16-byte aligned for the bulk
+  // copy engine. hdim 256: no padding (the plan has no 4 KB to spare; the
+  // default tensor-reduction layout does not use the pitch).
+  static constexpr int kDqPitch = kDqCols + (kSdpSwapAB ? 8 : 0);
 
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q (or dO) stage
-  static constexpr int kDsBytes = kBlockM * kBlockN * 2;  // one dS buffer
-  // One WG's dQ staging tile: the larger of the two layouts (64 x 72 padded
+  static constexpr int kDsBytes = kBlockM * kBlockN * 2;  // one dS (or P) buffer
+  static constexpr int kPBytes = kSdpSwapAB ? 0 : 2 * kDsBytes;  // P^T stays in registers there
+  // One WG's dQ staging tile: the larger of the two layouts (64 x kDqPitch
   // rows, 64 x 64 swizzled boxes), a multiple of 1 KB.
   static constexpr int kDqWGBytes = 64 * kDqPitch * 4;
   static_assert(kDqWGBytes >= 64 * 64 * 4 && kDqWGBytes % 1024 == 0, "dQ staging tile");
@@ -81,19 +115,20 @@ struct BwdConfig {
   static constexpr int kOffV = kOffK + kKVBytes;
   static constexpr int kOffQ = kOffV + kKVBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr int kOffdS = kOffdO + kStages * kQBytes;
-  static constexpr int kOffdQ = kOffdS + 2 * kDsBytes;
+  static constexpr int kOffdS = kOffdO + kStagesDo * kQBytes;
+  static constexpr int kOffP = kOffdS + 2 * kDsBytes;
+  static constexpr int kOffdQ = kOffP + kPBytes;
   static constexpr int kOffLse = kOffdQ + kConsumerWGs * kDqWGBytes;
   static constexpr int kOffDelta = kOffLse + kStages * kStatBytes;
-  static constexpr int kOffBar = kOffDelta + kStages * kStatBytes;
-  // mbarriers: full_kv, full_q[S], empty_q[S], full_do[S], empty_do[S]
-  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kOffBar = kOffDelta + kStagesDo * kStatBytes;
+  // mbarriers: full_kv, full_q[S], empty_q[S], full_do[SD], empty_do[SD]
+  static constexpr int kNumBars = 1 + 2 * kStages + 2 * kStagesDo;
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // + slack to align the base to 1 KB
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory plan too large");
   static_assert(kOffV % 1024 == 0 && kOffQ % 1024 == 0 && kOffdO % 1024 == 0 &&
                     kOffdS % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 &&
-                    kOffdQ % 1024 == 0,
+                    kOffP % 1024 == 0 && kOffdQ % 1024 == 0,
                 "128B-swizzled tiles must start 1 KB aligned");
   static_assert(kOffdQ % 16 == 0 && kDqWGBytes % 16 == 0 && (kDqPitch * 4) % 16 == 0,
                 "bulk copies need 16-byte aligned rows");
@@ -117,6 +152,8 @@ struct BwdConfigFor;
 //                                        D   BM
 template <> struct BwdConfigFor<64>  { using type = BwdConfig<64, 128>; };
 template <> struct BwdConfigFor<128> { using type = BwdConfig<128, 64>; };
+//                                         D   BM  BN  dO stages  SdP_swapAB
+template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, false>; };
 
 // Named barrier ids of the backward (0 is __syncthreads).
 constexpr int kBwdBarDqFull = 1;   // + WG: the WG's dQ tile is staged (128 consumer + 32 writer threads)
@@ -186,7 +223,7 @@ struct BwdKernelArgs {
   CUtensorMap tm_k;   // box {64, kBlockN, 1, 1}
   CUtensorMap tm_v;   // box {64, kBlockN, 1, 1}
   CUtensorMap tm_do;  // box {64, kBlockM, 1, 1}
-  CUtensorMap tm_dk;  // box {64, 64, 1, 1} (one consumer WG's rows)
+  CUtensorMap tm_dk;  // box {64, 64, 1, 1} (64 rows x 64 columns of a consumer WG's part)
   CUtensorMap tm_dv;  // box {64, 64, 1, 1}
   CUtensorMap tm_dqacc;  // fp32 dq_accum (head_dim, seqlen_q, heads, batch), box {32, 64, 1, 1}
   MaskInfo mask;
@@ -211,6 +248,7 @@ struct BwdSmem {
   JF_DEVICE uint32_t q(int s) const { return base + Cfg::kOffQ + s * Cfg::kQBytes; }
   JF_DEVICE uint32_t dout(int s) const { return base + Cfg::kOffdO + s * Cfg::kQBytes; }
   JF_DEVICE uint32_t ds(int b) const { return base + Cfg::kOffdS + b * Cfg::kDsBytes; }
+  JF_DEVICE uint32_t p(int b) const { return base + Cfg::kOffP + b * Cfg::kDsBytes; }  // !kSdpSwapAB
   JF_DEVICE uint32_t dq(int wg) const { return base + Cfg::kOffdQ + wg * Cfg::kDqWGBytes; }
   JF_DEVICE uint32_t lse(int s) const { return base + Cfg::kOffLse + s * Cfg::kStatBytes; }
   JF_DEVICE uint32_t delta(int s) const { return base + Cfg::kOffDelta + s * Cfg::kStatBytes; }
@@ -219,7 +257,7 @@ struct BwdSmem {
   JF_DEVICE uint32_t full_q(int s) const { return bar(1 + s); }
   JF_DEVICE uint32_t empty_q(int s) const { return bar(1 + Cfg::kStages + s); }
   JF_DEVICE uint32_t full_do(int s) const { return bar(1 + 2 * Cfg::kStages + s); }
-  JF_DEVICE uint32_t empty_do(int s) const { return bar(1 + 3 * Cfg::kStages + s); }
+  JF_DEVICE uint32_t empty_do(int s) const { return bar(1 + 2 * Cfg::kStages + Cfg::kStagesDo + s); }
 };
 
 }  // namespace jax_flash::sm90

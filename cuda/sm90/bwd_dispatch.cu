@@ -2,8 +2,7 @@
 // (dtype, head-dim bucket) instantiation. Anything not served here answers
 // cudaErrorNotSupported so that the caller runs jax_flash::sm80::run_bwd:
 // deterministic mode (dQ is added with bulk reductions in timing order),
-// head dims above 128 (the 256 bucket needs FA3's dKV_swapAB / dQ_swapAB
-// layout, not written yet), non-sm_90 devices, TMA-incompatible layouts.
+// head dims above 256, non-sm_90 devices, TMA-incompatible layouts.
 #include <cstdint>
 
 #include "bwd_config.cuh"
@@ -53,8 +52,9 @@ DeviceInfo device_info() {
   return cache[dev];
 }
 
-// The sm90 backward buckets: 64 and 128 (65..128, incl. 96, zero-padded).
-int bwd_bucket(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 0; }
+// The sm90 backward buckets: 64, 128 (65..128, incl. 96, zero-padded) and
+// 256 (129..256, zero-padded).
+int bwd_bucket(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0; }
 
 bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev) {
   switch (bwd_bucket(p.head_dim)) {
@@ -63,6 +63,9 @@ bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev) {
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM128
     case 128: return BwdConfigFor<128>::type::kSmemAlloc <= dev.smem_optin;
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM256
+    case 256: return BwdConfigFor<256>::type::kSmemAlloc <= dev.smem_optin;
 #endif
     default: return false;
   }
@@ -76,6 +79,9 @@ cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM128
     case 128: return run_bwd_hdim<Element, 128>(p, stream);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM256
+    case 256: return run_bwd_hdim<Element, 256>(p, stream);
 #endif
     default: return cudaErrorNotSupported;
   }
@@ -98,7 +104,7 @@ bool bwd_supported(const BwdParams& p) {
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
     return false;
   if (p.num_heads % p.num_heads_k != 0) return false;
-  if (p.head_dim <= 0 || p.head_dim > 128 || p.head_dim % 8 != 0) return false;
+  if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
   if (p.head_dim_rounded != rounded_head_dim(p.head_dim)) return false;  // dq_accum pitch
   if (p.lse == nullptr || p.delta == nullptr) return false;
   if (p.dq_accum == nullptr || !aligned16(p.dq_accum) || p.seqlen_q_rounded < p.seqlen_q) return false;
@@ -111,7 +117,9 @@ bool bwd_supported(const BwdParams& p) {
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
 #endif
   // Grid (KV blocks x kv heads x batch) and the dq_convert grid fit.
-  if (int64_t(p.batch) * p.num_heads_k * ((int64_t(p.seqlen_k) + 127) / 128) >= (int64_t(1) << 31))
+  const int64_t block_n = bwd_bucket(p.head_dim) == 256 ? BwdConfigFor<256>::type::kBlockN : 128;
+  if (int64_t(p.batch) * p.num_heads_k * ((int64_t(p.seqlen_k) + block_n - 1) / block_n) >=
+      (int64_t(1) << 31))
     return false;
   if (p.num_heads > 65535 || p.batch > 65535) return false;
   // dq (written by dq_convert with 16-byte stores) has q's strides; dK / dV

@@ -1,13 +1,15 @@
 // FlashAttention-3 style backward for Hopper (sm_90a): dK, dV (and dQ into
 // the fp32 dq_accum workspace) of one KV block per CTA.
 //
-// Grid: one CTA per (KV block of 128 keys, kv head, batch), in the order of
-// BwdTileScheduler (causal: heaviest KV blocks first). CTA = 384 threads:
+// Grid: one CTA per (KV block of kBlockN keys: 128, hdim 256: 64, kv head,
+// batch), in the order of BwdTileScheduler (causal: heaviest KV blocks
+// first). CTA = 384 threads:
 //   warpgroup 0 (setmaxnreg.dec 24): warp 0 = producer (TMA of K, V once and
 //     of the Q / dO ring, LSE / delta stages), warp 1 = dQ writer (bulk
 //     reduce-add of the staged dQ tiles into dq_accum), warps 2-3 idle;
-//   warpgroups 1, 2 (setmaxnreg.inc 240): consumers, 64 keys each, dK and dV
-//     in registers for the whole sweep (bwd_mainloop.cuh), then the epilogue
+//   warpgroups 1, 2 (setmaxnreg.inc 240): consumers, 64 keys each (hdim 256:
+//     128 of the 256 columns each), dK and dV in registers for the whole
+//     sweep (bwd_mainloop.cuh; hdim 256: bwd_consumer_hd256.cuh), then the epilogue
 //     (dK * scale, dV -> 16-bit -> the K / V tiles -> TMA store, which clips
 //     the seq and head-dim tails).
 // The sweep covers every (q head of the GQA group, visible query block), so
@@ -18,14 +20,22 @@
 // Synchronisation:
 //   mbarriers  full_kv (1 arrival + K/V bytes; waited with parity 0 once),
 //              full_q/full_do[s] (32 producer lanes + TMA bytes),
-//              empty_q/empty_do[s] (8 consumer warps);
+//              empty_q/empty_do[s] (8 consumer warps); dO: 1 stage for hdim 256;
 //   named      PdS (256: both consumer WGs wrote dS), dQFull/dQEmpty + wg
 //              (160: consumer WG + writer warp), Epi (256), EpiWG + wg (128).
 #pragma once
 
+#include <type_traits>
+
+#include "bwd_consumer_hd256.cuh"
 #include "bwd_mainloop.cuh"
 
 namespace jax_flash::sm90 {
+
+// The consumer warpgroups of the config's work split (bwd_config.cuh).
+template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
+using BwdConsumerFor = std::conditional_t<Cfg::kSdpSwapAB, BwdConsumer<Element, Cfg, kSoftcap, kDqTensor>,
+                                          BwdConsumerHd256<Element, Cfg, kSoftcap, kDqTensor>>;
 
 template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -42,8 +52,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int s = 0; s < Cfg::kStages; ++s) {
       ptx::mbar_init(sm.full_q(s), Cfg::kFullArrivals);
       ptx::mbar_init(sm.empty_q(s), Cfg::kEmptyArrivals);
-      ptx::mbar_init(sm.full_do(s), Cfg::kFullArrivals);
-      ptx::mbar_init(sm.empty_do(s), Cfg::kEmptyArrivals);
+      if (s < Cfg::kStagesDo) {
+        ptx::mbar_init(sm.full_do(s), Cfg::kFullArrivals);
+        ptx::mbar_init(sm.empty_do(s), Cfg::kEmptyArrivals);
+      }
     }
     ptx::mbar_fence_init();
     ptx::prefetch_tmap(&args.tm_q);
@@ -65,7 +77,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int tid_wg = threadIdx.x % 128;
-    const BwdConsumer<Element, Cfg, kSoftcap, kDqTensor> c{args, sm, warp / 4 - 1, tid_wg / 32, tid_wg % 32};
+    const BwdConsumerFor<Element, Cfg, kSoftcap, kDqTensor> c{args, sm, warp / 4 - 1, tid_wg / 32, tid_wg % 32};
     c.run(tile);
   }
 #else

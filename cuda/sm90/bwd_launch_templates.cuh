@@ -117,12 +117,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (p.seqlen_q == 0) return cudaSuccess;
   // The dq_accum row pitch is the workspace's head_dim_rounded (96 for head
-  // dims 65..96, which this kernel runs in the 128 bucket).
+  // dims 65..96, which this kernel runs in the 128 bucket; 256 for 129..256).
   if constexpr (Cfg::kHeadDim == 64) {
     if (p.head_dim_rounded == 64) return launch_dq_convert<Element, 64>(p, stream);
-  } else {
+  } else if constexpr (Cfg::kHeadDim == 128) {
     if (p.head_dim_rounded == 96) return launch_dq_convert<Element, 96>(p, stream);
     if (p.head_dim_rounded == 128) return launch_dq_convert<Element, 128>(p, stream);
+  } else {
+    if (p.head_dim_rounded == 256) return launch_dq_convert<Element, 256>(p, stream);
   }
   return cudaErrorNotSupported;  // unreachable: bwd_supported checks the pitch
 }

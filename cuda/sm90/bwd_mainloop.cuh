@@ -8,15 +8,17 @@
 // barrier completes when the 32 lanes have arrived (each after its stat
 // stores: release) and the TMA bytes have landed.
 //
-// dQ writer warp (warp 1 of the producer warpgroup): per step and consumer
-// warpgroup, waits for the WG's staged 64 x 64 fp32 dQ tile (named barrier
-// dQFull), adds it into dq_accum with one cp.reduce.async.bulk per row (rows
-// < seqlen_q, columns < head_dim), and once the copy engine has read the tile
-// hands it back (dQEmpty). FA3's dQ path (store_dq), with row bulk ops
-// instead of a permuted dq_accum so that dq_accum stays row-major
-// [b, h, seqlen_q_rounded, head_dim_rounded] for the shared dq_convert pass.
+// dQ writer warp (warp 1 of the producer warpgroup): per step (and dQ slice,
+// hdim 256) and consumer warpgroup, waits for the WG's staged 64 x 64 fp32 dQ
+// tile (named barrier dQFull), adds it into dq_accum with one
+// cp.reduce.async.bulk per row (rows < seqlen_q, columns < head_dim), and
+// once the copy engine has read the tile hands it back (dQEmpty). FA3's dQ
+// path (store_dq), with row bulk ops instead of a permuted dq_accum so that
+// dq_accum stays row-major [b, h, seqlen_q_rounded, head_dim_rounded] for the
+// shared dq_convert pass. The producer and the writer serve both work splits
+// (bwd_config.cuh); the hdim-256 consumer is bwd_consumer_hd256.cuh.
 //
-// Consumer warpgroup wg (keys [64 wg, 64 wg + 64) of the block), per step:
+// Consumer warpgroup wg (SdP_swapAB: keys [64 wg, 64 wg + 64) of the block), per step:
 //   S^T  = K_wg Q^T        wgmma SS  (A = K rows, B = Q, both K-major), N = kBlockM
 //   dP^T = V_wg dO^T       wgmma SS
 //   P^T  = 2^(S^T scale_log2 - lse_log2[q]),  dS^T = P^T (dP^T - delta[q])
@@ -91,7 +93,10 @@ JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, cons
                   w.batch);
   }
   const int seqlen_q = a.mask.seqlen_q;
+  // The dO ring has its own state only when it has fewer stages (hdim 256).
+  constexpr bool kSameStages = Cfg::kStagesDo == Cfg::kStages;
   PipeState<Cfg::kStages> st;
+  PipeState<Cfg::kStagesDo> st_do;
   BwdStepWalker walk(w, a.heads_per_kv);
   for (int it = 0; it < w.iters; ++it) {
     const int m0 = walk.mb * Cfg::kBlockM;
@@ -124,20 +129,23 @@ JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, cons
       mbar_arrive(sm.full_q(s));
     }
     // dO + delta
-    mbar_wait(sm.empty_do(s), st.phase ^ 1u);
+    const int sd = kSameStages ? s : st_do.index;
+    const uint32_t ph_do = kSameStages ? st.phase : st_do.phase;
+    mbar_wait(sm.empty_do(sd), ph_do ^ 1u);
 #pragma unroll
-    for (int i = 0; i < kRowsPerLane; ++i) st_shared_f32(sm.delta(s) + 4 * (lane + 32 * i), dl[i]);
+    for (int i = 0; i < kRowsPerLane; ++i) st_shared_f32(sm.delta(sd) + 4 * (lane + 32 * i), dl[i]);
     if (lane == 0) {
-      mbar_arrive_expect_tx(sm.full_do(s), Cfg::kQBytes);
+      mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kQBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(&a.tm_do, sm.full_do(s), sm.dout(s) + cb * Cfg::kBlockM * 128, cb * 64, m0,
+        tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, m0,
                     walk.hq, w.batch);
     } else {
-      mbar_arrive(sm.full_do(s));
+      mbar_arrive(sm.full_do(sd));
     }
     __syncwarp();
     st.advance();
+    if constexpr (!kSameStages) st_do.advance();
     walk.advance();
   }
 }
@@ -156,19 +164,26 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
   named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
   const int seqlen_q = a.mask.seqlen_q;
   BwdStepWalker walk(w, a.heads_per_kv);
-  for (int it = 0; it < w.iters; ++it) {
+  // Hand-offs: kDqSlices per step (hdim 256: 2, the WG's columns
+  // [128 wg + 64 sl, +64), one after the other through its staging tile).
+  const int handoffs = w.iters * Cfg::kDqSlices;
+  for (int it = 0; it < handoffs; ++it) {
+    const int sl = it % Cfg::kDqSlices;
     const int m0 = walk.mb * Cfg::kBlockM;
     float* dq_bh = a.dq_accum + (int64_t(w.batch) * a.num_heads + walk.hq) *
                                     int64_t(a.seqlen_q_rounded) * a.dq_pitch;
 #pragma unroll
     for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
       const int row0 = m0 + (Cfg::kDqSplitM == 2 ? 64 * wg : 0);
-      const int col0 = Cfg::kDqSplitN == 2 ? 64 * wg : 0;
-      // head_dim % 8 == 0 and > col0: a positive multiple of 32 bytes.
+      const int col0 = (Cfg::kDqSplitN == 2 ? Cfg::kDqWGCols * wg : 0) + Cfg::kDqCols * sl;
+      // Slices entirely past head_dim (hdim 256 bucket, head_dim <= 192) hold
+      // zeros: nothing to add. Else head_dim % 8 == 0 and > col0: a positive
+      // multiple of 32 bytes.
+      const bool cols_in = Cfg::kDqSlices == 1 || col0 < a.head_dim;
       const uint32_t bytes = uint32_t(min(Cfg::kDqCols, a.head_dim - col0)) * 4u;
       named_bar_sync(kBwdBarDqFull + wg, kBwdDqBarThreads);
       if constexpr (kDqTensor) {
-        if (lane == 0 && row0 < seqlen_q) {  // no box entirely out of bounds
+        if (lane == 0 && row0 < seqlen_q && cols_in) {  // no box entirely out of bounds
 #pragma unroll
           for (int b = 0; b < 2; ++b)
             if (col0 + 32 * b < a.head_dim)
@@ -179,7 +194,7 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int r = lane + 32 * i;
-          if (row0 + r < seqlen_q)
+          if (row0 + r < seqlen_q && cols_in)
             bulk_reduce_add_f32(dq_bh + int64_t(row0 + r) * a.dq_pitch + col0,
                                 sm.dq(wg) + uint32_t(r * Cfg::kDqPitch * 4), bytes);
         }
@@ -187,7 +202,7 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
       bulk_commit();  // one group per WG tile (possibly empty for this lane)
       __syncwarp();
     }
-    if (it + 1 < w.iters) {  // the last hand-back would have no taker
+    if (it + 1 < handoffs) {  // the last hand-back would have no taker
       bulk_wait_read<1>();   // WG 0's tile read out
       __syncwarp();
       named_bar_arrive(kBwdBarDqEmpty + 0, kBwdDqBarThreads);
@@ -195,7 +210,7 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
       __syncwarp();
       named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
     }
-    walk.advance();
+    if (sl == Cfg::kDqSlices - 1) walk.advance();
   }
   bulk_wait<0>();  // every reduction complete before the CTA exits
 }
@@ -208,6 +223,29 @@ struct KMajorStep {  // k-step kk of a K-major [cols/64][kRows][64] tile
 struct MNMajorStep {  // k-step kk of an MN-major tile: 16 rows of 128 B
   JF_DEVICE uint32_t operator()(int kk) const { return kk * 16 * 128; }
 };
+
+// dQ fragment (64 x 64 fp32, both consumers) -> a WG's staging tile.
+// kDqTensor: two 128B-swizzled [64][32] boxes (row r's 16-byte chunk c at
+// c ^ (r % 8)); the thread's float2 at (r, 8j + 2t) is box j / 4, chunk
+// 2 (j % 4) + t / 2, byte 8 (t % 2), and rows r, r + 8 share r % 8. Both
+// layouts store without bank conflicts (the row layout only with the padded
+// pitch). Else the row-major tile of pitch kDqPitch.
+// Byte offset in the WG's staging tile of the float2 dq[4j + 2h], dq[4j + 2h + 1]
+// of `lane` (warp `warp`).
+template <typename Cfg, bool kDqTensor>
+JF_DEVICE uint32_t dq_stage_offset(int warp, int lane, int j, int h) {
+  if constexpr (kDqTensor) {
+    const int t = lane % 4;
+    const uint32_t row_addr = uint32_t((16 * warp + lane / 4) * 128 + 8 * (t % 2));
+    const uint32_t sw = uint32_t(lane / 4) << 4;  // (r % 8) << 4
+    return row_addr + uint32_t((j / 4) * 64 * 128) + ((uint32_t(2 * (j % 4) + t / 2) << 4) ^ sw) +
+           uint32_t(h * 8 * 128);
+  } else {
+    const int row = 16 * warp + lane / 4;
+    return uint32_t((row * Cfg::kDqPitch + 2 * (lane % 4)) * 4) +
+           uint32_t((8 * h * Cfg::kDqPitch + 8 * j) * 4);
+  }
+}
 
 // &a when kInPlace, else &b (b sized kN when used).
 template <bool kInPlace, int kN, int kM>
@@ -222,6 +260,7 @@ JF_DEVICE float (*select_p(float (*a)[kN], float (*b)[kM]))[kN] {
 
 template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
 struct BwdConsumer {
+  static_assert(Cfg::kStagesDo == Cfg::kStages, "one stage index for Q and dO");
   static constexpr int kD = Cfg::kHeadDim;
   static constexpr int kBM = Cfg::kBlockM;
   static constexpr int kBN = Cfg::kBlockN;
@@ -305,25 +344,9 @@ struct BwdConsumer {
                              dsf[k][3]);
   }
 
-  // dQ fragment (64 x 64 fp32) -> the WG's staging tile. kDqTensor: two
-  // 128B-swizzled [64][32] boxes (row r's 16-byte chunk c at c ^ (r % 8));
-  // the thread's float2 at (r, 8j + 2t) is box j / 4, chunk 2 (j % 4) + t / 2,
-  // byte 8 (t % 2), and rows r, r + 8 share r % 8. Both layouts store
-  // without bank conflicts. Else the padded row-major tile.
-  // Byte offset in the WG's staging tile of the float2 dq[4j + 2h], dq[4j + 2h + 1]
-  // of `lane` (warp `warp`).
+  // dQ fragment (64 x 64 fp32) -> the WG's staging tile (dq_stage_offset).
   static JF_DEVICE uint32_t dq_offset(int warp, int lane, int j, int h) {
-    if constexpr (kDqTensor) {
-      const int t = lane % 4;
-      const uint32_t row_addr = uint32_t((16 * warp + lane / 4) * 128 + 8 * (t % 2));
-      const uint32_t sw = uint32_t(lane / 4) << 4;  // (r % 8) << 4
-      return row_addr + uint32_t((j / 4) * 64 * 128) + ((uint32_t(2 * (j % 4) + t / 2) << 4) ^ sw) +
-             uint32_t(h * 8 * 128);
-    } else {
-      const int row = 16 * warp + lane / 4;
-      return uint32_t((row * Cfg::kDqPitch + 2 * (lane % 4)) * 4) +
-             uint32_t((8 * h * Cfg::kDqPitch + 8 * j) * 4);
-    }
+    return dq_stage_offset<Cfg, kDqTensor>(warp, lane, j, h);
   }
   JF_DEVICE void store_dq(const float (&dq)[kQR]) const {
 #pragma unroll

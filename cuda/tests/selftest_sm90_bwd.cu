@@ -9,13 +9,15 @@
 // (floored at 0.05). The row padding of dQ, dK, dV (strided cases) must stay
 // untouched (TMA store / convert clipping). Requests the sm90 backward does
 // not serve must answer cudaErrorNotSupported (deterministic mode, head dim
-// > 128): those rows check exactly that ("NS ok"). Builds with
+// > 256): those rows check exactly that ("NS ok"). Head dims: the buckets 64,
+// 128 (incl. 96, 80) and 256 (incl. 200, 136, 160: zero-padded columns, a
+// whole padding column block for 136 and 160). Builds with
 // -DJAX_FLASH_SM90_ABLATION also run BwdParams::sm90_bwd_variant 1 (dQ by row
 // bulk reductions instead of tensor reductions); "#v" counts the variants run
 // and a failing row names the failing ones. Exit code 1 on a failure.
 //
-// Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16) and
-// (D=64, H=32), causal and not: sm90 run_bwd (default, and variant 1 where
+// Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16),
+// (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variant 1 where
 // compiled) next to sm80 run_bwd (fast mode), each including its dq_accum memset and dq_convert pass; 10
 // back-to-back calls between two events, median of 5 repeats; FLOPs = 2.5 x
 // the forward's 4 B H T S D (halved when causal). LSE comes from the sm80
@@ -23,7 +25,8 @@
 //
 // A failing row is preceded by lines naming, for dQ, dK and dV, the worst
 // element and the count of bad elements per (row % 128 < 64 or >= 64: the
-// consumer warpgroup; head-dim column block), to localise the fault. A kernel
+// consumer warpgroup of hdim 64 / 128; head-dim column block of 64: for hdim
+// 256 blocks 0-1 are consumer warpgroup 0's, 2-3 warpgroup 1's), to localise the fault. A kernel
 // that does not finish within 60 s prints "HANG: <case> (variant v)" and exits
 // with code 3 (a barrier protocol fault; the context cannot be recovered).
 //
@@ -242,11 +245,12 @@ static uint16_t* upload(const Tensor& t) {
 // Where: the worst element, and (for a failure report) how many elements are
 // off by more than `bad_abs`, split by the kernel's work split: row % 128 in
 // [0, 64) or [64, 128) (the consumer warpgroup of a dK / dV row; of a dQ row
-// for D <= 64) and head-dim column block d / 64.
+// for D <= 64) and head-dim column block d / 64 (hdim 256: the consumer
+// warpgroup of a dK / dV / dQ column is d / 128).
 struct ErrWhere {
   int b = -1, l = -1, h = -1, d = -1;
   double got = 0, ref = 0;
-  long bad[2][2] = {{0, 0}, {0, 0}};  // [row half][column block]
+  long bad[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};  // [row half][column block]
 };
 static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
                     const std::vector<double>& ref, bool fp16, double* ref_max,
@@ -268,7 +272,7 @@ static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
             where->got = g;
             where->ref = r;
           }
-          if (where && diff > bad_abs) ++where->bad[(l % 128) / 64][std::min(d / 64, 1)];
+          if (where && diff > bad_abs) ++where->bad[(l % 128) / 64][std::min(d / 64, 3)];
           e = std::max(e, diff);
           rm = std::max(rm, std::fabs(r));
         }
@@ -297,9 +301,10 @@ static void sync_or_hang(const std::string& what, double seconds = 60.0) {
 
 static void print_where(const char* name, const ErrWhere& w, double ref_max, double tol) {
   std::printf("    %s: worst at (b %d, l %d, h %d, d %d) got %.6g ref %.6g; |err| > %.2g: "
-              "rows%%128<64 [cb0 %ld, cb1 %ld], rows%%128>=64 [cb0 %ld, cb1 %ld]\n",
+              "rows%%128<64 [cb0 %ld, cb1 %ld, cb2 %ld, cb3 %ld], rows%%128>=64 [cb0 %ld, cb1 %ld, "
+              "cb2 %ld, cb3 %ld]\n",
               name, w.b, w.l, w.h, w.d, w.got, w.ref, tol * std::max(ref_max, 0.05), w.bad[0][0],
-              w.bad[0][1], w.bad[1][0], w.bad[1][1]);
+              w.bad[0][1], w.bad[0][2], w.bad[0][3], w.bad[1][0], w.bad[1][1], w.bad[1][2], w.bad[1][3]);
 }
 
 // Padding elements (columns past H * D of each row) must still hold the
@@ -520,7 +525,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
 
 static std::vector<Case> all_cases(bool quick) {
   std::vector<Case> cs;
-  for (int D : {64, 96, 128}) {
+  for (int D : {64, 96, 128, 256}) {
     const std::string d = "d" + std::to_string(D);
     Case base{d + " plain", 2, 37, 53, 4, 2, D};
     cs.push_back(base);
@@ -598,10 +603,21 @@ static std::vector<Case> all_cases(bool quick) {
   Case c{"d80 multiblock causal GQA", 1, 300, 517, 4, 2, 80};
   c.causal = true;
   cs.push_back(c);
-  c = Case{"d256 -> NotSupported", 2, 37, 53, 2, 1, 256};
-  c.expect_ns = true;
+  // The 256 bucket: 200 (column block 3 half padding), 136 and 160 (block 3
+  // entirely padding: zero-filled loads, no dQ reduction, no dK / dV store).
+  cs.push_back(Case{"d200 (bucket 256) strided", 2, 37, 53, 4, 2, 200, false, -1, -1, false, 0.f, 1.f,
+                    false, false, 8});
+  c = Case{"d200 multiblock causal GQA", 1, 300, 517, 4, 2, 200};
+  c.causal = true;
   cs.push_back(c);
-  c = Case{"d200 -> NotSupported", 2, 37, 53, 2, 1, 200};
+  cs.push_back(Case{"d136 (bucket 256) plain", 2, 70, 90, 2, 1, 136});
+  c = Case{"d160 multiblock window+seg fp16", 1, 200, 180, 2, 2, 160};
+  c.wl = 40;
+  c.wr = 10;
+  c.segments = true;
+  c.fp16 = true;
+  cs.push_back(c);
+  c = Case{"d264 -> NotSupported", 2, 37, 53, 2, 1, 264};
   c.expect_ns = true;
   cs.push_back(c);
   cs.push_back(Case{"tiny T=1 S=1", 1, 1, 1, 1, 1, 64});
@@ -620,6 +636,17 @@ static std::vector<Case> all_cases(bool quick) {
   c = Case{"causal T=S=1 many heads", 3, 1, 1, 8, 8, 128};
   c.causal = true;
   cs.push_back(c);
+  // The same edges for the hdim-256 consumer (64-key blocks, 1 dO stage).
+  cs.push_back(Case{"d256 tiny T=1 S=1", 1, 1, 1, 1, 1, 256});
+  c = Case{"d256 window(0,0) diag only", 1, 70, 70, 2, 1, 256};
+  c.wl = 0;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"d256 right window only 5, T>S", 1, 200, 130, 2, 1, 256};
+  c.wr = 5;
+  cs.push_back(c);
+  cs.push_back(Case{"d256 S=0 (dQ = 0)", 1, 20, 0, 2, 1, 256});
+  cs.push_back(Case{"d256 T=0 (dK = dV = 0)", 1, 0, 70, 2, 1, 256});
   return cs;
 }
 
@@ -651,7 +678,7 @@ static void bench() {
               B, T);
   std::printf("%-5s %-4s %-7s %9s %9s %9s %7s   %s\n", "D", "H", "causal", "sm90", "sm90 v1", "sm80",
               "90/80", "max|d90-d80|/max|d80| (dQ, dK, dV)");
-  for (Shape sh : {Shape{128, 16}, Shape{64, 32}}) {
+  for (Shape sh : {Shape{128, 16}, Shape{64, 32}, Shape{256, 8}}) {
     const size_t n = size_t(B) * T * sh.H * sh.D;
     uint16_t *dq_in = dev_alloc<uint16_t>(n), *dk_in = dev_alloc<uint16_t>(n),
              *dv_in = dev_alloc<uint16_t>(n), *ddo = dev_alloc<uint16_t>(n), *d_o = dev_alloc<uint16_t>(n);

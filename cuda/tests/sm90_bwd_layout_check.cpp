@@ -20,7 +20,10 @@
 //     a[2] = A[16w+g][2t+8..], a[3] = A[16w+g+8][2t+8..] (low half = lower column);
 //   - stmatrix.m8n8.x4.trans: register r_i of lane l holds R_i[l/4][2(l%4) + e];
 //     lane 8i + c gives the address of stored row c, which receives column c
-//     of R_i (R_i[0..7][c], 8 consecutive 16-bit elements).
+//     of R_i (R_i[0..7][c], 8 consecutive 16-bit elements); without .trans
+//     stored row c receives row c of R_i (R_i[c][0..7]);
+//   - wgmma with tnspA: A read MN-major with the same canonical layout as an
+//     MN-major B (m in place of n).
 // Element identities (not values) flow through the models, so a wrong index
 // names the element it got.
 //
@@ -55,6 +58,7 @@ inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 inline void __syncwarp() {}
 inline float __fdividef(float a, float b) { return a / b; }
 
+#include "sm90/bwd_consumer_hd256.cuh"
 #include "sm90/bwd_mainloop.cuh"
 
 using namespace jax_flash::sm90;
@@ -323,6 +327,212 @@ static void check_config() {
   std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
 }
 
+// ---------------------------------------------------------------- hdim 256
+// The !kSdpSwapAB consumer (bwd_consumer_hd256.cuh): S / dP over key halves,
+// P / dS through [query][key] tiles, dK / dV / dQ over column halves.
+template <typename Cfg>
+static void check_config_hd256() {
+  using C = BwdConsumerHd256<__nv_bfloat16, Cfg, false, true>;
+  constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  constexpr int kWN = C::kWN, kWD = C::kWD;
+  std::printf("config D=%d BM=%d BN=%d (split over keys / columns, dO stages %d): smem %d B (+1 KB slack)\n", kD,
+              kBM, kBN, Cfg::kStagesDo, Cfg::kSmemBytes);
+  const int fail0 = g_fail;
+  {
+    struct R {
+      const char* n;
+      int off, bytes;
+    } rs[] = {{"K", Cfg::kOffK, Cfg::kKVBytes},
+              {"V", Cfg::kOffV, Cfg::kKVBytes},
+              {"Q", Cfg::kOffQ, Cfg::kStages * Cfg::kQBytes},
+              {"dO", Cfg::kOffdO, Cfg::kStagesDo * Cfg::kQBytes},
+              {"dS", Cfg::kOffdS, 2 * Cfg::kDsBytes},
+              {"P", Cfg::kOffP, 2 * Cfg::kDsBytes},
+              {"dQ", Cfg::kOffdQ, Cfg::kConsumerWGs * Cfg::kDqWGBytes},
+              {"LSE", Cfg::kOffLse, Cfg::kStages * Cfg::kStatBytes},
+              {"delta", Cfg::kOffDelta, Cfg::kStagesDo * Cfg::kStatBytes},
+              {"bars", Cfg::kOffBar, 8 * Cfg::kNumBars}};
+    for (size_t i = 0; i + 1 < sizeof(rs) / sizeof(rs[0]); ++i)
+      CHECK(rs[i].off + rs[i].bytes <= rs[i + 1].off, "%s overlaps %s", rs[i].n, rs[i + 1].n);
+    CHECK(Cfg::kOffBar + 8 * Cfg::kNumBars <= Cfg::kSmemBytes, "barriers past the plan");
+    CHECK(Cfg::kSmemAlloc <= 227 * 1024, "plan > 227 KB");
+    CHECK(Cfg::kOffP % 1024 == 0 && Cfg::kDsBytes % 1024 == 0, "P tiles not 1 KB aligned");
+    // mbarrier indices distinct and inside the plan
+    std::vector<int> used(Cfg::kNumBars, 0);
+    BwdSmem<Cfg> sm{0};
+    auto mark = [&](uint32_t a) {
+      const int i = int((a - Cfg::kOffBar) / 8);
+      CHECK(a >= uint32_t(Cfg::kOffBar) && i < Cfg::kNumBars, "mbarrier %u outside the plan", a);
+      if (i >= 0 && i < Cfg::kNumBars) ++used[i];
+    };
+    mark(sm.full_kv());
+    for (int st = 0; st < Cfg::kStages; ++st) {
+      mark(sm.full_q(st));
+      mark(sm.empty_q(st));
+    }
+    for (int st = 0; st < Cfg::kStagesDo; ++st) {
+      mark(sm.full_do(st));
+      mark(sm.empty_do(st));
+    }
+    for (int x : used) CHECK(x == 1, "mbarrier used %d times", x);
+  }
+
+  Smem16 sm(Cfg::kOffdQ);  // the 16-bit part of the plan
+  for (int cb = 0; cb < kD / 64; ++cb) {
+    tma_load_box16(sm, Cfg::kOffK + cb * kBN * 128, kBN, ident, kTagK, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffV + cb * kBN * 128, kBN, ident, kTagV, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffQ + cb * kBM * 128, kBM, ident, kTagQ, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffdO + cb * kBM * 128, kBM, ident, kTagDO, 0, 64 * cb);
+  }
+
+  for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
+    // ---- S = Q K_wg^T (dP = dO V_wg^T): A K-major (m = query, k = d), B K-major (n = key of the WG, k = d)
+    for (int kk = 0; kk < kD / 16; ++kk)
+      for (int k = 0; k < 16; ++k) {
+        const uint64_t da = step_desc(C::sdp_desc_a(Cfg::kOffQ), typename C::SdpStepA{}, kk);
+        const uint64_t dao = step_desc(C::sdp_desc_a(Cfg::kOffdO), typename C::SdpStepA{}, kk);
+        for (int m = 0; m < kBM; ++m) {
+          CHECK(sm.get(kmajor_addr(da, m, k)) == ident(kTagQ, m, 16 * kk + k), "S A kk%d (m%d,k%d)", kk, m, k);
+          CHECK(sm.get(kmajor_addr(dao, m, k)) == ident(kTagDO, m, 16 * kk + k), "dP A kk%d (m%d,k%d)", kk, m, k);
+        }
+        const uint64_t db = step_desc(C::sdp_desc_b(wg, Cfg::kOffK), typename C::SdpStepB{}, kk);
+        const uint64_t dbv = step_desc(C::sdp_desc_b(wg, Cfg::kOffV), typename C::SdpStepB{}, kk);
+        for (int n = 0; n < kWN; ++n) {
+          CHECK(sm.get(kmajor_addr(db, n, k)) == ident(kTagK, kWN * wg + n, 16 * kk + k), "S B wg%d kk%d (n%d,k%d)",
+                wg, kk, n, k);
+          CHECK(sm.get(kmajor_addr(dbv, n, k)) == ident(kTagV, kWN * wg + n, 16 * kk + k),
+                "dP B wg%d kk%d (n%d,k%d)", wg, kk, n, k);
+        }
+      }
+    // ---- dV += P^T dO, dK += dS^T Q: B MN-major (k = query, n = column 128 wg + n)
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      const uint64_t dq = step_desc(C::dkv_desc_b(wg, Cfg::kOffQ), typename C::DkvStepB{}, kk);
+      const uint64_t ddo = step_desc(C::dkv_desc_b(wg, Cfg::kOffdO), typename C::DkvStepB{}, kk);
+      for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < kWD; ++n) {
+          CHECK(sm.get(mnmajor_addr(dq, k, n)) == ident(kTagQ, 16 * kk + k, kWD * wg + n), "dK B wg%d kk%d (k%d,n%d)",
+                wg, kk, k, n);
+          CHECK(sm.get(mnmajor_addr(ddo, k, n)) == ident(kTagDO, 16 * kk + k, kWD * wg + n),
+                "dV B wg%d kk%d (k%d,n%d)", wg, kk, k, n);
+        }
+    }
+    // ---- dQ slice sl: B = K MN-major (k = key, n = column 128 wg + 64 sl + n)
+    for (int sl = 0; sl < Cfg::kDqSlices; ++sl)
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t d = step_desc(C::dq_desc_b(wg, sl, Cfg::kOffK), typename C::DqStepB{}, kk);
+        for (int k = 0; k < 16; ++k)
+          for (int n = 0; n < Cfg::kDqCols; ++n)
+            CHECK(sm.get(mnmajor_addr(d, k, n)) == ident(kTagK, 16 * kk + k, kWD * wg + Cfg::kDqCols * sl + n),
+                  "dQ B wg%d sl%d kk%d (k%d,n%d)", wg, sl, kk, k, n);
+      }
+  }
+
+  // ---- P / dS accumulator (64 queries x 32 keys per WG) -> A-fragment
+  // packing -> stmatrix (not transposed) into the [query][key] tile -> read
+  // back as dV's / dK's A (MN-major, m = key, k = query) and dQ's A (K-major,
+  // m = query, k = key).
+  {
+    const uint32_t base = Cfg::kOffdS;  // dS buffer 0 (the P buffers have the same layout)
+    std::vector<int> writes(sm.v.size(), 0);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int w = 0; w < 4; ++w) {
+        constexpr int kPK = C::kPK;
+        std::vector<int64_t> regs(32 * kPK * 4 * 2);
+        auto R = [&](int l, int k, int i, int hf) -> int64_t& { return regs[((l * kPK + k) * 4 + i) * 2 + hf]; };
+        for (int l = 0; l < 32; ++l) {
+          const int g = l / 4, t = l % 4;
+          for (int k = 0; k < kPK; ++k)
+            for (int i = 0; i < 4; ++i)
+              for (int hf = 0; hf < 2; ++hf) {
+                const int idx = 8 * k + 2 * i + hf;  // accumulator register (acc_to_a pairing)
+                const int j = idx / 4, h = (idx / 2) % 2, e = idx % 2;
+                const int q = 16 * w + g + 8 * h, key = kWN * wg + 8 * j + 2 * t + e;
+                R(l, k, i, hf) = ident(kTagDS, q, key);
+              }
+        }
+        // stmatrix: matrix i = register i; lane 8i + c gives the address of
+        // stored row c, which receives row c of R_i (lanes 4c..4c+3).
+        for (int k = 0; k < kPK; ++k)
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 8; ++c) {
+              const uint32_t row_addr = base + C::pds_offset(wg, w, 8 * i + c, k);
+              CHECK(row_addr % 16 == 0, "stmatrix row address %u not 16-byte aligned", row_addr);
+              for (int col = 0; col < 8; ++col)
+                sm.put(row_addr + 2 * col, R(4 * c + col / 2, k, i, col % 2), writes.data());
+            }
+      }
+    for (uint32_t b = base; b < base + Cfg::kDsBytes; b += 2)
+      CHECK(writes[b / 2] == 1, "dS tile element at %u written %d times", b, writes[b / 2]);
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      const uint64_t d = step_desc(C::dkv_desc_a(base), typename C::DkvStepA{}, kk);
+      for (int k = 0; k < 16; ++k)
+        for (int m = 0; m < kBN; ++m)
+          CHECK(sm.get(mnmajor_addr(d, k, m)) == ident(kTagDS, 16 * kk + k, m), "dK/dV A (P^T / dS^T) kk%d (m%d,k%d)",
+                kk, m, k);
+    }
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t d = step_desc(C::dq_desc_a(base), typename C::DqStepA{}, kk);
+      for (int m = 0; m < kBM; ++m)
+        for (int k = 0; k < 16; ++k)
+          CHECK(sm.get(kmajor_addr(d, m, k)) == ident(kTagDS, m, 16 * kk + k), "dQ A (dS) kk%d (m%d,k%d)", kk, m, k);
+    }
+  }
+
+  // ---- dQ staging: the same function and tile as the other buckets (pitch
+  // without padding here): every element once, read back by the boxes / rows.
+  for (int variant = 0; variant < 2; ++variant) {
+    std::vector<int64_t> st(Cfg::kDqWGBytes / 4, -1);
+    std::vector<int> wr(st.size(), 0);
+    for (int w = 0; w < 4; ++w)
+      for (int l = 0; l < 32; ++l)
+        for (int j = 0; j < Cfg::kDqCols / 8; ++j)
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t off =
+                variant == 0 ? dq_stage_offset<Cfg, true>(w, l, j, h) : dq_stage_offset<Cfg, false>(w, l, j, h);
+            CHECK(off % 8 == 0 && off + 8 <= uint32_t(Cfg::kDqWGBytes), "dQ staging offset %u", off);
+            if (off % 8 || off + 8 > uint32_t(Cfg::kDqWGBytes)) continue;
+            for (int e = 0; e < 2; ++e) {
+              st[off / 4 + e] = ident(9, 16 * w + l / 4 + 8 * h, 8 * j + 2 * (l % 4) + e);
+              ++wr[off / 4 + e];
+            }
+          }
+    for (int r = 0; r < 64; ++r)
+      for (int c = 0; c < 64; ++c) {
+        const uint32_t a = variant == 0 ? uint32_t((c / 32) * 64 * 128) + swz(uint32_t(r * 128 + (c % 32) * 4))
+                                        : uint32_t((r * Cfg::kDqPitch + c) * 4);
+        CHECK(st[a / 4] == ident(9, r, c) && wr[a / 4] == 1, "dQ staging (%s) element (%d,%d)",
+              variant == 0 ? "tensor" : "rows", r, c);
+      }
+  }
+
+  // ---- dK / dV accumulator (64 keys x columns [128 wg, +128)) -> the tile ->
+  // TMA store boxes {64, 64} at tile + c * kBN * 128 (column block c).
+  {
+    Smem16 t(Cfg::kKVBytes);
+    std::vector<int> wr(t.v.size(), 0);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int w = 0; w < 4; ++w)
+        for (int l = 0; l < 32; ++l)
+          for (int j = 0; j < kWD / 8; ++j)
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t off = C::kv_offset(wg, w, l, j, h);
+              CHECK(off % 4 == 0, "dK/dV pair offset %u not 4-byte aligned", off);
+              for (int e = 0; e < 2; ++e)
+                t.put(off + 2 * e, ident(7, 16 * w + l / 4 + 8 * h, kWD * wg + 8 * j + 2 * (l % 4) + e), wr.data());
+            }
+    for (size_t i = 0; i < wr.size(); ++i) CHECK(wr[i] == 1, "dK/dV tile element %zu written %d times", i, wr[i]);
+    for (int c = 0; c < kD / 64; ++c) {
+      const uint32_t base = uint32_t(c * kBN * 128);
+      CHECK(base % 1024 == 0, "TMA store box base %u", base);
+      for (int r = 0; r < kBN; ++r)
+        for (int cc = 0; cc < 64; ++cc)
+          CHECK(t.get(base + swz(uint32_t(r * 128 + 2 * cc))) == ident(7, r, 64 * c + cc), "dK/dV store box c%d (%d,%d)",
+                c, r, cc);
+    }
+  }
+  std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
 // ---------------------------------------------------------------- masks
 static bool visible_ref(const MaskInfo& mi, int i, int k, const int* qs, const int* ks) {
   if (k >= mi.seqlen_k) return false;
@@ -404,6 +614,78 @@ static void check_masks() {
   std::printf("masks (kBlockM %d, %d cases): %s\n", kBM, cases, g_fail == fail0 ? "ok" : "FAILED");
 }
 
+// The hdim-256 consumer masks S (queries x keys) with the forward's
+// apply_mask: warpgroup wg holds keys [n0 + 32 wg, +32) of a 64-key block.
+static void check_masks_hd256() {
+  constexpr int kBM = 64, kBN = 64, kWN = 32;
+  const int fail0 = g_fail;
+  std::mt19937 rng(11);
+  int cases = 0;
+  const int lens[] = {1, 5, 37, 53, 63, 64, 65, 127, 128, 129, 200, 300};
+  const int wins[] = {-1, 0, 1, 3, 7, 20, 64, 100};
+  for (int T : lens)
+    for (int S : lens)
+      for (int wl : wins)
+        for (int wr : wins) {
+          if ((rng() % 4) != 0) continue;
+          for (int seg = 0; seg < 2; ++seg) {
+            ++cases;
+            std::vector<int> qs(T), ks(S);
+            if (seg) {
+              int id = 0;
+              for (int i = 0; i < T; ++i) qs[i] = (id += (rng() % 9 == 0)) % 3;
+              id = 0;
+              for (int i = 0; i < S; ++i) ks[i] = (id += (rng() % 9 == 0)) % 3;
+            }
+            MaskInfo mi{};
+            mi.seqlen_q = T;
+            mi.seqlen_k = S;
+            mi.off = S - T;
+            mi.wl = wl;
+            mi.wr = wr;
+            mi.q_seg = seg ? qs.data() : nullptr;
+            mi.kv_seg = seg ? ks.data() : nullptr;
+            const int nb = (S + kBN - 1) / kBN;
+            for (int n = 0; n < nb; ++n) {
+              int first, last;
+              q_block_range(mi, n * kBN, kBN, kBM, first, last);
+              for (int i = 0; i < T; ++i)
+                for (int k = n * kBN; k < std::min(S, n * kBN + kBN); ++k)
+                  if (visible_ref(mi, i, k, nullptr, nullptr) && !(i / kBM >= first && i / kBM < last)) {
+                    CHECK(false, "q_block_range(64) T=%d S=%d wl=%d wr=%d n=%d: row %d key %d outside [%d,%d)", T, S,
+                          wl, wr, n, i, k, first, last);
+                    i = T;
+                    break;
+                  }
+              for (int mb = first; mb < last; ++mb)
+                for (int wg = 0; wg < 2; ++wg) {
+                  const int m0 = mb * kBM, n0 = n * kBN + kWN * wg;
+                  const bool needs = mi.block_needs_mask(m0, kBM, n0, kWN);
+                  for (int w = 0; w < 4; ++w)
+                    for (int l = 0; l < 32; ++l) {
+                      float s[kWN / 2];
+                      for (float& x : s) x = 1.f;
+                      const int row0 = m0 + 16 * w + l / 4, key0 = n0 + 2 * (l % 4);
+                      if (needs) apply_mask(s, mi, 0, row0, key0);
+                      for (int j = 0; j < kWN / 8; ++j)
+                        for (int h = 0; h < 2; ++h)
+                          for (int e = 0; e < 2; ++e) {
+                            const int q = row0 + 8 * h, key = key0 + 8 * j + e;
+                            if (q >= T) continue;  // P = 0 through the staged LSE (+inf)
+                            const bool vis = visible_ref(mi, q, key, seg ? qs.data() : nullptr, ks.data());
+                            const bool kept = s[4 * j + 2 * h + e] != -INFINITY;
+                            CHECK(vis == kept, "mask(256) T=%d S=%d wl=%d wr=%d seg=%d key %d query %d: visible %d kept %d",
+                                  T, S, wl, wr, seg, key, q, vis, kept);
+                          }
+                    }
+                }
+            }
+          }
+        }
+  std::printf("masks (hdim 256: 64 x 64 blocks, S per key half, %d cases): %s\n", cases,
+              g_fail == fail0 ? "ok" : "FAILED");
+}
+
 static void check_scheduler() {
   const int fail0 = g_fail;
   for (int batch : {1, 2, 3})
@@ -411,8 +693,9 @@ static void check_scheduler() {
       for (int group : {1, 4})
         for (int sq : {1, 300, 8192, 100000})
           for (int sk : {1, 130, 8192})
-            for (int causal = 0; causal < 2; ++causal) {
-              const BwdTileScheduler s = make_bwd_scheduler(batch, hk, group, sq, sk, 128, 128, causal);
+            for (int causal = 0; causal < 4; ++causal) {  // 2, 3: hdim 256 (64-key blocks)
+              const int d = causal < 2 ? 128 : 256, bn = causal < 2 ? 128 : 64;
+              const BwdTileScheduler s = make_bwd_scheduler(batch, hk, group, sq, sk, d, bn, causal % 2);
               std::vector<int> seen(size_t(s.total), 0);
               for (int t = 0; t < s.total; ++t) {
                 int n, h, b;
@@ -429,8 +712,10 @@ static void check_scheduler() {
 int main() {
   check_config<BwdConfigFor<64>::type>();
   check_config<BwdConfigFor<128>::type>();
+  check_config_hd256<BwdConfigFor<256>::type>();
   check_masks<128>();
   check_masks<64>();
+  check_masks_hd256();
   check_scheduler();
   std::printf("%s (%d failed checks)\n", g_fail ? "FAILED" : "ALL OK", g_fail);
   return g_fail ? 1 : 0;

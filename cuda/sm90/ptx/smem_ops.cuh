@@ -1,5 +1,5 @@
 // Shared-memory and bulk-reduction wrappers used by the sm90 backward
-// (PTX ISA 8.0, sm_90): vector ld/st.shared, stmatrix (.trans), and the
+// (PTX ISA 8.0, sm_90): vector ld/st.shared, stmatrix (plain and .trans), and the
 // non-tensor bulk reduction cp.reduce.async.bulk ... .add.f32 (the one the
 // sm80 backward's kBulkDq path uses on Hopper, validated there), and its
 // tensor form cp.reduce.async.bulk.tensor (through a TMA descriptor).
@@ -17,6 +17,11 @@ JF_DEVICE float2 ld_shared_v2_f32(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
   return v;
 }
+JF_DEVICE float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
 JF_DEVICE void st_shared_f32(uint32_t addr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
@@ -32,6 +37,15 @@ JF_DEVICE void st_shared_v2_f32(uint32_t addr, float x, float y) {
 JF_DEVICE void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
                "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// stmatrix.m8n8.x4 (not transposed): register r_i of lane l holds row l / 4,
+// columns 2 (l % 4), 2 (l % 4) + 1 of matrix i; lane 8 i + c gives the
+// address of row c of matrix i (8 consecutive 16-bit elements).
+JF_DEVICE void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
 

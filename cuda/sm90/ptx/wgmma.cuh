@@ -115,14 +115,18 @@ JF_DEVICE void acc_to_a(const float (&d)[NR], uint32_t (&a)[NR / 8][4]) {
 
 // D (+)= A * B over kSteps k16 steps, both operands in shared memory.
 // desc_a/desc_b: descriptors of k-step 0; a_step(kk)/b_step(kk): byte offsets
-// of k-step kk. zero_init: the first step overwrites D.
-template <typename Element, int N, int kTransB, int kSteps, typename AStep, typename BStep>
+// of k-step kk. zero_init: the first step overwrites D. kTransA = 1: A is
+// MN-major (M along the contiguous 64-element rows; same descriptor form as
+// an MN-major B: SBO = 1024 per 8 k-rows, LBO = next 64 of M).
+template <typename Element, int N, int kTransB, int kSteps, int kTransA = 0, typename AStep,
+          typename BStep>
 JF_DEVICE void gemm_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, AStep a_step,
                        BStep b_step, bool zero_init) {
 #pragma unroll
   for (int kk = 0; kk < kSteps; ++kk) {
-    Wgmma<N, Element>::template ss<kTransB>(d, desc_a + (a_step(kk) >> 4), desc_b + (b_step(kk) >> 4),
-                                            (zero_init && kk == 0) ? 0 : 1);
+    Wgmma<N, Element>::template ss<kTransB, kTransA>(d, desc_a + (a_step(kk) >> 4),
+                                                     desc_b + (b_step(kk) >> 4),
+                                                     (zero_init && kk == 0) ? 0 : 1);
   }
 }
 
