@@ -46,12 +46,9 @@ struct BwdConsumerHd256 {
   const BwdSmem<Cfg>& sm;
   int wg, warp, lane;
 
-  // One arrival per warp on an "empty" barrier (after the warp's wgmma wait).
-  JF_DEVICE void release(uint32_t bar) const {
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(bar);
-    __syncwarp();
-  }
+  // Every thread arrives on an "empty" barrier (BwdConfig::kEmptyArrivals),
+  // after its wgmma wait and its last read of the stage.
+  JF_DEVICE void release(uint32_t bar) const { ptx::mbar_arrive(bar); }
   JF_DEVICE void wait_full(uint32_t bar, uint32_t phase) const {
     ptx::mbar_wait(bar, phase);
     __syncwarp();
