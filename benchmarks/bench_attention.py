@@ -313,6 +313,34 @@ def plot_sweep(records, path):
 # ---------------------------------------------------------------------------
 
 
+def _selected_shapes(args):
+  shapes = PRESETS["sweep" if args.sweep else args.shapes]()
+  if args.dims:
+    shapes = [s for s in shapes if s.D in {int(d) for d in
+                                            args.dims.split(",")}]
+  if args.seqs:
+    shapes = [s for s in shapes if s.T in {int(t) for t in
+                                            args.seqs.split(",")}]
+  if args.causal != "both":
+    shapes = [s for s in shapes if s.causal == (args.causal == "yes")]
+  return shapes
+
+
+def replot(args):
+  if not args.plot:
+    raise SystemExit("--replot needs --plot PATH")
+  keys = {(s.B, s.T, s.S, s.H, s.H_kv, s.D, s.causal)
+          for s in _selected_shapes(args)}
+  impls = set(args.impls.split(",")) if args.impls else None
+  modes = set(args.modes.split(","))
+  records = [r for r in json.loads(args.out.read_text())
+             if (r["B"], r["T"], r["S"], r["H"], r["H_kv"], r["D"],
+                 r["causal"]) in keys and r["mode"] in modes
+             and r["dtype"] == args.dtype
+             and (impls is None or r["impl"] in impls)]
+  plot_sweep(records, args.plot)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--impls", help="comma-separated; default: all that can "
@@ -334,7 +362,12 @@ def main(argv=None):
   p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
   p.add_argument("--plot", type=pathlib.Path,
                  help="PNG of TFLOP/s against seq (for the sweep)")
+  p.add_argument("--replot", action="store_true",
+                 help="no timing: plot --plot from the records in --out "
+                 "that match the shapes, --impls and --modes")
   args = p.parse_args(argv)
+  if args.replot:
+    return replot(args)
 
   warnings.filterwarnings("ignore", category=DeprecationWarning)
   platform = jax.default_backend()
@@ -352,15 +385,7 @@ def main(argv=None):
   preset = "sweep" if args.sweep else args.shapes
   if preset not in PRESETS:
     p.error(f"unknown --shapes {preset!r}; known: {', '.join(PRESETS)}")
-  shapes = PRESETS[preset]()
-  if args.dims:
-    shapes = [s for s in shapes if s.D in {int(d) for d in
-                                            args.dims.split(",")}]
-  if args.seqs:
-    shapes = [s for s in shapes if s.T in {int(t) for t in
-                                            args.seqs.split(",")}]
-  if args.causal != "both":
-    shapes = [s for s in shapes if s.causal == (args.causal == "yes")]
+  shapes = _selected_shapes(args)
   modes = args.modes.split(",")
   command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
   print(f"device: {device} ({platform}), jax {jax.__version__}, "

@@ -37,7 +37,7 @@ def main():
     entry = text[text.index("ENTRY"):]
     print(f"=== {name}")
     for line in entry.splitlines()[1:]:
-      m = re.match(r"\s*(?:ROOT )?(\S+) = (\S+) (\w[\w-]*)\(", line)
+      m = re.match(r"\s*(?:ROOT )?(\S+) = (.+?) ([a-z][\w-]*)\(", line)
       if not m or m.group(3) in ("parameter", "get-tuple-element", "tuple", "constant", "bitcast"):
         continue
       target = re.search(r'custom_call_target="([^"]+)"', line)
