@@ -15,7 +15,10 @@
 // warpgroups, 2 stages of Q / dO and of dS. dQ = dS K (kBlockM x D per step)
 // is split over the two warpgroups into 64 x 64 tiles: along the head dim for
 // kBlockM = 64 (hdim 128: FA3 AtomLayoutMdQ = 1), along the rows for
-// kBlockM = 128 (hdim 64: AtomLayoutMdQ = 2).
+// kBlockM = 128 (hdim 64: AtomLayoutMdQ = 2). Tuning variant 2 (hdim 128,
+// no causal / local bound; FA3's non-causal tile): kBlockM = 80, S^T / dP^T
+// 64 x 80 per WG, dV / dK RS GEMMs of 5 k-steps, and dQ_swapAB: dQ^T = K^T
+// dS^T, 64 head-dim columns x 80 queries per WG (see kDqSwapAB below).
 //
 // !kSdpSwapAB (hdim 256; bwd_consumer_hd256.cuh BwdConsumerHd256): kBlockM =
 // kBlockN = 64. dK and dV of 64 keys x 256 are 128 registers per thread
@@ -45,7 +48,8 @@
 //   dQ            2 x 16 or 18 KB fp32          one staging tile per consumer WG:
 //                   kDqTensor (default): [2][64][32] 128B-swizzled (two TMA boxes
 //                   of 32 columns, added into dq_accum by cp.reduce.async.bulk.tensor);
-//                   rows (ablation): [64][kDqPitch], one cp.reduce.async.bulk per row
+//                   rows (ablation): [64][kDqPitch], one cp.reduce.async.bulk per row;
+//                   dQ_swapAB (kBlockM 80): [2][80][32] swizzled only (20 KB)
 //   LSE           kStages x [kBlockM] fp32      log2-unit LSE (+inf for empty
 //                                               rows / rows past seqlen_q)
 //   delta         kStagesDo x [kBlockM] fp32
@@ -83,15 +87,23 @@ struct BwdConfig {
   static_assert(kSdpSwapAB ? (kHeadDim % 64 == 0 && kHeadDim <= 128 && kBlockN == 128)
                            : (kHeadDim == 256 && kBlockN == 64 && kBlockM == 64),
                 "head dim buckets: 64 and 128 (SdP_swapAB, 128 keys), 256 (64 x 64)");
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: 64 or 128");
-  // dQ (kBlockM x D) split over the 2 WGs into 64-row x kDqWGCols parts,
+  static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128),
+                "kBlockM: 64 or 128 (80: hdim 128, dQ_swapAB)");
+  // dQ_swapAB (FA3: kBlockM % 64 != 0, i.e. kBlockM = 80): each WG makes
+  // dQ^T[cols, :] = K[:, cols]^T dS^T (wgmma M = its 64 head-dim columns, N =
+  // kBlockM queries, A = K read MN-major (tnspA), B = dS K-major), so the
+  // 80 rows need no 64-row wgmma M; the WG's staging tile is then kBlockM
+  // rows (kDqRows) x 64 columns, written transposed from the accumulator.
+  static constexpr bool kDqSwapAB = kSdpSwapAB && kBlockM % 64 != 0;
+  // dQ (kBlockM x D) split over the 2 WGs into kDqRows-row x kDqWGCols parts,
   // each made in kDqSlices 64-column slices (one staging tile each).
-  static constexpr int kDqSplitM = kBlockM / 64;         // WGs along the rows
+  static constexpr int kDqSplitM = kDqSwapAB ? 1 : kBlockM / 64;  // WGs along the rows
   static constexpr int kDqSplitN = kConsumerWGs / kDqSplitM;  // WGs along the head dim
   static_assert(kDqSplitM * kDqSplitN == kConsumerWGs, "dQ split");
   static constexpr int kDqWGCols = kHeadDim / kDqSplitN;
   static constexpr int kDqCols = 64;
   static constexpr int kDqSlices = kDqWGCols / kDqCols;
+  static constexpr int kDqRows = kDqSwapAB ? kBlockM : 64;  // rows of a WG's dQ tile
   static_assert(kDqSlices * kDqCols == kDqWGCols && (kSdpSwapAB ? kDqSlices == 1 : kDqSlices == 2),
                 "each WG's dQ staging tile is 64 x 64 (one wgmma N=64, one K column block)");
   // Row pitch of a dQ staging tile (floats) in the row-reduction ablation
@@ -106,9 +118,11 @@ struct BwdConfig {
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;  // one dS (or P) buffer
   static constexpr int kPBytes = kSdpSwapAB ? 0 : 2 * kDsBytes;  // P^T stays in registers there
   // One WG's dQ staging tile: the larger of the two layouts (64 x kDqPitch
-  // rows, 64 x 64 swizzled boxes), a multiple of 1 KB.
-  static constexpr int kDqWGBytes = 64 * kDqPitch * 4;
-  static_assert(kDqWGBytes >= 64 * 64 * 4 && kDqWGBytes % 1024 == 0, "dQ staging tile");
+  // rows, 64 x 64 swizzled boxes), a multiple of 1 KB. dQ_swapAB: only the
+  // swizzled layout (two kDqRows x 32 boxes; the row-reduction variant is
+  // not built for it).
+  static constexpr int kDqWGBytes = kDqSwapAB ? kDqRows * kDqCols * 4 : 64 * kDqPitch * 4;
+  static_assert(kDqWGBytes >= kDqRows * kDqCols * 4 && kDqWGBytes % 1024 == 0, "dQ staging tile");
   static constexpr int kStatBytes = kBlockM * 4;          // one stage of LSE (or delta)
 
   static constexpr int kOffK = 0;
@@ -154,6 +168,13 @@ template <> struct BwdConfigFor<64>  { using type = BwdConfig<64, 128>; };
 template <> struct BwdConfigFor<128> { using type = BwdConfig<128, 64>; };
 //                                         D   BM  BN  dO stages  SdP_swapAB
 template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, false>; };
+// Tuning variant 2 (BwdParams::sm90_bwd_variant, -DJAX_FLASH_SM90_ABLATION,
+// bf16): hdim 128 with kBlockM = 80 for masks without a causal / local bound
+// (FA3 hopper/flash_bwd_launch_template.h: 80 x 128 with dQ_swapAB when not
+// causal and not local, 64 x 128 otherwise). Smem: K, V 32 KB each, Q and
+// dO 2 x 20 KB each, dS 2 x 20 KB, dQ staging 2 x 20 KB, LSE / delta 2 x
+// 320 B each: 230728 B + 1 KB slack (of 232448).
+using BwdConfigHd128Bm80 = BwdConfig<128, 80>;
 
 // Named barrier ids of the backward (0 is __syncthreads).
 constexpr int kBwdBarDqFull = 1;   // + WG: the WG's dQ tile is staged (128 consumer + 32 writer threads)
@@ -225,7 +246,7 @@ struct BwdKernelArgs {
   CUtensorMap tm_do;  // box {64, kBlockM, 1, 1}
   CUtensorMap tm_dk;  // box {64, 64, 1, 1} (64 rows x 64 columns of a consumer WG's part)
   CUtensorMap tm_dv;  // box {64, 64, 1, 1}
-  CUtensorMap tm_dqacc;  // fp32 dq_accum (head_dim, seqlen_q, heads, batch), box {32, 64, 1, 1}
+  CUtensorMap tm_dqacc;  // fp32 dq_accum (head_dim, seqlen_q, heads, batch), box {32, kDqRows, 1, 1}
   MaskInfo mask;
   SoftmaxScale sm;
   BwdTileScheduler sched;

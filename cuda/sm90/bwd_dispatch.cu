@@ -62,7 +62,9 @@ bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev) {
     case 64: return BwdConfigFor<64>::type::kSmemAlloc <= dev.smem_optin;
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return BwdConfigFor<128>::type::kSmemAlloc <= dev.smem_optin;
+    case 128:
+      return (p.sm90_bwd_variant == 2 ? BwdConfigHd128Bm80::kSmemAlloc : BwdConfigFor<128>::type::kSmemAlloc) <=
+             dev.smem_optin;
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM256
     case 256: return BwdConfigFor<256>::type::kSmemAlloc <= dev.smem_optin;
@@ -97,7 +99,17 @@ bool bwd_supported(const BwdParams& p) {
 #else
   if (p.deterministic) return false;  // sm80 has the fixed-order dQ kernel
 #ifdef JAX_FLASH_SM90_ABLATION
-  if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant > 1) return false;
+  if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant > 2) return false;
+  // Variant 2 (kBlockM 80, BwdConfigHd128Bm80) applies to the bf16 hdim-128
+  // bucket without a causal / local bound; unavailable elsewhere.
+  if (p.sm90_bwd_variant == 2) {
+    const MaskInfo mi = make_mask_info(p);
+    if (bwd_bucket(p.head_dim) != 128 || p.dtype != DType::kBFloat16 || mi.wl >= 0 || mi.wr >= 0)
+      return false;
+#ifdef JAX_FLASH_DISABLE_HDIM128
+    return false;
+#endif
+  }
 #else
   if (p.sm90_bwd_variant != 0) return false;
 #endif

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "bwd_instantiations.h"
 #include "bwd_kernel.cuh"
@@ -29,9 +30,10 @@ cudaError_t launch_dq_convert(const BwdParams& p, cudaStream_t stream) {
 
 // dq_accum [batch, heads, seqlen_q_rounded, pitch] fp32 as a 4-d map
 // (head_dim, seqlen_q, heads, batch): the reductions skip the columns past
-// head_dim and the rows past seqlen_q. 128B swizzle, box {32, 64, 1, 1}.
+// head_dim and the rows past seqlen_q. 128B swizzle, box {32, box_rows, 1, 1}
+// (box_rows = BwdConfig::kDqRows: 64; 80 with dQ_swapAB).
 inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seqlen_q,
-                            int seqlen_q_rounded, int pitch, int heads, int batch) {
+                            int seqlen_q_rounded, int pitch, int heads, int batch, int box_rows = 64) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t row = cuuint64_t(pitch) * 4, head = row * cuuint64_t(seqlen_q_rounded),
@@ -39,7 +41,7 @@ inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seql
   cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(std::max(seqlen_q, 1)), cuuint64_t(heads),
                         cuuint64_t(batch)};
   cuuint64_t strides[3] = {row, head, bat};
-  cuuint32_t box[4] = {32, 64, 1, 1};
+  cuuint32_t box[4] = {32, cuuint32_t(box_rows), 1, 1};
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptr, dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -49,12 +51,14 @@ inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seql
 
 template <typename Element, typename Cfg>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  // Schedule variant (BwdParams::sm90_bwd_variant): 0 = tensor dQ reductions.
+  // Schedule variant (BwdParams::sm90_bwd_variant): 0 = tensor dQ reductions;
+  // 2 = this launcher with the kBlockM-80 config (run_bwd_hdim picks it).
   bool dq_tensor = true;
   switch (p.sm90_bwd_variant) {
-    case 0: break;
+    case 0: if (Cfg::kDqSwapAB) return cudaErrorNotSupported; break;
 #ifdef JAX_FLASH_SM90_ABLATION
-    case 1: dq_tensor = false; break;
+    case 1: if (Cfg::kDqSwapAB) return cudaErrorNotSupported; dq_tensor = false; break;
+    case 2: if (!Cfg::kDqSwapAB) return cudaErrorNotSupported; break;
 #endif
     default: return cudaErrorNotSupported;
   }
@@ -75,9 +79,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
       !encode_bshd(&args.tm_dv, p.dtype, p.dv, hd, p.seqlen_k, p.num_heads_k, p.batch,
                    p.v_row_stride, p.v_head_stride, p.v_batch_stride, 64) ||
       !encode_dq_accum(&args.tm_dqacc, p.dq_accum, hd, p.seqlen_q, p.seqlen_q_rounded,
-                       p.head_dim_rounded, p.num_heads, p.batch))
+                       p.head_dim_rounded, p.num_heads, p.batch, Cfg::kDqRows))
     return cudaErrorNotSupported;
   args.mask = make_mask_info(p);
+  // kBlockM 80 (FA3's non-causal tile) only without a causal / local bound.
+  if (Cfg::kDqSwapAB && (args.mask.wl >= 0 || args.mask.wr >= 0)) return cudaErrorNotSupported;
   args.sm = make_softmax_scale(p.scale, p.softcap);
   const bool causal_like = args.mask.wr >= 0 && args.mask.wl < 0;
   const int group = p.num_heads / p.num_heads_k;
@@ -103,8 +109,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (args.sched.total > 0) {  // every KV block, also those no query sees (dK = dV = 0)
     auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true> : bwd_kernel<Element, Cfg, false, true>;
 #ifdef JAX_FLASH_SM90_ABLATION
-    if (!dq_tensor)
-      kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, false> : bwd_kernel<Element, Cfg, false, false>;
+    if constexpr (!Cfg::kDqSwapAB) {  // dQ_swapAB: tensor reductions only
+      if (!dq_tensor)
+        kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, false> : bwd_kernel<Element, Cfg, false, false>;
+    }
 #else
     (void)dq_tensor;
 #endif
@@ -131,6 +139,13 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
+#ifdef JAX_FLASH_SM90_ABLATION
+  // Variant 2: kBlockM = 80 (bf16, hdim 128, no causal / local bound;
+  // bwd_supported checks the rest).
+  if constexpr (kHeadDim == 128 && std::is_same_v<Element, __nv_bfloat16>) {
+    if (p.sm90_bwd_variant == 2) return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream);
+  }
+#endif
   return launch_bwd<Element, typename BwdConfigFor<kHeadDim>::type>(p, stream);
 }
 

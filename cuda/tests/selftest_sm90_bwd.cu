@@ -13,15 +13,18 @@
 // 128 (incl. 96, 80) and 256 (incl. 200, 136, 160: zero-padded columns, a
 // whole padding column block for 136 and 160). Builds with
 // -DJAX_FLASH_SM90_ABLATION also run BwdParams::sm90_bwd_variant 1 (dQ by row
-// bulk reductions instead of tensor reductions); "#v" counts the variants run
-// and a failing row names the failing ones. Exit code 1 on a failure.
+// bulk reductions instead of tensor reductions) and, where it applies (bf16,
+// hdim-128 bucket, no causal / local bound), 2 (kBlockM 80, dQ_swapAB);
+// "#v" counts the variants run and a failing row names the failing ones.
+// Exit code 1 on a failure.
 //
 // Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16),
-// (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variant 1 where
-// compiled) next to sm80 run_bwd (fast mode), each including its dq_accum memset and dq_convert pass; 10
-// back-to-back calls between two events, median of 5 repeats; FLOPs = 2.5 x
-// the forward's 4 B H T S D (halved when causal). LSE comes from the sm80
-// forward; also prints max |dX_sm90 - dX_sm80| / max |dX_sm80|.
+// (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variants 1 and 2
+// where compiled and applicable: "-" elsewhere) next to sm80 run_bwd (fast mode), each including
+// its dq_accum memset and dq_convert pass; 10 back-to-back calls between two events, median of 5
+// repeats; FLOPs = 2.5 x the forward's 4 B H T S D (halved when causal). LSE comes from the
+// sm80 forward; also prints max |dX_sm90 - dX_sm80| / max |dX_sm80| for the default and, where
+// it ran, variant 2, and the speed ratio v2 / default.
 //
 // A failing row is preceded by lines naming, for dQ, dK and dV, the worst
 // element and the count of bad elements per (row % 128 < 64 or >= 64: the
@@ -317,6 +320,8 @@ static bool padding_untouched(const std::vector<uint16_t>& got, const Tensor& la
 }
 
 static int g_only_variant = -1;  // --variant=N
+// BwdParams::sm90_bwd_variant values (0 default; 1, 2 with -DJAX_FLASH_SM90_ABLATION).
+constexpr int kNumVariants = 3;
 
 struct Row {
   double dq = 0, dk = 0, dv = 0;
@@ -449,7 +454,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   // --variant=N runs only BwdParams::sm90_bwd_variant N (e.g. 1 when the
   // default tensor-reduction path hangs or fails).
   const int v_first = g_only_variant > 0 ? g_only_variant : 0;
-  const int v_end = g_only_variant >= 0 ? v_first + 1 : 2;
+  const int v_end = g_only_variant >= 0 ? v_first + 1 : kNumVariants;
   bp.sm90_bwd_variant = c.expect_ns ? 0 : v_first;
   const bool supported = jax_flash::sm90::bwd_supported(bp);
   cudaError_t err = jax_flash::sm90::run_bwd(bp, 0);
@@ -472,11 +477,12 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   }
   const double tol_g = fp16 ? 1e-2 : 4e-2;  // selftest.cu's gradient tolerances
   // Variant 0 (default), then in -DJAX_FLASH_SM90_ABLATION builds variant 1
-  // (dQ by row bulk reductions); the row keeps the worst errors.
+  // (dQ by row bulk reductions) and 2 (kBlockM 80) where they apply; the row
+  // keeps the worst errors.
   for (int variant = v_first; variant < v_end; ++variant) {
     if (variant > v_first) {
       bp.sm90_bwd_variant = variant;
-      if (!jax_flash::sm90::bwd_supported(bp)) break;  // not compiled in
+      if (!jax_flash::sm90::bwd_supported(bp)) continue;  // not compiled in, or not for this case
       poison();
       err = jax_flash::sm90::run_bwd(bp, 0);
     }
@@ -596,6 +602,22 @@ static std::vector<Case> all_cases(bool quick) {
       cs.push_back(c);
     }
   }
+  // kBlockM 80 (variant 2: bf16, hdim-128 bucket, no causal / local bound):
+  // whole and partial 80-row blocks, GQA sums over several query blocks,
+  // softcap and segments together (the segment mask of the softcap kernel
+  // collects mismatch bits), a head dim zero-padded to 128.
+  {
+    cs.push_back(Case{"d128 multiblock plain T=160 S=300 (2 x 80 rows)", 1, 160, 300, 2, 1, 128});
+    Case c{"d128 multiblock softcap+seg GQA T=413 S=389", 2, 413, 389, 4, 2, 128};
+    c.softcap = 5.f;
+    c.scale_mul = 2.f;
+    c.segments = true;
+    cs.push_back(c);
+    c = Case{"d128 multiblock segments T=241 S=700", 1, 241, 700, 2, 2, 128};
+    c.segments = true;
+    cs.push_back(c);
+    cs.push_back(Case{"d112 multiblock plain GQA T=330 S=129", 1, 330, 129, 6, 2, 112});
+  }
   // Head dims served by a larger bucket (zero-filled columns).
   cs.push_back(Case{"d40 (bucket 64)", 2, 37, 53, 4, 2, 40});
   cs.push_back(Case{"d80 (bucket 128, pitch 96) strided", 2, 37, 53, 4, 4, 80, false, -1, -1, false,
@@ -676,15 +698,15 @@ static void bench() {
   std::printf("bench: B=%d T=S=%d bf16, backward TF/s (2.5 x fwd FLOPs; 10 calls between events, "
               "median of 5; incl. dq_accum memset and dq_convert)\n",
               B, T);
-  std::printf("%-5s %-4s %-7s %9s %9s %9s %7s   %s\n", "D", "H", "causal", "sm90", "sm90 v1", "sm80",
-              "90/80", "max|d90-d80|/max|d80| (dQ, dK, dV)");
+  std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %7s %7s   %s\n", "D", "H", "causal", "sm90", "sm90 v1",
+              "sm90 v2", "sm80", "90/80", "v2/v0", "max|d90-d80|/max|d80| (dQ, dK, dV; default, v2)");
   for (Shape sh : {Shape{128, 16}, Shape{64, 32}, Shape{256, 8}}) {
     const size_t n = size_t(B) * T * sh.H * sh.D;
     uint16_t *dq_in = dev_alloc<uint16_t>(n), *dk_in = dev_alloc<uint16_t>(n),
              *dv_in = dev_alloc<uint16_t>(n), *ddo = dev_alloc<uint16_t>(n), *d_o = dev_alloc<uint16_t>(n);
     uint32_t seed = 1;
     for (uint16_t* p : {dq_in, dk_in, dv_in, ddo}) fill_bits<<<1024, 256>>>(p, n, seed++);
-    uint16_t* g[2][3];
+    uint16_t* g[3][3];
     for (auto& gi : g)
       for (auto& x : gi) x = dev_alloc<uint16_t>(n);
     const size_t nstat = size_t(B) * sh.H * T;
@@ -743,29 +765,30 @@ static void bench() {
         CHECK_CUDA(cudaGetLastError());
         return flops / (median(reps) * 1e-3) / 1e12;
       };
-      // tf: sm90 variant 1 (row dQ reductions, ablation builds), sm80, sm90
-      // default (last, so that g[0] holds the default variant's gradients).
-      double tf[3];
-      for (int impl = 0; impl < 3; ++impl) {
+      // Timed in the order sm90 variant 1 (row dQ reductions), sm90 variant 2
+      // (kBlockM 80; both ablation builds, where they apply), sm80, sm90
+      // default (last). Gradients: g[0] sm90 (v1, then the default over it),
+      // g[1] sm80, g[2] sm90 v2. tf[]: default, v1, v2, sm80 (-1: not run).
+      double tf[4] = {-1, -1, -1, -1};
+      for (int impl : {1, 2, 3, 0}) {
         BwdParams pi = p;
-        pi.dq = g[impl == 1][0];
-        pi.dk = g[impl == 1][1];
-        pi.dv = g[impl == 1][2];
-        pi.sm90_bwd_variant = impl == 0 ? 1 : 0;
-        if (impl == 1)
+        const int gi = impl == 3 ? 1 : impl == 2 ? 2 : 0;
+        pi.dq = g[gi][0];
+        pi.dk = g[gi][1];
+        pi.dv = g[gi][2];
+        pi.sm90_bwd_variant = impl == 3 ? 0 : impl;
+        if (impl == 3)
           tf[impl] = time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); });
         else
           tf[impl] = jax_flash::sm90::bwd_supported(pi)
                          ? time_it([&] { return jax_flash::sm90::run_bwd(pi, 0); })
                          : -1;
       }
-      std::swap(tf[0], tf[2]);  // -> sm90 default, sm80, sm90 v1
-      std::swap(tf[1], tf[2]);  // -> sm90 default, sm90 v1, sm80
-      double rel[3] = {-1, -1, -1};
-      if (tf[0] > 0 && tf[2] > 0) {
+      // max |d(sm90 impl) - d(sm80)| / max |d(sm80)| per gradient
+      auto rel_to_sm80 = [&](int gi, double (&rel)[3]) {
         std::vector<uint16_t> a(n), b(n);
         for (int t = 0; t < 3; ++t) {
-          CHECK_CUDA(cudaMemcpy(a.data(), g[0][t], n * 2, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(a.data(), g[gi][t], n * 2, cudaMemcpyDeviceToHost));
           CHECK_CUDA(cudaMemcpy(b.data(), g[1][t], n * 2, cudaMemcpyDeviceToHost));
           double md = 0, mr = 0;
           for (size_t i = 0; i < n; ++i) {
@@ -776,7 +799,10 @@ static void bench() {
           }
           rel[t] = md / std::max(mr, 1e-30);
         }
-      }
+      };
+      double rel[3] = {-1, -1, -1}, rel2[3] = {-1, -1, -1};
+      if (tf[0] > 0 && tf[3] > 0) rel_to_sm80(0, rel);
+      if (tf[2] > 0 && tf[3] > 0) rel_to_sm80(2, rel2);
       std::printf("%-5d %-4d %-7s", sh.D, sh.H, causal ? "yes" : "no");
       for (double x : tf) {
         if (x < 0)
@@ -784,8 +810,14 @@ static void bench() {
         else
           std::printf(" %9.1f", x);
       }
-      std::printf(" %7.2f   %.3g %.3g %.3g\n", tf[0] > 0 && tf[2] > 0 ? tf[0] / tf[2] : 0.0, rel[0],
-                  rel[1], rel[2]);
+      std::printf(" %7.2f", tf[0] > 0 && tf[3] > 0 ? tf[0] / tf[3] : 0.0);
+      if (tf[2] > 0 && tf[0] > 0)
+        std::printf(" %7.3f", tf[2] / tf[0]);
+      else
+        std::printf(" %7s", "-");
+      std::printf("   %.3g %.3g %.3g", rel[0], rel[1], rel[2]);
+      if (tf[2] > 0) std::printf("   v2: %.3g %.3g %.3g", rel2[0], rel2[1], rel2[2]);
+      std::printf("\n");
       std::fflush(stdout);
       CHECK_CUDA(cudaEventDestroy(e0));
       CHECK_CUDA(cudaEventDestroy(e1));

@@ -84,7 +84,8 @@ struct BwdParams : FwdParams {
   bool deterministic;   // fixed dQ accumulation order
   // sm90 backward schedule (jax_flash::sm90::run_bwd only; keep 0 outside
   // ablation benchmarks): 0 = dQ added by TMA tensor reductions (default),
-  // 1 = one bulk reduction per dQ row (compiled only with
+  // 1 = one bulk reduction per dQ row, 2 = kBlockM 80 (bf16 hdim 128 without
+  // a causal / local bound; elsewhere not supported) (1, 2 compiled only with
   // -DJAX_FLASH_SM90_ABLATION, else cudaErrorNotSupported).
   int sm90_bwd_variant = 0;
 };
