@@ -139,6 +139,8 @@ struct BwdConfig {
   static constexpr int kNumBars = 1 + 2 * kStages + 2 * kStagesDo;
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // + slack to align the base to 1 KB
+  static_assert(kSmemBytes % 8 == 0 && kSmemAlloc - kSmemBytes >= 1008 + 4,
+                "the claim slot (BwdSmem::claim_slot) fits the slack whatever the 16-byte aligned start");
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory plan too large");
   static_assert(kOffV % 1024 == 0 && kOffQ % 1024 == 0 && kOffdO % 1024 == 0 &&
                     kOffdS % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 &&
@@ -190,6 +192,10 @@ constexpr int kBwdDqBarThreads = 128 + 32;
 // (wr >= 0, unbounded left window): KV block 0 has the most query blocks, so
 // KV blocks ascending across all heads of a section (heaviest first), with
 // the heads taken in sections whose Q + dO fit in ~32 MB of L2.
+// Deterministic mode (decode<true>): the same orders with the KV blocks
+// descending (FA3's SPT order for causal), the order in which the KV blocks
+// add into each dQ tile (bwd_mainloop.cuh, bwd_dq_writer): the KV block a
+// CTA waits for always has a smaller tile index.
 struct BwdTileScheduler {
   int num_n_blocks;
   int num_bh;             // batch * num_heads_k
@@ -198,6 +204,7 @@ struct BwdTileScheduler {
   int heads_per_section;  // 0: head-major order
   int section_tiles;
 
+  template <bool kReverseN = false>
   JF_DEVICE void decode(int t, int& n_block, int& head_k, int& batch) const {
     int bh;
     if (heads_per_section == 0) {
@@ -211,6 +218,7 @@ struct BwdTileScheduler {
       n_block = r / hs;
       bh = base + (r - n_block * hs);
     }
+    if constexpr (kReverseN) n_block = num_n_blocks - 1 - n_block;
     batch = bh / num_heads_k;
     head_k = bh - batch * num_heads_k;
   }
@@ -259,6 +267,13 @@ struct BwdKernelArgs {
   int seqlen_q_rounded;
   int dq_pitch;            // BwdParams::head_dim_rounded
   int head_dim;
+  // Deterministic kernels only (else nullptr / 0): dq_sem[(batch * num_heads
+  // + q head) * sem_m_blocks + query block] = 1 + the KV block that added
+  // into that dQ tile last (0: none yet); tile_claim: the counter the CTAs
+  // take their tile indices from. Both zeroed by the launcher.
+  int* dq_sem;
+  int* tile_claim;
+  int sem_m_blocks;        // ceil(seqlen_q / kBlockM)
 };
 
 template <typename Cfg>
@@ -279,6 +294,10 @@ struct BwdSmem {
   JF_DEVICE uint32_t empty_q(int s) const { return bar(1 + Cfg::kStages + s); }
   JF_DEVICE uint32_t full_do(int s) const { return bar(1 + 2 * Cfg::kStages + s); }
   JF_DEVICE uint32_t empty_do(int s) const { return bar(1 + 2 * Cfg::kStages + Cfg::kStagesDo + s); }
+  // Deterministic kernels: the claimed tile index (one int), just past the
+  // plan, in the 1 KB alignment slack of kSmemAlloc (the dynamic shared
+  // memory is at least 16-byte aligned, so base - start <= 1008).
+  JF_DEVICE uint32_t claim_slot() const { return base + Cfg::kSmemBytes; }
 };
 
 }  // namespace jax_flash::sm90

@@ -1,8 +1,9 @@
 // sm90 backward: capability checks (bwd_supported) and dispatch to the
 // (dtype, head-dim bucket) instantiation. Anything not served here answers
 // cudaErrorNotSupported so that the caller runs jax_flash::sm80::run_bwd:
-// deterministic mode (dQ is added with bulk reductions in timing order),
-// head dims above 256, non-sm_90 devices, TMA-incompatible layouts.
+// deterministic mode without its workspace (BwdParams::sm90_dq_semaphore) or
+// with the row-reduction ablation variant, head dims above 256, non-sm_90
+// devices, TMA-incompatible layouts.
 #include <cstdint>
 
 #include "bwd_config.cuh"
@@ -97,7 +98,12 @@ bool bwd_supported(const BwdParams& p) {
   (void)p;
   return false;
 #else
-  if (p.deterministic) return false;  // sm80 has the fixed-order dQ kernel
+  // Deterministic (fixed dQ order through semaphores, bwd_mainloop.cuh): needs
+  // the semaphore workspace and the default (tensor reduction) schedule.
+  if (p.deterministic &&
+      (p.sm90_dq_semaphore == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_dq_semaphore) & 3) != 0 ||
+       p.sm90_bwd_variant != 0))
+    return false;
 #ifdef JAX_FLASH_SM90_ABLATION
   if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant > 2) return false;
   // Variant 2 (kBlockM 80, BwdConfigHd128Bm80) applies to the bf16 hdim-128

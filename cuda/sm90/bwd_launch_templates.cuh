@@ -62,6 +62,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 #endif
     default: return cudaErrorNotSupported;
   }
+  // Deterministic kernels: tensor reductions only, with the semaphore workspace.
+  if (p.deterministic && (!dq_tensor || p.sm90_dq_semaphore == nullptr)) return cudaErrorNotSupported;
   BwdKernelArgs args;
   std::memset(&args, 0, sizeof(args));
   const int hd = p.head_dim;
@@ -98,6 +100,16 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   args.seqlen_q_rounded = p.seqlen_q_rounded;
   args.dq_pitch = p.head_dim_rounded;
   args.head_dim = hd;
+  // Deterministic: semaphores per (batch, q head, query block) and the
+  // tile-claim counter, zeroed below (bwd_supported: the workspace is set).
+  const bool det = p.deterministic;
+  int64_t sem_ints = 0;
+  if (det) {
+    args.sem_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+    args.tile_claim = p.sm90_dq_semaphore;
+    args.dq_sem = p.sm90_dq_semaphore + 1;
+    sem_ints = 1 + int64_t(p.batch) * p.num_heads * args.sem_m_blocks;  // <= sm90_bwd_semaphore_ints
+  }
 
   cudaError_t err;
   if (p.seqlen_q > 0) {  // dq_accum is uninitialised on entry
@@ -108,6 +120,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (args.sched.total > 0) {  // every KV block, also those no query sees (dK = dV = 0)
     auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true> : bwd_kernel<Element, Cfg, false, true>;
+    if (det) {  // (tensor reductions only: bwd_supported)
+      err = cudaMemsetAsync(p.sm90_dq_semaphore, 0, size_t(sem_ints) * sizeof(int32_t), stream);
+      if (err != cudaSuccess) return err;
+      kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true, true>
+                               : bwd_kernel<Element, Cfg, false, true, true>;
+    }
 #ifdef JAX_FLASH_SM90_ABLATION
     if constexpr (!Cfg::kDqSwapAB) {  // dQ_swapAB: tensor reductions only
       if (!dq_tensor)

@@ -17,6 +17,18 @@
 // dq_accum stays row-major [b, h, seqlen_q_rounded, head_dim_rounded] for the
 // shared dq_convert pass. The producer and the writer serve both work splits
 // (bwd_config.cuh); the hdim-256 consumer is bwd_consumer_hd256.cuh.
+// Deterministic mode (kDet): the KV blocks add into each dQ tile in a fixed
+// order (descending block, bwd_mask.cuh dq_pred_range), through a semaphore
+// per (batch, q head, query block) in global memory (BwdKernelArgs::dq_sem).
+// Before the step's first reduction the writer waits (polls, then ld.acquire.gpu) until
+// block n + 1, if it adds into the tile, has stored n + 2; once its own
+// reductions are complete (cp.async.bulk.wait_group, not .read: the adds
+// performed) it stores n + 1 (st.release.gpu). fence.proxy.async.global on
+// both sides orders the async-proxy reductions with the generic flag accesses.
+// Forward progress: block n + 1 of the same (batch, kv head) has the smaller
+// tile index (BwdTileScheduler::decode<true>) and tiles are claimed in index
+// order from a counter by running CTAs (bwd_kernel.cuh), so the CTA waited
+// for is resident or done and itself waits only on smaller indices.
 //
 // Consumer warpgroup wg (SdP_swapAB: keys [64 wg, 64 wg + 64) of the block), per step:
 //   S^T  = K_wg Q^T        wgmma SS  (A = K rows, B = Q, both K-major), N = kBlockM
@@ -36,6 +48,7 @@
 #include "bwd_config.cuh"
 #include "bwd_mask.cuh"
 #include "ptx/barrier.cuh"
+#include "ptx/gmem_sync.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/smem_ops.cuh"
 #include "ptx/tma.cuh"
@@ -51,10 +64,10 @@ struct BwdTile {
   int m_first, m_last, iters;
 };
 
-template <typename Cfg>
+template <typename Cfg, bool kDet = false>
 JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, int t) {
   BwdTile w;
-  a.sched.decode(t, w.n_block, w.head_k, w.batch);
+  a.sched.template decode<kDet>(t, w.n_block, w.head_k, w.batch);
   q_block_range(a.mask, w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
   w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
   return w;
@@ -160,12 +173,18 @@ JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, cons
 // of kDqRows (64; dQ_swapAB: kBlockM = 80) rows x 32 columns; TMA skips rows
 // >= seqlen_q and columns >= head_dim). Else every lane adds rows of it (64
 // rows per tile).
-template <typename Cfg, bool kDqTensor>
+template <typename Cfg, bool kDqTensor, bool kDet = false>
 JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, const BwdTile& w) {
   using namespace ptx;
   static_assert(kDqTensor || Cfg::kDqRows == 64, "row reductions: 64-row tiles");
   if (w.iters == 0) return;
   const int lane = lane_id();
+  // kDet: query blocks [pred_first, pred_last) also get block n + 1's dQ,
+  // which adds first (see the top).
+  int pred_first = 0, pred_last = 0;
+  if constexpr (kDet)
+    dq_pred_range(a.mask, w.n_block, a.sched.num_n_blocks, Cfg::kBlockN, Cfg::kBlockM, pred_first,
+                  pred_last);
   // Both staging tiles start out empty.
   named_bar_arrive(kBwdBarDqEmpty + 0, kBwdDqBarThreads);
   named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
@@ -179,6 +198,22 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
     const int m0 = walk.mb * Cfg::kBlockM;
     float* dq_bh = a.dq_accum + (int64_t(w.batch) * a.num_heads + walk.hq) *
                                     int64_t(a.seqlen_q_rounded) * a.dq_pitch;
+    int* sem = nullptr;
+    if constexpr (kDet) {
+      sem = a.dq_sem + (int64_t(w.batch) * a.num_heads + walk.hq) * a.sem_m_blocks + walk.mb;
+      // The lanes that issue reductions wait for block n + 1's adds (tensor
+      // reductions: lane 0 only).
+      if (sl == 0 && walk.mb >= pred_first && walk.mb < pred_last && (!kDqTensor || lane == 0)) {
+        const int want = w.n_block + 2;
+        while (ld_relaxed_gpu(sem) != want) nanosleep_ns(64);
+        // Acquire (reads `want` again: only this CTA changes it next, so it
+        // synchronizes with block n + 1's release), then order it before this
+        // lane's async-proxy reductions.
+        (void)ld_acquire_gpu(sem);
+        fence_proxy_async_global();
+      }
+      __syncwarp();
+    }
 #pragma unroll
     for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
       const int row0 = m0 + (Cfg::kDqSplitM == 2 ? 64 * wg : 0);
@@ -216,6 +251,14 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
       bulk_wait_read<0>();
       __syncwarp();
       named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
+    }
+    if constexpr (kDet) {
+      if (sl == Cfg::kDqSlices - 1) {  // the tile's reductions issued: announce them once done
+        bulk_wait<0>();                // complete (writes performed), not only read out
+        fence_proxy_async_global();    // async-proxy writes -> the generic release below
+        __syncwarp();
+        if (lane == 0) st_release_gpu(sem, w.n_block + 1);
+      }
     }
     if (sl == Cfg::kDqSlices - 1) walk.advance();
   }

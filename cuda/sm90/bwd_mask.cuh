@@ -32,6 +32,19 @@ JF_DEVICE void q_block_range(const MaskInfo& mi, int n0, int bn, int bm, int& fi
   if (last < first) last = first;
 }
 
+// Deterministic dQ order (bwd_dq_writer): the KV blocks whose query-block
+// ranges hold query block m add into its dQ tile in descending block order.
+// They form an interval of blocks: first(n) and last(n) above are
+// non-decreasing in n, so {n : first(n) <= m} is a prefix, {n : last(n) > m}
+// a suffix. So the block that adds just before block n is n + 1 when m is in
+// n + 1's range, else n is the first. Returns n + 1's range (empty when n is
+// the last block).
+JF_DEVICE void dq_pred_range(const MaskInfo& mi, int n_block, int num_n_blocks, int bn, int bm,
+                             int& first, int& last) {
+  first = last = 0;
+  if (n_block + 1 < num_n_blocks) q_block_range(mi, (n_block + 1) * bn, bn, bm, first, last);
+}
+
 // Masks a warpgroup's S^T fragment (64 keys x NQ queries, wgmma layout,
 // float s[NQ/2]) with -inf. Element s[4j + 2h + e] is key key0 + 8h,
 // query q0 + 8j + e, where key0 = absolute key of the thread's first row

@@ -745,17 +745,165 @@ static void check_scheduler() {
             for (int causal = 0; causal < 4; ++causal) {  // 2, 3: hdim 256 (64-key blocks)
               const int d = causal < 2 ? 128 : 256, bn = causal < 2 ? 128 : 64;
               const BwdTileScheduler s = make_bwd_scheduler(batch, hk, group, sq, sk, d, bn, causal % 2);
+              for (int rev = 0; rev < 2; ++rev) {  // decode<true>: the deterministic order
               std::vector<int> seen(size_t(s.total), 0);
               for (int t = 0; t < s.total; ++t) {
                 int n, h, b;
-                s.decode(t, n, h, b);
+                if (rev)
+                  s.decode<true>(t, n, h, b);
+                else
+                  s.decode(t, n, h, b);
                 const bool ok = n >= 0 && n < s.num_n_blocks && h >= 0 && h < hk && b >= 0 && b < batch;
                 CHECK(ok, "scheduler tile %d -> (%d,%d,%d)", t, n, h, b);
                 if (ok) ++seen[(size_t(b) * hk + h) * s.num_n_blocks + n];
               }
               for (int x : seen) CHECK(x == 1, "scheduler: a tile decoded %d times", x);
+              }
             }
   std::printf("tile scheduler: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
+// Deterministic mode (bwd_dq_writer kDet, BwdTileScheduler::decode<true>,
+// dq_pred_range): for every query block m the KV blocks that add into it
+// form an interval; block n waits for n + 1 exactly when n + 1 adds too; the
+// tile it waits for has a smaller tile index (decode<true>). Then a model of
+// the protocol: P SMs take tiles in claim order, each CTA's dQ writes in
+// sweep order (q head of the group, query block) wait for their
+// predecessor's write; random interleavings must finish (no deadlock) with
+// every dQ tile written in descending KV-block order. The same model with
+// the ascending (non-deterministic) tile order must deadlock for a small P
+// (shows the model catches a wrong order).
+static bool simulate_det(const MaskInfo& mi, const BwdTileScheduler& s, int group, int bn, int bm, int sms,
+                         bool reverse, std::mt19937& rng, bool* order_ok) {
+  const int M = (mi.seqlen_q + bm - 1) / bm, N = s.num_n_blocks;
+  const int heads = s.num_heads_k * group, batch = s.num_bh / s.num_heads_k;
+  std::vector<int> sem(size_t(batch) * heads * M, 0), last_n(sem.size(), INT32_MAX);
+  struct Cta {
+    int n, hk, b, step, iters, mf, ml, pf, pl;
+  };
+  std::vector<Cta> live;
+  int next = 0;
+  *order_ok = true;
+  auto claim = [&] {
+    Cta c{};
+    if (reverse)
+      s.decode<true>(next, c.n, c.hk, c.b);
+    else
+      s.decode<false>(next, c.n, c.hk, c.b);
+    ++next;
+    q_block_range(mi, c.n * bn, bn, bm, c.mf, c.ml);
+    c.iters = (c.ml - c.mf) * group;
+    c.step = 0;
+    dq_pred_range(mi, c.n, N, bn, bm, c.pf, c.pl);
+    live.push_back(c);
+  };
+  while (next < s.total && int(live.size()) < sms) claim();
+  while (!live.empty()) {
+    // CTAs that can make progress: finished, or their next write's predecessor is done.
+    std::vector<int> ready;
+    for (int i = 0; i < int(live.size()); ++i) {
+      const Cta& c = live[i];
+      if (c.step == c.iters) {
+        ready.push_back(i);
+        continue;
+      }
+      const int hq = c.hk * group + c.step / (c.ml - c.mf), m = c.mf + c.step % (c.ml - c.mf);
+      const size_t idx = (size_t(c.b) * heads + hq) * M + m;
+      if (!(m >= c.pf && m < c.pl) || sem[idx] == c.n + 2) ready.push_back(i);
+    }
+    if (ready.empty()) return false;  // deadlock
+    const int i = ready[rng() % ready.size()];
+    Cta& c = live[i];
+    if (c.step == c.iters) {
+      live.erase(live.begin() + i);
+      if (next < s.total) claim();
+      continue;
+    }
+    const int hq = c.hk * group + c.step / (c.ml - c.mf), m = c.mf + c.step % (c.ml - c.mf);
+    const size_t idx = (size_t(c.b) * heads + hq) * M + m;
+    if (c.n >= last_n[idx]) *order_ok = false;  // must descend
+    last_n[idx] = c.n;
+    sem[idx] = c.n + 1;
+    ++c.step;
+  }
+  return true;
+}
+
+static void check_det_order() {
+  const int fail0 = g_fail;
+  std::mt19937 rng(5);
+  int cases = 0, mutation_deadlocks = 0, mutation_cases = 0;
+  const int lens[] = {1, 37, 64, 65, 128, 129, 300, 517, 1000};
+  const int wins[] = {-1, 0, 3, 20, 100, 300};
+  struct Blocks {
+    int bn, bm;
+  };
+  for (Blocks bl : {Blocks{128, 128}, Blocks{128, 64}, Blocks{64, 64}})
+    for (int T : lens)
+      for (int S : lens)
+        for (int wl : wins)
+          for (int wr : wins) {
+            if (rng() % 3 != 0) continue;
+            ++cases;
+            MaskInfo mi{};
+            mi.seqlen_q = T;
+            mi.seqlen_k = S;
+            mi.off = S - T;
+            mi.wl = wl;
+            mi.wr = wr;
+            const int N = (S + bl.bn - 1) / bl.bn, M = (T + bl.bm - 1) / bl.bm;
+            for (int m = 0; m < M; ++m) {
+              int lo = -1, hi = -1, count = 0;
+              for (int n = 0; n < N; ++n) {
+                int f, l;
+                q_block_range(mi, n * bl.bn, bl.bn, bl.bm, f, l);
+                if (m >= f && m < l) {
+                  if (lo < 0) lo = n;
+                  hi = n;
+                  ++count;
+                }
+              }
+              CHECK(count == 0 || count == hi - lo + 1,
+                    "det: T=%d S=%d wl=%d wr=%d bn=%d bm=%d: KV blocks of query block %d not an interval", T, S,
+                    wl, wr, bl.bn, bl.bm, m);
+              for (int n = lo; count > 0 && n <= hi; ++n) {
+                int pf, pl;
+                dq_pred_range(mi, n, N, bl.bn, bl.bm, pf, pl);
+                CHECK((m >= pf && m < pl) == (n < hi), "det: T=%d S=%d wl=%d wr=%d: block %d, query block %d: waits %d, want %d",
+                      T, S, wl, wr, n, m, int(m >= pf && m < pl), int(n < hi));
+              }
+            }
+            const int group = 1 + int(rng() % 3), hk = 1 + int(rng() % 3), batch = 1 + int(rng() % 2);
+            const bool causal_like = wr >= 0 && wl < 0;
+            const BwdTileScheduler sc = make_bwd_scheduler(batch, hk, group, T, S, 128, bl.bn, causal_like);
+            // Waited-for tile index < waiting tile index.
+            std::vector<int> index(size_t(sc.total));
+            for (int t = 0; t < sc.total; ++t) {
+              int n, h, b;
+              sc.decode<true>(t, n, h, b);
+              index[(size_t(b) * hk + h) * N + n] = t;
+            }
+            for (int b = 0; b < batch; ++b)
+              for (int h = 0; h < hk; ++h)
+                for (int n = 0; n + 1 < N; ++n)
+                  CHECK(index[(size_t(b) * hk + h) * N + n + 1] < index[(size_t(b) * hk + h) * N + n],
+                        "det: tile of block %d does not precede block %d's", n + 1, n);
+            for (int sms : {1, 2, 3, 7}) {
+              bool order_ok = false;
+              const bool done = simulate_det(mi, sc, group, bl.bn, bl.bm, sms, true, rng, &order_ok);
+              CHECK(done, "det model: deadlock T=%d S=%d wl=%d wr=%d bn=%d bm=%d SMs=%d", T, S, wl, wr, bl.bn, bl.bm,
+                    sms);
+              CHECK(order_ok, "det model: a dQ tile not added in descending KV-block order (T=%d S=%d)", T, S);
+            }
+            if (N >= 2) {  // mutation: ascending tile order, 1 SM
+              bool order_ok = false;
+              ++mutation_cases;
+              mutation_deadlocks += !simulate_det(mi, sc, group, bl.bn, bl.bm, 1, false, rng, &order_ok);
+            }
+          }
+  std::printf("deterministic dQ order (%d cases; mutation: ascending tile order deadlocks %d of %d with 1 SM): %s\n",
+              cases, mutation_deadlocks, mutation_cases, g_fail == fail0 ? "ok" : "FAILED");
+  CHECK(mutation_deadlocks > 0, "det model: the mutation never deadlocked");
 }
 
 int main() {
@@ -769,6 +917,7 @@ int main() {
   check_masks<80, 5>();
   check_masks_hd256();
   check_scheduler();
+  check_det_order();
   std::printf("%s (%d failed checks)\n", g_fail ? "FAILED" : "ALL OK", g_fail);
   return g_fail ? 1 : 0;
 }
