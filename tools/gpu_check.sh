@@ -2,10 +2,11 @@
 # The GPU check, run on the H200 (device machine) from the repo root:
 #   build -> GPU test suite (outputs poisoned with NaN) -> sanitizer -> benchmark
 # and a short table printed last. Stages can be chosen:
-#   tools/gpu_check.sh [build] [selftest] [sm90] [test] [sanitize] [sanitize_jax] [bench] [sweep] [ring]
+#   tools/gpu_check.sh [build] [selftest] [sm90] [test] [sanitize] [sanitize_sm90] [sanitize_jax] [bench] [sweep] [ring]
 # Environment knobs: GPU_TESTS (pytest paths), PYTEST_ARGS, TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT,
 # SM90_SELFTEST (binary, default build_carry/selftest_sm90), SM90_BENCH=1 (ablation table),
-# SWEEP_ARGS, RING_ARGS.
+# SWEEP_ARGS, RING_ARGS, SANITIZERS, SANITIZE_TIMEOUT, SANITIZE_SM90_FWD / SANITIZE_SM90_BWD
+# (self-test filters of the sanitize_sm90 stage).
 # Logs and results go to $OUT (the device tool brings them back) or ./gpu_out.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -63,6 +64,10 @@ if has sm90; then
   bin=${SM90_SELFTEST:-build_carry/selftest_sm90}
   timeout 60 build_carry/sm90_primitives >"$OUT/sm90.log" 2>&1
   rc1=$?
+  if [[ -x build_carry/sm90_bwd_primitives ]]; then  # the backward's building blocks
+    timeout 60 build_carry/sm90_bwd_primitives >>"$OUT/sm90.log" 2>&1
+    note "sm90 backward primitives: rc=$?"
+  fi
   timeout 200 $bin >>"$OUT/sm90.log" 2>&1
   rc2=$?
   if [[ -n "${SM90_BENCH:-}" ]]; then timeout 200 $bin --bench >>"$OUT/sm90.log" 2>&1; fi
@@ -89,6 +94,21 @@ if has sanitize; then
     t0=$SECONDS
     timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 build_carry/selftest --quick >"$OUT/$tool.log" 2>&1
     note "$tool (selftest --quick): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/$tool.log" | tail -1) ($((SECONDS-t0)) s)"
+  done
+fi
+if has sanitize_sm90; then
+  # The Hopper self-tests on small cases (filters: every schedule variant of the
+  # forward on persistent / dynamic-scheduler tiles, a multi-block backward).
+  for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
+    for t in "selftest_sm90:${SANITIZE_SM90_FWD:-persistent 1 CTA causal GQA}" \
+             "selftest_sm90_bwd:${SANITIZE_SM90_BWD:-multiblock MQA causal}"; do
+      bin=build_carry/${t%%:*}
+      [[ -x $bin ]] || continue
+      t0=$SECONDS
+      timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 1 $bin "${t#*:}" \
+        >"$OUT/${t%%:*}_$tool.log" 2>&1
+      note "$tool (${t%%:*} '${t#*:}'): rc=$? $(grep -E 'SUMMARY' "$OUT/${t%%:*}_$tool.log" | tail -1) ($((SECONDS-t0)) s)"
+    done
   done
 fi
 if has sanitize_jax; then
