@@ -14,11 +14,12 @@
 // sm90_dq_semaphore, poisoned too: the launcher must zero it) run 3 times:
 // once alone, then twice while a "hog" kernel on another stream holds a
 // random set of SMs for random times (so the CTAs start in other orders, on
-// other SMs, at other times); dQ, dK, dV must be bitwise identical over the
-// runs (result "PASS det x3"), the tile-claim counter must equal the tile
-// count and every semaphore lie in [0, KV blocks]. For information the
-// non-deterministic kernel is run the same way and "(nondet: differs)" noted
-// when its dQ bits changed. Head dims: the buckets 64,
+// other SMs, at other times); dQ, dK, dV and the fp32 dq_accum (where a
+// changed addition order shows even when the 16-bit dQ rounds it away) must
+// be bitwise identical over the runs (result "PASS det x3"), the tile-claim
+// counter must equal the tile count and every semaphore lie in [0, KV
+// blocks]. For information the non-deterministic kernel is run the same way
+// and "(nondet: differs)" noted when its dq_accum bits changed. Head dims: the buckets 64,
 // 128 (incl. 96, 80) and 256 (incl. 200, 136, 160: zero-padded columns, a
 // whole padding column block for 136 and 160). Builds with
 // -DJAX_FLASH_SM90_ABLATION also run BwdParams::sm90_bwd_variant 1 (dQ by row
@@ -370,7 +371,7 @@ struct Row {
   int det_runs = 0;             // deterministic: runs compared bitwise
   bool det_same = true;         // ... all identical to the first
   bool det_sem_ok = true;       // claim counter / semaphore values
-  bool nondet_differs = false;  // information: the timing-order kernel changed dQ bits
+  bool nondet_differs = false;  // information: the timing-order kernel changed dq_accum bits
 };
 
 static std::vector<int> make_segments(const Case& c, int n, std::mt19937& rng) {
@@ -522,6 +523,14 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   }
   const double tol_g = fp16 ? 1e-2 : 4e-2;  // selftest.cu's gradient tolerances
   std::vector<uint16_t> first_bits[3];     // deterministic: the first run's dQ, dK, dV
+  // ... and its fp32 dq_accum (the sums themselves: a changed addition order
+  // shows there in the low bits even where the 16-bit dQ rounds it away).
+  std::vector<uint32_t> first_acc;
+  auto read_acc = [&] {
+    std::vector<uint32_t> a(nacc);
+    CHECK_CUDA(cudaMemcpy(a.data(), d_acc, nacc * 4, cudaMemcpyDeviceToHost));
+    return a;
+  };
   // Variant 0 (default), then in -DJAX_FLASH_SM90_ABLATION builds variant 1
   // (dQ by row bulk reductions) and 2 (kBlockM 80) where they apply; the row
   // keeps the worst errors.
@@ -553,6 +562,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       first_bits[0] = g_dq;
       first_bits[1] = g_dk;
       first_bits[2] = g_dv;
+      first_acc = read_acc();
     }
     if (!(edq <= tol_g && edk <= tol_g && edv <= tol_g && pad)) {
       row.pass = false;
@@ -617,6 +627,16 @@ static Row run_case(const Case& c, std::mt19937& rng) {
           row.det_same = false;
         }
       }
+      {
+        const std::vector<uint32_t> acc = read_acc();
+        if (acc != first_acc) {
+          size_t nd = 0;
+          for (size_t i = 0; i < acc.size(); ++i) nd += acc[i] != first_acc[i];
+          std::printf("  %s: repeat %u: %zu fp32 words of dq_accum differ from the first run\n", c.name.c_str(),
+                      rep, nd);
+          row.det_same = false;
+        }
+      }
       row.det_sem_ok = row.det_sem_ok && check_sems();
       ++row.det_runs;
     }
@@ -632,9 +652,8 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       CHECK_CUDA(jax_flash::sm90::run_bwd(nd, 0));
       sync_or_hang(c.name + " (non-deterministic comparison)");
       CHECK_CUDA(cudaDeviceSynchronize());
-      std::vector<uint16_t> g(q.count());
-      CHECK_CUDA(cudaMemcpy(g.data(), d_dq, g.size() * 2, cudaMemcpyDeviceToHost));
-      static std::vector<uint16_t> nd_first;
+      const std::vector<uint32_t> g = read_acc();  // fp32 sums: the order shows in their low bits
+      static std::vector<uint32_t> nd_first;
       if (rep == 0)
         nd_first = g;
       else
