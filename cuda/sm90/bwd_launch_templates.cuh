@@ -120,11 +120,17 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (args.sched.total > 0) {  // every KV block, also those no query sees (dK = dV = 0)
     auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true> : bwd_kernel<Element, Cfg, false, true>;
-    if (det) {  // (tensor reductions only: bwd_supported)
-      err = cudaMemsetAsync(p.sm90_dq_semaphore, 0, size_t(sem_ints) * sizeof(int32_t), stream);
-      if (err != cudaSuccess) return err;
-      kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true, true>
-                               : bwd_kernel<Element, Cfg, false, true, true>;
+    // Deterministic kernels only for the default tiles (tensor reductions,
+    // variant 0: bwd_supported); the dQ_swapAB tuning tile has none.
+    if constexpr (!Cfg::kDqSwapAB) {
+      if (det) {
+        err = cudaMemsetAsync(p.sm90_dq_semaphore, 0, size_t(sem_ints) * sizeof(int32_t), stream);
+        if (err != cudaSuccess) return err;
+        kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true, true>
+                                 : bwd_kernel<Element, Cfg, false, true, true>;
+      }
+    } else {
+      if (det) return cudaErrorNotSupported;
     }
 #ifdef JAX_FLASH_SM90_ABLATION
     if constexpr (!Cfg::kDqSwapAB) {  // dQ_swapAB: tensor reductions only
