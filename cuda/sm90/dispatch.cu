@@ -3,6 +3,7 @@
 // (JAX_FLASH_DISABLE_*) report unsupported instead of failing to link.
 #include <cstdint>
 
+#include "device_info.h"
 #include "instantiations.h"
 #include "launch.h"
 #include "mask.cuh"
@@ -10,46 +11,6 @@
 
 namespace jax_flash::sm90 {
 namespace {
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
-
-// TMA: strides are multiples of 16 bytes and below 2^40 bytes. A dimension
-// with a single index may have any stride (the launcher substitutes one).
-bool stride_ok(int64_t stride, int64_t size) {
-  if (size <= 1) return true;
-  return stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39);
-}
-bool tensor_ok(const void* ptr, int64_t seq, int64_t heads, int64_t batch, int64_t rs, int64_t hs,
-               int64_t bs) {
-  return ptr != nullptr && aligned16(ptr) && stride_ok(rs, seq) && stride_ok(hs, heads) &&
-         stride_ok(bs, batch);
-}
-
-struct DeviceInfo {
-  bool sm90 = false;
-  int smem_optin = 0;
-};
-
-// Per-device facts, cached (the FFI handler calls this for every launch).
-DeviceInfo device_info() {
-  static DeviceInfo cache[64];
-  static bool filled[64] = {false};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return DeviceInfo{};
-  if (!filled[dev]) {
-    DeviceInfo d;
-    int major = 0, minor = 0, optin = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess) {
-      d.sm90 = major == 9 && minor == 0;  // sm_90a code runs on exactly 9.0
-      d.smem_optin = optin;
-    }
-    cache[dev] = d;
-    filled[dev] = true;
-  }
-  return cache[dev];
-}
 
 template <int kHeadDim>
 bool bucket_ok(const FwdParams& p, const DeviceInfo& dev) {
