@@ -52,61 +52,59 @@ JF_DEVICE void producer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm) {
     if constexpr (kDynamic) {
       next = a.sched.claim_next();  // used only after the loads below
     }
-    {
-      int m_block, head, batch;
-      a.sched.decode(tile, m_block, head, batch);
-      const int m0 = m_block * Cfg::kBlockM;
-      int n_first, n_last;
-      a.mask.kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
-      const int head_k = head / a.heads_per_kv;
+    int m_block, head, batch;
+    a.sched.decode(tile, m_block, head, batch);
+    const int m0 = m_block * Cfg::kBlockM;
+    int n_first, n_last;
+    a.mask.kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+    const int head_k = head / a.heads_per_kv;
 
-      auto load_k = [&](int n) {
-        mbar_wait(sm.empty_k(kst.index), kst.phase ^ 1u);
-        const uint32_t full = sm.full_k(kst.index), dst = sm.k(kst.index);
-        mbar_arrive_expect_tx(full, Cfg::kKVBytes);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(&a.tm_k, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN,
-                      head_k, batch);
-        kst.advance();
-      };
-      auto load_v = [&](int n) {
-        mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
-        const uint32_t full = sm.full_v(vst.index), dst = sm.v(vst.index);
-        mbar_arrive_expect_tx(full, Cfg::kKVBytes);
-#pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(&a.tm_v, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN,
-                      head_k, batch);
-        vst.advance();
-      };
-
-      const bool has_keys = n_last > n_first;
-      // kOInV: the previous tile's O store must have read the V ring before
-      // this tile's first V load. o_free completes once per tile (epilogue
-      // it - 1 -> phase it - 1); the producer waits for every phase, in
-      // order, at a point where epilogue `it` cannot have completed yet
-      // (before this tile's first V load, or before its Q load when it has
-      // no keys), so the parity test is exact.
-      auto wait_o_free = [&] {
-        if constexpr (Cfg::kOInV) {
-          if (it > 0) mbar_wait(sm.o_free(), (it - 1) & 1u);
-        }
-      };
-      if (has_keys) load_k(n_last - 1);
-      if (!has_keys) wait_o_free();
-      // Q: always loaded (also for a tile without visible keys) so that the
-      // consumers' full_q / empty_q phases advance once per tile.
-      mbar_wait(sm.empty_q(), (it & 1u) ^ 1u);
-      mbar_arrive_expect_tx(sm.full_q(), Cfg::kQBytes);
+    auto load_k = [&](int n) {
+      mbar_wait(sm.empty_k(kst.index), kst.phase ^ 1u);
+      const uint32_t full = sm.full_k(kst.index), dst = sm.k(kst.index);
+      mbar_arrive_expect_tx(full, Cfg::kKVBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * Cfg::kBlockM * 128, cb * 64, m0, head, batch);
-      if (has_keys) wait_o_free();
-      for (int n = n_last - 1; n >= n_first; --n) {
-        if (n > n_first) load_k(n - 1);
-        load_v(n);
+        tma_load_4d(&a.tm_k, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN,
+                    head_k, batch);
+      kst.advance();
+    };
+    auto load_v = [&](int n) {
+      mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
+      const uint32_t full = sm.full_v(vst.index), dst = sm.v(vst.index);
+      mbar_arrive_expect_tx(full, Cfg::kKVBytes);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb)
+        tma_load_4d(&a.tm_v, full, dst + cb * Cfg::kBlockN * 128, cb * 64, n * Cfg::kBlockN,
+                    head_k, batch);
+      vst.advance();
+    };
+
+    const bool has_keys = n_last > n_first;
+    // kOInV: the previous tile's O store must have read the V ring before
+    // this tile's first V load. o_free completes once per tile (epilogue
+    // it - 1 -> phase it - 1); the producer waits for every phase, in
+    // order, at a point where epilogue `it` cannot have completed yet
+    // (before this tile's first V load, or before its Q load when it has
+    // no keys), so the parity test is exact.
+    auto wait_o_free = [&] {
+      if constexpr (Cfg::kOInV) {
+        if (it > 0) mbar_wait(sm.o_free(), (it - 1) & 1u);
       }
+    };
+    if (has_keys) load_k(n_last - 1);
+    if (!has_keys) wait_o_free();
+    // Q: always loaded (also for a tile without visible keys) so that the
+    // consumers' full_q / empty_q phases advance once per tile.
+    mbar_wait(sm.empty_q(), (it & 1u) ^ 1u);
+    mbar_arrive_expect_tx(sm.full_q(), Cfg::kQBytes);
+#pragma unroll
+    for (int cb = 0; cb < kCB; ++cb)
+      tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * Cfg::kBlockM * 128, cb * 64, m0, head, batch);
+    if (has_keys) wait_o_free();
+    for (int n = n_last - 1; n >= n_first; --n) {
+      if (n > n_first) load_k(n - 1);
+      load_v(n);
     }
     if constexpr (kDynamic) {
       // Hand-off `it` of the next tile index: the slot is rewritten once every

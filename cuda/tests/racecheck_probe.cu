@@ -19,19 +19,11 @@
 #include "sm90/ptx/barrier.cuh"
 #include "sm90/ptx/common.cuh"
 #include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/smem_ops.cuh"
 
 using namespace jax_flash::sm90::ptx;
 
 constexpr int kIters = 16, kStages = 2;
-
-__device__ __forceinline__ void st_f32(uint32_t a, float v) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-}
-__device__ __forceinline__ float ld_f32(uint32_t a) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-  return v;
-}
 
 // Warp 0 produces, warp 1 consumes; out[lane] = sum over iterations.
 __global__ void probe(int mode, float* out) {
@@ -52,28 +44,28 @@ __global__ void probe(int mode, float* out) {
     if (mode == 0) {  // mbarrier ring
       if (warp == 0) {
         mbar_wait(smem_u32(&empty[st.index]), st.phase ^ 1u);
-        st_f32(slot, float(it * 32 + lane));
+        st_shared_f32(slot, float(it * 32 + lane));
         mbar_arrive(smem_u32(&full[st.index]));
       } else {
         mbar_wait(smem_u32(&full[st.index]), st.phase);
-        acc += ld_f32(slot);
+        acc += ld_shared_f32(slot);
         mbar_arrive(smem_u32(&empty[st.index]));
       }
     } else if (mode == 1) {  // named barriers 1 (full) / 2 (empty), one slot in use
       if (warp == 0) {
         if (it > 0) named_bar_sync(2, 64);
-        st_f32(slot, float(it * 32 + lane));
+        st_shared_f32(slot, float(it * 32 + lane));
         named_bar_arrive(1, 64);
       } else {
         named_bar_sync(1, 64);
-        acc += ld_f32(slot);
+        acc += ld_shared_f32(slot);
         named_bar_arrive(2, 64);
       }
     } else {  // racy: no ordering at all
       if (warp == 0)
-        st_f32(slot, float(it * 32 + lane));
+        st_shared_f32(slot, float(it * 32 + lane));
       else
-        acc += ld_f32(slot);
+        acc += ld_shared_f32(slot);
     }
     st.advance();
   }

@@ -28,20 +28,11 @@
 
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
+#include "selftest_common.h"
 
 using jax_flash::BwdParams;
 using jax_flash::DType;
 using jax_flash::FwdParams;
-
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                    \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 struct Case {
   std::string name;
@@ -55,167 +46,6 @@ struct Case {
   bool fp16 = false;
   int pitch_pad = 0;      // extra elements per row (non-contiguous strides)
 };
-
-// ------------------------------------------------------------------ 16-bit helpers
-static uint16_t to_bits(float x, bool fp16) {
-  if (fp16) {
-    __half h = __float2half_rn(x);
-    uint16_t b;
-    std::memcpy(&b, &h, 2);
-    return b;
-  }
-  __nv_bfloat16 h = __float2bfloat16_rn(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-static float from_bits(uint16_t b, bool fp16) {
-  if (fp16) {
-    __half h;
-    std::memcpy(&h, &b, 2);
-    return __half2float(h);
-  }
-  __nv_bfloat16 h;
-  std::memcpy(&h, &b, 2);
-  return __bfloat162float(h);
-}
-
-// A [batch, seq, heads, D] tensor stored with row pitch heads*D + pad.
-struct Tensor {
-  int B, L, H, D, pad;
-  std::vector<uint16_t> bits;  // storage, poisoned padding
-  std::vector<double> val;     // dense [B][L][H][D] values (rounded)
-  int64_t row_stride() const { return int64_t(H) * D + pad; }
-  int64_t batch_stride() const { return int64_t(L) * row_stride(); }
-  int64_t idx(int b, int l, int h, int d) const {
-    return b * batch_stride() + l * row_stride() + int64_t(h) * D + d;
-  }
-  size_t count() const { return size_t(B) * L * row_stride(); }
-  double& at(int b, int l, int h, int d) { return val[((size_t(b) * L + l) * H + h) * D + d]; }
-  double at(int b, int l, int h, int d) const {
-    return val[((size_t(b) * L + l) * H + h) * D + d];
-  }
-};
-
-static Tensor make_tensor(int B, int L, int H, int D, int pad, bool fp16, std::mt19937& rng,
-                          float stddev) {
-  Tensor t{B, L, H, D, pad, {}, {}};
-  t.bits.assign(t.count(), 0x7FC0);  // NaN in padding: must never be read into results
-  t.val.assign(size_t(B) * L * H * D, 0.0);
-  std::normal_distribution<float> nd(0.f, stddev);
-  for (int b = 0; b < B; ++b)
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < H; ++h)
-        for (int d = 0; d < D; ++d) {
-          const uint16_t bits = to_bits(nd(rng), fp16);
-          t.bits[t.idx(b, l, h, d)] = bits;
-          t.at(b, l, h, d) = from_bits(bits, fp16);
-        }
-  return t;
-}
-
-// ------------------------------------------------------------------ reference
-struct Reference {
-  std::vector<double> o, lse, dq, dk, dv, delta;  // dense layouts
-};
-
-static bool visible(const Case& c, int i, int j, const std::vector<int>& qs,
-                    const std::vector<int>& ks, int b) {
-  const int off = c.S - c.T;
-  int wl = c.wl, wr = c.wr;
-  if (c.causal) wr = wr < 0 ? 0 : std::min(wr, 0);
-  if (wl >= 0 && j < i + off - wl) return false;
-  if (wr >= 0 && j > i + off + wr) return false;
-  if (c.segments && qs[size_t(b) * c.T + i] != ks[size_t(b) * c.S + j]) return false;
-  return true;
-}
-
-static Reference reference(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
-                           const Tensor& dout, const std::vector<int>& qs,
-                           const std::vector<int>& ks, double scale) {
-  const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, G = c.H / c.Hk;
-  Reference r;
-  r.o.assign(size_t(B) * T * H * D, 0.0);
-  r.dq.assign(size_t(B) * T * H * D, 0.0);
-  r.dk.assign(size_t(B) * S * c.Hk * D, 0.0);
-  r.dv.assign(size_t(B) * S * c.Hk * D, 0.0);
-  r.lse.assign(size_t(B) * H * T, 0.0);
-  r.delta.assign(size_t(B) * H * T, 0.0);
-  std::vector<double> raw(S), p(S), dp(S);
-  std::vector<char> vis(S);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const int hk = h / G;
-      for (int i = 0; i < T; ++i) {
-        double m = -INFINITY;
-        for (int j = 0; j < S; ++j) {
-          double acc = 0;
-          for (int d = 0; d < D; ++d) acc += q.at(b, i, h, d) * k.at(b, j, hk, d);
-          raw[j] = acc * scale;
-          const double s = c.softcap > 0 ? c.softcap * std::tanh(raw[j] / c.softcap) : raw[j];
-          vis[j] = visible(c, i, j, qs, ks, b);
-          p[j] = s;
-          if (vis[j]) m = std::max(m, s);
-        }
-        double l = 0;
-        for (int j = 0; j < S; ++j) {
-          p[j] = vis[j] ? std::exp(p[j] - m) : 0.0;
-          l += p[j];
-        }
-        const size_t li = (size_t(b) * H + h) * T + i;
-        if (l == 0) {
-          r.lse[li] = -INFINITY;
-          continue;  // o, dq stay 0
-        }
-        r.lse[li] = m + std::log(l);
-        for (int j = 0; j < S; ++j) p[j] /= l;
-        double delta = 0;
-        for (int d = 0; d < D; ++d) {
-          double acc = 0;
-          for (int j = 0; j < S; ++j) acc += p[j] * v.at(b, j, hk, d);
-          r.o[((size_t(b) * T + i) * H + h) * D + d] = acc;
-          delta += acc * dout.at(b, i, h, d);
-        }
-        r.delta[li] = delta;
-        for (int j = 0; j < S; ++j) {
-          if (p[j] == 0) {
-            dp[j] = 0;
-            continue;
-          }
-          double acc = 0;
-          for (int d = 0; d < D; ++d) acc += dout.at(b, i, h, d) * v.at(b, j, hk, d);
-          double ds = p[j] * (acc - delta);
-          if (c.softcap > 0) {
-            const double t = std::tanh(raw[j] / c.softcap);
-            ds *= 1 - t * t;
-          }
-          dp[j] = ds * scale;  // d(q.k)
-        }
-        for (int j = 0; j < S; ++j) {
-          if (p[j] == 0) continue;
-          for (int d = 0; d < D; ++d) {
-            r.dq[((size_t(b) * T + i) * H + h) * D + d] += dp[j] * k.at(b, j, hk, d);
-            r.dk[((size_t(b) * S + j) * c.Hk + hk) * D + d] += dp[j] * q.at(b, i, h, d);
-            r.dv[((size_t(b) * S + j) * c.Hk + hk) * D + d] += p[j] * dout.at(b, i, h, d);
-          }
-        }
-      }
-    }
-  return r;
-}
-
-// ------------------------------------------------------------------ device helpers
-template <typename T>
-static T* dev_alloc(size_t n) {
-  T* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-static uint16_t* upload(const Tensor& t) {
-  uint16_t* p = dev_alloc<uint16_t>(t.count());
-  CHECK_CUDA(cudaMemcpy(p, t.bits.data(), t.count() * 2, cudaMemcpyHostToDevice));
-  return p;
-}
 
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
 static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
@@ -269,7 +99,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     fill(qs, c.T);
     fill(ks, c.S);
   }
-  const Reference ref = reference(c, q, k, v, dout, qs, ks, scale);
+  const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale);
 
   // ---- device buffers
   uint16_t *dq_in = upload(q), *dk_in = upload(k), *dv_in = upload(v), *ddo = upload(dout);

@@ -29,7 +29,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -37,25 +36,16 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
 #include "sm90/launch.h"
+#include "gpu_wait.h"
+#include "selftest_common.h"
 
 using jax_flash::DType;
 using jax_flash::FwdParams;
-
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                    \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 struct Case {
   std::string name;
@@ -70,158 +60,11 @@ struct Case {
   int sms = 0;        // > 0: pretend the GPU has this many SMs (many tiles per CTA)
 };
 
-// ------------------------------------------------------------------ 16-bit helpers
-static uint16_t to_bits(float x, bool fp16) {
-  uint16_t b;
-  if (fp16) {
-    __half h = __float2half_rn(x);
-    std::memcpy(&b, &h, 2);
-  } else {
-    __nv_bfloat16 h = __float2bfloat16_rn(x);
-    std::memcpy(&b, &h, 2);
-  }
-  return b;
-}
-static float from_bits(uint16_t b, bool fp16) {
-  if (fp16) {
-    __half_raw r;
-    r.x = b;
-    return __half2float(__half(r));
-  }
-  __nv_bfloat16_raw r;
-  r.x = b;
-  return __bfloat162float(__nv_bfloat16(r));
-}
-
-// A [batch, seq, heads, D] tensor stored with row pitch heads*D + pad.
-struct Tensor {
-  int B, L, H, D, pad;
-  std::vector<uint16_t> bits;  // storage, NaN in the padding
-  std::vector<double> val;     // dense [B][L][H][D] values (rounded)
-  int64_t row_stride() const { return int64_t(H) * D + pad; }
-  int64_t batch_stride() const { return int64_t(L) * row_stride(); }
-  int64_t idx(int b, int l, int h, int d) const {
-    return b * batch_stride() + l * row_stride() + int64_t(h) * D + d;
-  }
-  size_t count() const { return size_t(B) * L * row_stride(); }
-  double at(int b, int l, int h, int d) const {
-    return val[((size_t(b) * L + l) * H + h) * D + d];
-  }
-};
-
-static Tensor make_tensor(int B, int L, int H, int D, int pad, bool fp16, std::mt19937& rng) {
-  Tensor t{B, L, H, D, pad, {}, {}};
-  t.bits.assign(t.count(), 0x7FC0);
-  t.val.assign(size_t(B) * L * H * D, 0.0);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (int b = 0; b < B; ++b)
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < H; ++h)
-        for (int d = 0; d < D; ++d) {
-          const uint16_t bits = to_bits(nd(rng), fp16);
-          t.bits[t.idx(b, l, h, d)] = bits;
-          t.val[((size_t(b) * L + l) * H + h) * D + d] = from_bits(bits, fp16);
-        }
-  return t;
-}
-
-// ------------------------------------------------------------------ reference
-static bool visible(const Case& c, int i, int j, const std::vector<int>& qs,
-                    const std::vector<int>& ks, int b) {
-  const int off = c.S - c.T;
-  int wl = c.wl, wr = c.wr;
-  if (c.causal) wr = wr < 0 ? 0 : std::min(wr, 0);
-  if (wl >= 0 && j < i + off - wl) return false;
-  if (wr >= 0 && j > i + off + wr) return false;
-  if (c.segments && qs[size_t(b) * c.T + i] != ks[size_t(b) * c.S + j]) return false;
-  return true;
-}
-
-static void reference(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const std::vector<int>& qs, const std::vector<int>& ks, double scale,
-                      std::vector<double>& o, std::vector<double>& lse) {
-  const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, G = c.H / c.Hk;
-  o.assign(size_t(B) * T * H * D, 0.0);
-  lse.assign(size_t(B) * H * T, 0.0);
-  std::vector<double> p(S);
-  std::vector<char> vis(S);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const int hk = h / G;
-      for (int i = 0; i < T; ++i) {
-        double m = -INFINITY;
-        for (int j = 0; j < S; ++j) {
-          vis[j] = visible(c, i, j, qs, ks, b);
-          if (!vis[j]) continue;
-          double acc = 0;
-          for (int d = 0; d < D; ++d) acc += q.at(b, i, h, d) * k.at(b, j, hk, d);
-          acc *= scale;
-          p[j] = c.softcap > 0 ? c.softcap * std::tanh(acc / c.softcap) : acc;
-          m = std::max(m, p[j]);
-        }
-        double l = 0;
-        for (int j = 0; j < S; ++j) {
-          p[j] = vis[j] ? std::exp(p[j] - m) : 0.0;
-          l += p[j];
-        }
-        const size_t li = (size_t(b) * H + h) * T + i;
-        if (l == 0) {
-          lse[li] = -INFINITY;
-          continue;
-        }
-        lse[li] = m + std::log(l);
-        for (int d = 0; d < D; ++d) {
-          double acc = 0;
-          for (int j = 0; j < S; ++j)
-            if (p[j] != 0) acc += p[j] * v.at(b, j, hk, d);
-          o[((size_t(b) * T + i) * H + h) * D + d] = acc / l;
-        }
-      }
-    }
-}
-
 // ------------------------------------------------------------------ device helpers
-template <typename T>
-static T* dev_alloc(size_t n) {
-  T* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
 // The dynamic scheduler's per-call workspace (FwdParams::sm90_tile_counter):
 // one device int, poisoned before each test launch (run_fwd must zero it).
 static int32_t* tile_counter() {
   static int32_t* p = dev_alloc<int32_t>(1);
-  return p;
-}
-
-// Waits for the GPU like cudaDeviceSynchronize / cudaEventSynchronize, but
-// gives up after kHangSeconds (a deadlocked kernel never returns): prints
-// what hung and exits, so that one GPU run reports the hang instead of
-// timing out silently.
-constexpr double kHangSeconds = 60;
-template <typename Query>
-static void wait_or_die(Query query, const std::string& what) {
-  const auto t0 = std::chrono::steady_clock::now();
-  cudaError_t e;
-  while ((e = query()) == cudaErrorNotReady) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > kHangSeconds) {
-      std::printf("HANG: %s did not finish within %.0f s (deadlock?); exiting\n", what.c_str(),
-                  kHangSeconds);
-      std::fflush(stdout);
-      std::_Exit(3);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  CHECK_CUDA(e);
-}
-static void sync_or_die(const std::string& what) {
-  wait_or_die([] { return cudaStreamQuery(0); }, what);
-  CHECK_CUDA(cudaDeviceSynchronize());
-}
-
-static uint16_t* upload(const Tensor& t) {
-  uint16_t* p = dev_alloc<uint16_t>(t.count());
-  CHECK_CUDA(cudaMemcpy(p, t.bits.data(), t.count() * 2, cudaMemcpyHostToDevice));
   return p;
 }
 
@@ -277,9 +120,9 @@ struct Row {
 static Row run_case(const Case& c, std::mt19937& rng) {
   const bool fp16 = c.fp16;
   const double scale = c.scale_mul / std::sqrt(double(c.D));
-  Tensor q = make_tensor(c.B, c.T, c.H, c.D, c.pitch_pad, fp16, rng);
-  Tensor k = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng);
-  Tensor v = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng);
+  Tensor q = make_tensor(c.B, c.T, c.H, c.D, c.pitch_pad, fp16, rng, 1.f);
+  Tensor k = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
+  Tensor v = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
   std::vector<int> qs, ks;
   if (c.segments) {
     std::uniform_int_distribution<int> len(1, 24);
@@ -299,8 +142,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     fill(qs, c.T);
     fill(ks, c.S);
   }
-  std::vector<double> ref_o, ref_lse;
-  reference(c, q, k, v, qs, ks, scale, ref_o, ref_lse);
+  const Reference ref = reference(c, q, k, v, nullptr, qs, ks, scale);  // forward only
 
   uint16_t *dq = upload(q), *dk = upload(k), *dv = upload(v);
   uint16_t* d_o = dev_alloc<uint16_t>(q.count());
@@ -342,7 +184,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       for (int t = 0; t < c.T; ++t)
         for (int h = 0; h < c.H; ++h)
           for (int d = 0; d < c.D; ++d) {
-            const double r = ref_o[((size_t(b) * c.T + t) * c.H + h) * c.D + d];
+            const double r = ref.o[((size_t(b) * c.T + t) * c.H + h) * c.D + d];
             const double diff = std::fabs(from_bits(o_bits[q.idx(b, t, h, d)], fp16) - r);
             e = std::isnan(diff) ? INFINITY : std::max(e, diff);
             rm = std::max(rm, std::fabs(r));
@@ -357,7 +199,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     const double oerr = pad_ok ? e / std::max(rm, 0.05) : INFINITY;
     double lerr = 0;
     for (size_t i = 0; i < nstat; ++i) {
-      const double r = ref_lse[i], g = lse[i];
+      const double r = ref.lse[i], g = lse[i];
       if (std::isinf(r) || std::isinf(g) || std::isnan(g)) {
         if (!(std::isinf(r) && std::isinf(g) && r < 0 && g < 0)) lerr = INFINITY;
       } else {
@@ -475,10 +317,6 @@ static std::vector<Case> all_cases(bool quick) {
 }
 
 // ------------------------------------------------------------------ bench
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 static void bench() {
   struct Shape {

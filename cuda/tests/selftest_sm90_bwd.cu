@@ -52,7 +52,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -60,26 +59,17 @@
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
 #include "sm90/launch.h"
+#include "gpu_wait.h"
+#include "selftest_common.h"
 
 using jax_flash::BwdParams;
 using jax_flash::DType;
 using jax_flash::FwdParams;
-
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                    \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 struct Case {
   std::string name;
@@ -95,167 +85,6 @@ struct Case {
   bool expect_ns = false; // run_bwd must answer cudaErrorNotSupported
   bool no_semaphore = false;  // deterministic without BwdParams::sm90_dq_semaphore
 };
-
-// ------------------------------------------------------------------ 16-bit helpers
-static uint16_t to_bits(float x, bool fp16) {
-  if (fp16) {
-    __half h = __float2half_rn(x);
-    uint16_t b;
-    std::memcpy(&b, &h, 2);
-    return b;
-  }
-  __nv_bfloat16 h = __float2bfloat16_rn(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-static float from_bits(uint16_t b, bool fp16) {
-  if (fp16) {
-    __half h;
-    std::memcpy(&h, &b, 2);
-    return __half2float(h);
-  }
-  __nv_bfloat16 h;
-  std::memcpy(&h, &b, 2);
-  return __bfloat162float(h);
-}
-
-// A [batch, seq, heads, D] tensor stored with row pitch heads*D + pad.
-struct Tensor {
-  int B, L, H, D, pad;
-  std::vector<uint16_t> bits;  // storage, poisoned padding
-  std::vector<double> val;     // dense [B][L][H][D] values (rounded)
-  int64_t row_stride() const { return int64_t(H) * D + pad; }
-  int64_t batch_stride() const { return int64_t(L) * row_stride(); }
-  int64_t idx(int b, int l, int h, int d) const {
-    return b * batch_stride() + l * row_stride() + int64_t(h) * D + d;
-  }
-  size_t count() const { return size_t(B) * L * row_stride(); }
-  double& at(int b, int l, int h, int d) { return val[((size_t(b) * L + l) * H + h) * D + d]; }
-  double at(int b, int l, int h, int d) const {
-    return val[((size_t(b) * L + l) * H + h) * D + d];
-  }
-};
-
-static Tensor make_tensor(int B, int L, int H, int D, int pad, bool fp16, std::mt19937& rng,
-                          float stddev) {
-  Tensor t{B, L, H, D, pad, {}, {}};
-  t.bits.assign(t.count(), 0x7FC0);  // NaN in padding: must never be read into results
-  t.val.assign(size_t(B) * L * H * D, 0.0);
-  std::normal_distribution<float> nd(0.f, stddev);
-  for (int b = 0; b < B; ++b)
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < H; ++h)
-        for (int d = 0; d < D; ++d) {
-          const uint16_t bits = to_bits(nd(rng), fp16);
-          t.bits[t.idx(b, l, h, d)] = bits;
-          t.at(b, l, h, d) = from_bits(bits, fp16);
-        }
-  return t;
-}
-
-// ------------------------------------------------------------------ reference
-struct Reference {
-  std::vector<double> o, lse, dq, dk, dv, delta;  // dense layouts
-};
-
-static bool visible(const Case& c, int i, int j, const std::vector<int>& qs,
-                    const std::vector<int>& ks, int b) {
-  const int off = c.S - c.T;
-  int wl = c.wl, wr = c.wr;
-  if (c.causal) wr = wr < 0 ? 0 : std::min(wr, 0);
-  if (wl >= 0 && j < i + off - wl) return false;
-  if (wr >= 0 && j > i + off + wr) return false;
-  if (c.segments && qs[size_t(b) * c.T + i] != ks[size_t(b) * c.S + j]) return false;
-  return true;
-}
-
-static Reference reference(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
-                           const Tensor& dout, const std::vector<int>& qs,
-                           const std::vector<int>& ks, double scale) {
-  const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, G = c.H / c.Hk;
-  Reference r;
-  r.o.assign(size_t(B) * T * H * D, 0.0);
-  r.dq.assign(size_t(B) * T * H * D, 0.0);
-  r.dk.assign(size_t(B) * S * c.Hk * D, 0.0);
-  r.dv.assign(size_t(B) * S * c.Hk * D, 0.0);
-  r.lse.assign(size_t(B) * H * T, 0.0);
-  r.delta.assign(size_t(B) * H * T, 0.0);
-  std::vector<double> raw(S), p(S), dp(S);
-  std::vector<char> vis(S);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h) {
-      const int hk = h / G;
-      for (int i = 0; i < T; ++i) {
-        double m = -INFINITY;
-        for (int j = 0; j < S; ++j) {
-          double acc = 0;
-          for (int d = 0; d < D; ++d) acc += q.at(b, i, h, d) * k.at(b, j, hk, d);
-          raw[j] = acc * scale;
-          const double s = c.softcap > 0 ? c.softcap * std::tanh(raw[j] / c.softcap) : raw[j];
-          vis[j] = visible(c, i, j, qs, ks, b);
-          p[j] = s;
-          if (vis[j]) m = std::max(m, s);
-        }
-        double l = 0;
-        for (int j = 0; j < S; ++j) {
-          p[j] = vis[j] ? std::exp(p[j] - m) : 0.0;
-          l += p[j];
-        }
-        const size_t li = (size_t(b) * H + h) * T + i;
-        if (l == 0) {
-          r.lse[li] = -INFINITY;
-          continue;  // o, dq stay 0
-        }
-        r.lse[li] = m + std::log(l);
-        for (int j = 0; j < S; ++j) p[j] /= l;
-        double delta = 0;
-        for (int d = 0; d < D; ++d) {
-          double acc = 0;
-          for (int j = 0; j < S; ++j) acc += p[j] * v.at(b, j, hk, d);
-          r.o[((size_t(b) * T + i) * H + h) * D + d] = acc;
-          delta += acc * dout.at(b, i, h, d);
-        }
-        r.delta[li] = delta;
-        for (int j = 0; j < S; ++j) {
-          if (p[j] == 0) {
-            dp[j] = 0;
-            continue;
-          }
-          double acc = 0;
-          for (int d = 0; d < D; ++d) acc += dout.at(b, i, h, d) * v.at(b, j, hk, d);
-          double ds = p[j] * (acc - delta);
-          if (c.softcap > 0) {
-            const double t = std::tanh(raw[j] / c.softcap);
-            ds *= 1 - t * t;
-          }
-          dp[j] = ds * scale;  // d(q.k)
-        }
-        for (int j = 0; j < S; ++j) {
-          if (p[j] == 0) continue;
-          for (int d = 0; d < D; ++d) {
-            r.dq[((size_t(b) * T + i) * H + h) * D + d] += dp[j] * k.at(b, j, hk, d);
-            r.dk[((size_t(b) * S + j) * c.Hk + hk) * D + d] += dp[j] * q.at(b, i, h, d);
-            r.dv[((size_t(b) * S + j) * c.Hk + hk) * D + d] += p[j] * dout.at(b, i, h, d);
-          }
-        }
-      }
-    }
-  return r;
-}
-
-// ------------------------------------------------------------------ device helpers
-template <typename T>
-static T* dev_alloc(size_t n) {
-  T* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  return p;
-}
-static uint16_t* upload(const Tensor& t) {
-  uint16_t* p = dev_alloc<uint16_t>(t.count());
-  CHECK_CUDA(cudaMemcpy(p, t.bits.data(), t.count() * 2, cudaMemcpyHostToDevice));
-  return p;
-}
 
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
 // Where: the worst element, and (for a failure report) how many elements are
@@ -294,25 +123,6 @@ static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
         }
   *ref_max = rm;
   return e;
-}
-
-// Waits for the default stream with a deadline: a wrong barrier protocol
-// shows up as a hang, which then names the case instead of blocking the run.
-static void sync_or_hang(const std::string& what, double seconds = 60.0) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    const cudaError_t e = cudaStreamQuery(0);
-    if (e == cudaSuccess) break;
-    if (e != cudaErrorNotReady) CHECK_CUDA(e);
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
-      std::printf("HANG: %s did not finish within %.0f s (barrier protocol / TMA transaction bytes?)\n",
-                  what.c_str(), seconds);
-      std::fflush(stdout);
-      std::_Exit(3);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
 }
 
 static void print_where(const char* name, const ErrWhere& w, double ref_max, double tol) {
@@ -403,7 +213,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     qs = make_segments(c, c.T, rng);
     ks = make_segments(c, c.S, rng);
   }
-  const Reference ref = reference(c, q, k, v, dout, qs, ks, scale);
+  const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale);
 
   uint16_t *d_q = upload(q), *d_k = upload(k), *d_v = upload(v), *d_do = upload(dout);
   uint16_t *d_dq = dev_alloc<uint16_t>(q.count()), *d_dk = dev_alloc<uint16_t>(k.count()),
@@ -542,7 +352,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       err = jax_flash::sm90::run_bwd(bp, 0);
     }
     CHECK_CUDA(err);
-    sync_or_hang(c.name + " (variant " + std::to_string(variant) + ")");
+    sync_or_die(c.name + " (variant " + std::to_string(variant) + ")");
     std::vector<uint16_t> g_dq(q.count()), g_dk(k.count()), g_dv(v.count());
     CHECK_CUDA(cudaMemcpy(g_dq.data(), d_dq, q.count() * 2, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(g_dk.data(), d_dk, k.count() * 2, cudaMemcpyDeviceToHost));
@@ -865,10 +675,6 @@ static std::vector<Case> all_cases(bool quick) {
 }
 
 // ------------------------------------------------------------------ bench
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 __global__ void fill_bits(uint16_t* p, size_t n, uint32_t seed) {
   // Deterministic pseudo-random bf16 values in about [-2, 2).
