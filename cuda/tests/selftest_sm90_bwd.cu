@@ -424,7 +424,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       poison();
       launch_hog(rep * 0x9E3779B9u, num_sms);
       CHECK_CUDA(jax_flash::sm90::run_bwd(bp, 0));
-      sync_or_hang(c.name + " (deterministic, repeat " + std::to_string(rep) + ")");
+      sync_or_die(c.name + " (deterministic, repeat " + std::to_string(rep) + ")");
       uint16_t* dev[3] = {d_dq, d_dk, d_dv};
       for (int t = 0; t < 3; ++t) {
         std::vector<uint16_t> g(first_bits[t].size());
@@ -460,7 +460,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       poison();
       if (rep) launch_hog(rep * 0x85EBCA6Bu, num_sms);
       CHECK_CUDA(jax_flash::sm90::run_bwd(nd, 0));
-      sync_or_hang(c.name + " (non-deterministic comparison)");
+      sync_or_die(c.name + " (non-deterministic comparison)");
       CHECK_CUDA(cudaDeviceSynchronize());
       const std::vector<uint32_t> g = read_acc();  // fp32 sums: the order shows in their low bits
       static std::vector<uint32_t> nd_first;
