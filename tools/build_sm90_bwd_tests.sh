@@ -6,9 +6,10 @@
 #                                   compared bitwise), --bench: TF/s next to the sm80
 #                                   backward, incl. the deterministic mode
 # Built with -DJAX_FLASH_SM90_ABLATION (BwdParams::sm90_bwd_variant 1, dQ by
-# row bulk reductions, selectable next to the default tensor reductions; 2,
-# bf16 hdim 128 with kBlockM 80 (dQ_swapAB) for masks without a causal /
-# local bound: the BM=80 rows of the ptxas report).
+# row bulk reductions, selectable next to the variants of every build: 2,
+# hdim 128 with kBlockM 80 (dQ_swapAB), the default for masks without a
+# causal / local bound: the BM=80 rows of the ptxas report; 3, the bucket's
+# own tile).
 # Links the sm90 backward (bwd_dispatch.cu + bwd_*_sm90.cu) and the whole sm80
 # family (its forward gives the benchmark's LSE, its backward the comparison),
 # all compiled for sm_90a. Also prints the ptxas register/spill report of the

@@ -62,6 +62,7 @@
 
 #include <cstdint>
 
+#include "bwd_instantiations.h"
 #include "mask.cuh"
 #include "ptx/common.cuh"
 #include "smem_layout.cuh"
@@ -170,13 +171,19 @@ template <> struct BwdConfigFor<64>  { using type = BwdConfig<64, 128>; };
 template <> struct BwdConfigFor<128> { using type = BwdConfig<128, 64>; };
 //                                         D   BM  BN  dO stages  SdP_swapAB
 template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, false>; };
-// Tuning variant 2 (BwdParams::sm90_bwd_variant, -DJAX_FLASH_SM90_ABLATION,
-// bf16): hdim 128 with kBlockM = 80 for masks without a causal / local bound
-// (FA3 hopper/flash_bwd_launch_template.h: 80 x 128 with dQ_swapAB when not
-// causal and not local, 64 x 128 otherwise). Smem: K, V 32 KB each, Q and
-// dO 2 x 20 KB each, dS 2 x 20 KB, dQ staging 2 x 20 KB, LSE / delta 2 x
+// hdim 128 with kBlockM = 80 (FA3 hopper/flash_bwd_launch_template.h: 80 x
+// 128 with dQ_swapAB when not causal and not local, 64 x 128 otherwise), the
+// default for masks without a causal / local bound (+4% on the H200 at
+// T=S=8192, benchmarks/results/sm90_bwd_h200.txt). Smem: K, V 32 KB each, Q
+// and dO 2 x 20 KB each, dS 2 x 20 KB, dQ staging 2 x 20 KB, LSE / delta 2 x
 // 320 B each: 230728 B + 1 KB slack (of 232448).
 using BwdConfigHd128Bm80 = BwdConfig<128, 80>;
+
+// Variant 0 resolved for a case (bwd_instantiations.h).
+inline int resolved_bwd_variant(const BwdParams& p, int hdim_bucket) {
+  const MaskInfo mi = make_mask_info(p);
+  return resolved_bwd_variant(p.sm90_bwd_variant, hdim_bucket, mi.wl >= 0 || mi.wr >= 0, p.deterministic);
+}
 
 // Named barrier ids of the backward (0 is __syncthreads).
 constexpr int kBwdBarDqFull = 1;   // + WG: the WG's dQ tile is staged (128 consumer + 32 writer threads)

@@ -49,19 +49,10 @@ inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seql
   return r == CUDA_SUCCESS;
 }
 
+// dq_tensor: dQ added by TMA tensor reductions (false: one bulk reduction
+// per row, the ablation variant 1).
 template <typename Element, typename Cfg>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  // Schedule variant (BwdParams::sm90_bwd_variant): 0 = tensor dQ reductions;
-  // 2 = this launcher with the kBlockM-80 config (run_bwd_hdim picks it).
-  bool dq_tensor = true;
-  switch (p.sm90_bwd_variant) {
-    case 0: if (Cfg::kDqSwapAB) return cudaErrorNotSupported; break;
-#ifdef JAX_FLASH_SM90_ABLATION
-    case 1: if (Cfg::kDqSwapAB) return cudaErrorNotSupported; dq_tensor = false; break;
-    case 2: if (!Cfg::kDqSwapAB) return cudaErrorNotSupported; break;
-#endif
-    default: return cudaErrorNotSupported;
-  }
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, bool dq_tensor) {
   // Deterministic kernels: tensor reductions only, with the semaphore workspace.
   if (p.deterministic && (!dq_tensor || p.sm90_dq_semaphore == nullptr)) return cudaErrorNotSupported;
   BwdKernelArgs args;
@@ -163,14 +154,17 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
+  using Cfg = typename BwdConfigFor<kHeadDim>::type;
+  switch (resolved_bwd_variant(p, kHeadDim)) {
+    case kBwdVarTensor: return launch_bwd<Element, Cfg>(p, stream, true);
+    case kBwdVarBm80:
+      if constexpr (kHeadDim == 128) return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream, true);
+      return cudaErrorNotSupported;
 #ifdef JAX_FLASH_SM90_ABLATION
-  // Variant 2: kBlockM = 80 (bf16, hdim 128, no causal / local bound;
-  // bwd_supported checks the rest).
-  if constexpr (kHeadDim == 128 && std::is_same_v<Element, __nv_bfloat16>) {
-    if (p.sm90_bwd_variant == 2) return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream);
-  }
+    case kBwdVarRowReduce: return launch_bwd<Element, Cfg>(p, stream, false);
 #endif
-  return launch_bwd<Element, typename BwdConfigFor<kHeadDim>::type>(p, stream);
+    default: return cudaErrorNotSupported;
+  }
 }
 
 }  // namespace jax_flash::sm90

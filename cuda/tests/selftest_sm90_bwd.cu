@@ -22,21 +22,23 @@
 // and "(nondet: differs)" noted when its dq_accum bits changed. Head dims: the buckets 64,
 // 128 (incl. 96, 80) and 256 (incl. 200, 136, 160: zero-padded columns, a
 // whole padding column block for 136 and 160). Builds with
-// -DJAX_FLASH_SM90_ABLATION also run BwdParams::sm90_bwd_variant 1 (dQ by row
-// bulk reductions instead of tensor reductions) and, where it applies (bf16,
-// hdim-128 bucket, no causal / local bound), 2 (kBlockM 80, dQ_swapAB);
+// Every case runs BwdParams::sm90_bwd_variant 0 (the default) and the explicit
+// variants that apply (cuda/sm90/bwd_config.cuh): 2 (kBlockM 80, dQ_swapAB;
+// hdim-128 bucket, no causal / local bound; the default there), 3 (the
+// bucket's tile with dQ tensor reductions; the default elsewhere) and, in
+// -DJAX_FLASH_SM90_ABLATION builds, 1 (dQ by row bulk reductions);
 // "#v" counts the variants run and a failing row names the failing ones.
 // Exit code 1 on a failure.
 //
 // Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16),
-// (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variants 1 and 2
+// (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variants 1, 2, 3
 // where compiled and applicable: "-" elsewhere) and the sm90 deterministic mode ("sm90 det",
 // incl. its semaphore memset; "bits": three runs, one next to an SM-hogging kernel, bitwise
 // equal) next to sm80 run_bwd (fast mode), each including its dq_accum memset and dq_convert
 // pass; 10 back-to-back calls between two events, median of 5 repeats; FLOPs = 2.5 x the
 // forward's 4 B H T S D (halved when causal). LSE comes from the sm80 forward; also prints
 // max |dX_sm90 - dX_sm80| / max |dX_sm80| for the default and, where it ran, variant 2, and
-// the speed ratio v2 / default.
+// the speed ratio v2 / v3 (the 80-row tile against the 64-row one).
 //
 // A failing row is preceded by lines naming, for dQ, dK and dV, the worst
 // element and the count of bad elements per (row % 128 < 64 or >= 64: the
@@ -63,6 +65,7 @@
 
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
+#include "sm90/bwd_instantiations.h"  // the variant numbers
 #include "sm90/launch.h"
 #include "gpu_wait.h"
 #include "selftest_common.h"
@@ -143,8 +146,8 @@ static bool padding_untouched(const std::vector<uint16_t>& got, const Tensor& la
 }
 
 static int g_only_variant = -1;  // --variant=N
-// BwdParams::sm90_bwd_variant values (0 default; 1, 2 with -DJAX_FLASH_SM90_ABLATION).
-constexpr int kNumVariants = 3;
+// BwdParams::sm90_bwd_variant values (0 default, 2, 3; 1 with -DJAX_FLASH_SM90_ABLATION).
+constexpr int kNumVariants = jax_flash::sm90::kBwdNumVariants;
 
 // Holds SMs for a while (a backward CTA needs a whole SM's registers, so it
 // cannot start next to one of these): each block spins for a pseudo-random
@@ -341,9 +344,8 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(a.data(), d_acc, nacc * 4, cudaMemcpyDeviceToHost));
     return a;
   };
-  // Variant 0 (default), then in -DJAX_FLASH_SM90_ABLATION builds variant 1
-  // (dQ by row bulk reductions) and 2 (kBlockM 80) where they apply; the row
-  // keeps the worst errors.
+  // Variant 0 (default), then the explicit variants where they apply (1 in
+  // -DJAX_FLASH_SM90_ABLATION builds only); the row keeps the worst errors.
   for (int variant = v_first; variant < v_end; ++variant) {
     if (variant > v_first) {
       bp.sm90_bwd_variant = variant;
@@ -696,8 +698,8 @@ static void bench() {
   std::printf("bench: B=%d T=S=%d bf16, backward TF/s (2.5 x fwd FLOPs; 10 calls between events, "
               "median of 5; incl. dq_accum memset and dq_convert)\n",
               B, T);
-  std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %7s %7s %9s %6s %5s   %s\n", "D", "H", "causal", "sm90",
-              "sm90 v1", "sm90 v2", "sm80", "90/80", "v2/v0", "sm90 det", "det/90", "bits",
+  std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %9s %7s %7s %9s %6s %5s   %s\n", "D", "H", "causal", "sm90",
+              "sm90 v1", "sm90 v2", "sm90 v3", "sm80", "90/80", "v2/v3", "sm90 det", "det/90", "bits",
               "max|d90-d80|/max|d80| (dQ, dK, dV; default, v2)");
   for (Shape sh : {Shape{128, 16}, Shape{64, 32}, Shape{256, 8}}) {
     const size_t n = size_t(B) * T * sh.H * sh.D;
@@ -767,19 +769,20 @@ static void bench() {
         CHECK_CUDA(cudaGetLastError());
         return flops / (median(reps) * 1e-3) / 1e12;
       };
-      // Timed in the order sm90 variant 1 (row dQ reductions), sm90 variant 2
-      // (kBlockM 80; both ablation builds, where they apply), sm80, sm90
-      // default (last). Gradients: g[0] sm90 (v1, then the default over it),
-      // g[1] sm80, g[2] sm90 v2. tf[]: default, v1, v2, sm80 (-1: not run).
-      double tf[4] = {-1, -1, -1, -1};
-      for (int impl : {1, 2, 3, 0}) {
+      // Timed in the order sm90 variant 1 (row dQ reductions; ablation
+      // builds), 2 (kBlockM 80), 3 (the bucket's tile), sm80, sm90 default
+      // (last), where they apply. Gradients: g[0] sm90 (v1, v3, then the
+      // default over them), g[1] sm80, g[2] sm90 v2. tf[]: default, v1, v2,
+      // v3, sm80 (-1: not run).
+      double tf[5] = {-1, -1, -1, -1, -1};
+      for (int impl : {1, 2, 3, 4, 0}) {
         BwdParams pi = p;
-        const int gi = impl == 3 ? 1 : impl == 2 ? 2 : 0;
+        const int gi = impl == 4 ? 1 : impl == 2 ? 2 : 0;
         pi.dq = g[gi][0];
         pi.dk = g[gi][1];
         pi.dv = g[gi][2];
-        pi.sm90_bwd_variant = impl == 3 ? 0 : impl;
-        if (impl == 3)
+        pi.sm90_bwd_variant = impl == 4 ? 0 : impl;
+        if (impl == 4)
           tf[impl] = time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); });
         else
           tf[impl] = jax_flash::sm90::bwd_supported(pi)
@@ -837,8 +840,8 @@ static void bench() {
         }
       };
       double rel[3] = {-1, -1, -1}, rel2[3] = {-1, -1, -1};
-      if (tf[0] > 0 && tf[3] > 0) rel_to_sm80(0, rel);
-      if (tf[2] > 0 && tf[3] > 0) rel_to_sm80(2, rel2);
+      if (tf[0] > 0 && tf[4] > 0) rel_to_sm80(0, rel);
+      if (tf[2] > 0 && tf[4] > 0) rel_to_sm80(2, rel2);
       std::printf("%-5d %-4d %-7s", sh.D, sh.H, causal ? "yes" : "no");
       for (double x : tf) {
         if (x < 0)
@@ -846,9 +849,9 @@ static void bench() {
         else
           std::printf(" %9.1f", x);
       }
-      std::printf(" %7.2f", tf[0] > 0 && tf[3] > 0 ? tf[0] / tf[3] : 0.0);
-      if (tf[2] > 0 && tf[0] > 0)
-        std::printf(" %7.3f", tf[2] / tf[0]);
+      std::printf(" %7.2f", tf[0] > 0 && tf[4] > 0 ? tf[0] / tf[4] : 0.0);
+      if (tf[2] > 0 && tf[3] > 0)
+        std::printf(" %7.3f", tf[2] / tf[3]);
       else
         std::printf(" %7s", "-");
       if (tf_det < 0)

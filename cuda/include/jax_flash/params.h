@@ -83,10 +83,11 @@ struct BwdParams : FwdParams {
   float* dv_accum;  // only when num_heads != num_heads_k (GQA sums); else nullptr
   bool deterministic;   // fixed dQ accumulation order
   // sm90 backward schedule (jax_flash::sm90::run_bwd only; keep 0 outside
-  // ablation benchmarks): 0 = dQ added by TMA tensor reductions (default),
-  // 1 = one bulk reduction per dQ row, 2 = kBlockM 80 (bf16 hdim 128 without
-  // a causal / local bound; elsewhere not supported) (1, 2 compiled only with
-  // -DJAX_FLASH_SM90_ABLATION, else cudaErrorNotSupported).
+  // benchmarks): 0 = the default for the case, 1 = one bulk dQ reduction per
+  // row (only with -DJAX_FLASH_SM90_ABLATION), 2 = kBlockM 80 (hdim 65..128
+  // without a causal / local bound, not deterministic), 3 = the head-dim
+  // bucket's own tile; cuda/sm90/bwd_instantiations.h. Not applicable:
+  // cudaErrorNotSupported.
   int sm90_bwd_variant = 0;
   // sm90 deterministic-mode workspace (jax_flash::sm90::run_bwd with
   // deterministic only): device pointer to sm90_bwd_semaphore_ints(batch,
