@@ -15,7 +15,9 @@ Default: every one that can run on this platform (GPU: all but
 jax_flash_xla; CPU: jax_flash_pallas, jax_flash_xla, xla).
 
 Method (DESIGN.md): random normal inputs, jit, warm up, then N back-to-back
-calls between two `block_until_ready` syncs, median over repeats. FLOPs:
+calls between two `block_until_ready` syncs, median over repeats; the
+implementations of one shape and mode are timed round by round (A B C A B C
+...), so that clock / power drift during the run hits all of them alike. FLOPs:
 fwd = 4*B*H*T*S*D (halved when causal), fwd_bwd = 3.5x fwd, where fwd_bwd is
 the gradient of sum(o * do) w.r.t. q, k, v (forward included), bwd = 2.5x fwd:
 the backward alone (the VJP applied to do, the forward's residuals computed
@@ -179,51 +181,86 @@ def make_step(fn, mode: str, causal: bool, do):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2))), lambda *qkv: qkv
 
 
+def _timed_round(step, args, iters: int) -> float:
+  """ms per call of `iters` back-to-back calls between two syncs."""
+  jax.block_until_ready(args)
+  t0 = time.perf_counter()
+  out = None
+  for _ in range(iters):
+    out = step(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t0) * 1e3 / iters
+
+
 def time_ms(step, args, *, iters: int, repeats: int, warmup: int) -> float:
+  """One implementation alone: warm-up, then the median of `repeats` rounds."""
   for _ in range(warmup):
     jax.block_until_ready(step(*args))
-  samples = []
+  return statistics.median(_timed_round(step, args, iters) for _ in range(repeats))
+
+
+def time_interleaved(steps, *, iters: int, repeats: int, warmup: int):
+  """{name: median ms} for several (step, args), the implementations timed
+  round by round (A B C A B C ...) rather than one after another, so that a
+  clock or power drift during the run hits all of them alike. Every step is
+  warmed up first; a step that raises is reported as that exception."""
+  ready, result = {}, {}
+  for name, (step, args) in steps.items():
+    try:
+      for _ in range(warmup):
+        jax.block_until_ready(step(*args))
+      ready[name] = (step, args)
+    except Exception as e:  # one failure must not end the run
+      result[name] = e
+  samples = {name: [] for name in ready}
   for _ in range(repeats):
-    jax.block_until_ready(args)
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(iters):
-      out = step(*args)
-    jax.block_until_ready(out)
-    samples.append((time.perf_counter() - t0) * 1e3 / iters)
-  return statistics.median(samples)
+    for name, (step, args) in ready.items():
+      samples[name].append(_timed_round(step, args, iters))
+  for name, ms in samples.items():
+    result[name] = statistics.median(ms)
+  return result
 
 
 def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
         command, device, out=None):
-  """Times every (shape, mode, impl); with `out`, merges each shape/mode's
-  rows into that file as soon as they are measured (a run cut short by a
-  time limit keeps what it measured)."""
+  """Times every (shape, mode, impl), the impls of a (shape, mode)
+  interleaved (time_interleaved); with `out`, merges each shape/mode's rows
+  into that file as soon as they are measured (a run cut short by a time
+  limit keeps what it measured)."""
   dtype = jnp.dtype(dtype_name)
   date = datetime.date.today().isoformat()
   records = []
   for shape in shapes:
     q, k, v, do = make_inputs(shape, dtype)
     for mode in modes:
+      steps, errors = {}, {}
+      for impl in impls:
+        try:
+          step, binds = make_step(IMPLS[impl], mode, shape.causal, do)
+          steps[impl] = (step, binds(q, k, v))
+        except Exception as e:
+          errors[impl] = e
+      timed = time_interleaved(steps, iters=iters, repeats=repeats,
+                               warmup=warmup)
+      timed.update(errors)
       rows = []
       for impl in impls:
         rec = dict(impl=impl, mode=mode, dtype=dtype.name, B=shape.B,
                    T=shape.T, S=shape.S, H=shape.H, H_kv=shape.H_kv,
                    D=shape.D, causal=shape.causal, ms=None, tflops=None,
                    date=date, command=command, device=device)
-        try:
-          step, binds = make_step(IMPLS[impl], mode, shape.causal, do)
-          ms = time_ms(step, binds(q, k, v), iters=iters, repeats=repeats,
-                       warmup=warmup)
+        ms = timed[impl]
+        if isinstance(ms, Exception):
+          rec["error"] = f"{type(ms).__name__}: {ms}"[:500]
+        else:
           rec.update(ms=round(ms, 4),
                      tflops=round(shape.flops(mode) / (ms * 1e-3) / 1e12, 2))
-        except Exception as e:  # one failure must not end the run
-          rec["error"] = f"{type(e).__name__}: {e}"[:500]
         rows.append(rec)
         status = (f"{rec['ms']:.3f} ms  {rec['tflops']:.1f} TF/s"
                   if rec["ms"] is not None else rec["error"][:120])
         print(f"  {shape.label():36s} {mode:7s} {impl:18s} {status}",
               flush=True)
+      del steps  # the bwd residuals of every impl
       cudnn = next((r["tflops"] for r in rows if r["impl"] == "cudnn"), None)
       for r in rows:
         r["cudnn_tflops"] = cudnn

@@ -2,9 +2,14 @@
 # Builds the Hopper (sm_90a) backward self-test into build_carry/ (git-ignored),
 # to be carried to an H100/H200 and run there:
 #   build_carry/selftest_sm90_bwd   sm90 backward vs float64 reference (--quick,
-#                                   filter), --bench: TF/s next to the sm80 backward
+#                                   filter; "det" rows: deterministic mode, 3 runs
+#                                   compared bitwise), --bench: TF/s next to the sm80
+#                                   backward, incl. the deterministic mode
 # Built with -DJAX_FLASH_SM90_ABLATION (BwdParams::sm90_bwd_variant 1, dQ by
-# row bulk reductions, selectable next to the default tensor reductions).
+# row bulk reductions, selectable next to the variants of every build: 2,
+# hdim 128 with kBlockM 80 (dQ_swapAB), the default for masks without a
+# causal / local bound: the BM=80 rows of the ptxas report; 3, the bucket's
+# own tile).
 # Links the sm90 backward (bwd_dispatch.cu + bwd_*_sm90.cu) and the whole sm80
 # family (its forward gives the benchmark's LSE, its backward the comparison),
 # all compiled for sm_90a. Also prints the ptxas register/spill report of the
@@ -62,10 +67,10 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"$CUDA_INC
 # ptxas summary of the sm90 backward kernels: registers at entry (setmaxnreg
 # then gives the consumers 240), spills, stack; C75xx notes (wgmma
 # serialisation, injected warpgroup.arrive) would be performance bugs.
-echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions):"
+echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions, deterministic):"
 for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
-    sed -nE "/Compiling entry/s/.*bwd_kernelI([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    sed -nE "/Compiling entry/s/.*bwd_kernelI([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8 det=\9/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
     paste -d' ' - - -
   grep -h "C75" "$log" || true
 done

@@ -170,7 +170,8 @@ ffi::Error LaunchForward(const FwdParams& p, int32_t family, cudaStream_t stream
 }
 
 // Backward kernel family, as LaunchForward: sm90 (FA3-style) when it serves the
-// call (sm_90 GPU, hdim <= 128, not deterministic), else sm80.
+// call (sm_90 GPU, hdim <= 256; deterministic with its semaphore workspace),
+// else sm80.
 ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t stream) {
   if (family != 0 && family != 80 && family != 90) {
     return Invalid("kernel_family must be 0 (auto), 80 or 90; got " + std::to_string(family));
@@ -179,8 +180,9 @@ ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t strea
   if (family != 80 && sm90::bwd_supported(p)) return LaunchError(sm90::run_bwd(p, stream), "sm90 backward");
 #endif
   if (family == 90) {
-    return Invalid("the sm90 backward cannot serve this call (needs an sm_90 GPU, head_dim <= 128, "
-                   "deterministic=False); use kernel_family 0 or 80");
+    return Invalid("the sm90 backward cannot serve this call (needs an sm_90 GPU, a build with sm90, "
+                   "head_dim <= 256, 16-byte aligned rows; deterministic=True needs the dq_semaphore "
+                   "workspace); use kernel_family 0 or 80");
   }
   return LaunchError(sm80::run_bwd(p, stream), "backward");
 }
@@ -223,7 +225,8 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::Result<ffi::AnyBuffer> dv,
                    ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
                    ffi::Result<ffi::Buffer<ffi::F32>> dk_accum,
-                   ffi::Result<ffi::Buffer<ffi::F32>> dv_accum, float scale,
+                   ffi::Result<ffi::Buffer<ffi::F32>> dv_accum,
+                   ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
                    bool causal, bool has_segment_ids, bool deterministic,
                    int32_t kernel_family) {
@@ -271,6 +274,14 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   p.dk_accum = gqa && have_dkv_accum ? dk_accum->typed_data() : nullptr;
   p.dv_accum = gqa && have_dkv_accum ? dv_accum->typed_data() : nullptr;
   p.deterministic = deterministic;
+  // Deterministic mode of the sm90 backward: dQ-order semaphores + tile-claim
+  // counter (sm90_bwd_semaphore_ints; Python sizes it only when deterministic,
+  // else 1 element). Too small: the sm90 family declines (sm80 serves the call).
+  p.sm90_dq_semaphore =
+      deterministic && static_cast<int64_t>(dq_semaphore->element_count()) >=
+                           sm90_bwd_semaphore_ints(p.batch, p.num_heads, p.seqlen_q)
+          ? dq_semaphore->typed_data()
+          : nullptr;
   Poison(p.dq, dq->size_bytes(), stream);
   Poison(p.dk, dk->size_bytes(), stream);
   Poison(p.dv, dv->size_bytes(), stream);
@@ -320,6 +331,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::F32>>()  // dq_accum workspace
         .Ret<ffi::Buffer<ffi::F32>>()  // dk_accum workspace (GQA)
         .Ret<ffi::Buffer<ffi::F32>>()  // dv_accum workspace (GQA)
+        .Ret<ffi::Buffer<ffi::S32>>()  // dq_semaphore workspace (sm90 deterministic)
         .Attr<float>("scale")
         .Attr<float>("softcap")
         .Attr<int32_t>("window_left")

@@ -15,7 +15,10 @@
 // warpgroups, 2 stages of Q / dO and of dS. dQ = dS K (kBlockM x D per step)
 // is split over the two warpgroups into 64 x 64 tiles: along the head dim for
 // kBlockM = 64 (hdim 128: FA3 AtomLayoutMdQ = 1), along the rows for
-// kBlockM = 128 (hdim 64: AtomLayoutMdQ = 2).
+// kBlockM = 128 (hdim 64: AtomLayoutMdQ = 2). Tuning variant 2 (hdim 128,
+// no causal / local bound; FA3's non-causal tile): kBlockM = 80, S^T / dP^T
+// 64 x 80 per WG, dV / dK RS GEMMs of 5 k-steps, and dQ_swapAB: dQ^T = K^T
+// dS^T, 64 head-dim columns x 80 queries per WG (see kDqSwapAB below).
 //
 // !kSdpSwapAB (hdim 256; bwd_consumer_hd256.cuh BwdConsumerHd256): kBlockM =
 // kBlockN = 64. dK and dV of 64 keys x 256 are 128 registers per thread
@@ -45,7 +48,8 @@
 //   dQ            2 x 16 or 18 KB fp32          one staging tile per consumer WG:
 //                   kDqTensor (default): [2][64][32] 128B-swizzled (two TMA boxes
 //                   of 32 columns, added into dq_accum by cp.reduce.async.bulk.tensor);
-//                   rows (ablation): [64][kDqPitch], one cp.reduce.async.bulk per row
+//                   rows (ablation): [64][kDqPitch], one cp.reduce.async.bulk per row;
+//                   dQ_swapAB (kBlockM 80): [2][80][32] swizzled only (20 KB)
 //   LSE           kStages x [kBlockM] fp32      log2-unit LSE (+inf for empty
 //                                               rows / rows past seqlen_q)
 //   delta         kStagesDo x [kBlockM] fp32
@@ -58,6 +62,7 @@
 
 #include <cstdint>
 
+#include "bwd_instantiations.h"
 #include "mask.cuh"
 #include "ptx/common.cuh"
 #include "smem_layout.cuh"
@@ -83,15 +88,23 @@ struct BwdConfig {
   static_assert(kSdpSwapAB ? (kHeadDim % 64 == 0 && kHeadDim <= 128 && kBlockN == 128)
                            : (kHeadDim == 256 && kBlockN == 64 && kBlockM == 64),
                 "head dim buckets: 64 and 128 (SdP_swapAB, 128 keys), 256 (64 x 64)");
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "kBlockM: 64 or 128");
-  // dQ (kBlockM x D) split over the 2 WGs into 64-row x kDqWGCols parts,
+  static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128),
+                "kBlockM: 64 or 128 (80: hdim 128, dQ_swapAB)");
+  // dQ_swapAB (FA3: kBlockM % 64 != 0, i.e. kBlockM = 80): each WG makes
+  // dQ^T[cols, :] = K[:, cols]^T dS^T (wgmma M = its 64 head-dim columns, N =
+  // kBlockM queries, A = K read MN-major (tnspA), B = dS K-major), so the
+  // 80 rows need no 64-row wgmma M; the WG's staging tile is then kBlockM
+  // rows (kDqRows) x 64 columns, written transposed from the accumulator.
+  static constexpr bool kDqSwapAB = kSdpSwapAB && kBlockM % 64 != 0;
+  // dQ (kBlockM x D) split over the 2 WGs into kDqRows-row x kDqWGCols parts,
   // each made in kDqSlices 64-column slices (one staging tile each).
-  static constexpr int kDqSplitM = kBlockM / 64;         // WGs along the rows
+  static constexpr int kDqSplitM = kDqSwapAB ? 1 : kBlockM / 64;  // WGs along the rows
   static constexpr int kDqSplitN = kConsumerWGs / kDqSplitM;  // WGs along the head dim
   static_assert(kDqSplitM * kDqSplitN == kConsumerWGs, "dQ split");
   static constexpr int kDqWGCols = kHeadDim / kDqSplitN;
   static constexpr int kDqCols = 64;
   static constexpr int kDqSlices = kDqWGCols / kDqCols;
+  static constexpr int kDqRows = kDqSwapAB ? kBlockM : 64;  // rows of a WG's dQ tile
   static_assert(kDqSlices * kDqCols == kDqWGCols && (kSdpSwapAB ? kDqSlices == 1 : kDqSlices == 2),
                 "each WG's dQ staging tile is 64 x 64 (one wgmma N=64, one K column block)");
   // Row pitch of a dQ staging tile (floats) in the row-reduction ablation
@@ -106,9 +119,11 @@ struct BwdConfig {
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;  // one dS (or P) buffer
   static constexpr int kPBytes = kSdpSwapAB ? 0 : 2 * kDsBytes;  // P^T stays in registers there
   // One WG's dQ staging tile: the larger of the two layouts (64 x kDqPitch
-  // rows, 64 x 64 swizzled boxes), a multiple of 1 KB.
-  static constexpr int kDqWGBytes = 64 * kDqPitch * 4;
-  static_assert(kDqWGBytes >= 64 * 64 * 4 && kDqWGBytes % 1024 == 0, "dQ staging tile");
+  // rows, 64 x 64 swizzled boxes), a multiple of 1 KB. dQ_swapAB: only the
+  // swizzled layout (two kDqRows x 32 boxes; the row-reduction variant is
+  // not built for it).
+  static constexpr int kDqWGBytes = kDqSwapAB ? kDqRows * kDqCols * 4 : 64 * kDqPitch * 4;
+  static_assert(kDqWGBytes >= kDqRows * kDqCols * 4 && kDqWGBytes % 1024 == 0, "dQ staging tile");
   static constexpr int kStatBytes = kBlockM * 4;          // one stage of LSE (or delta)
 
   static constexpr int kOffK = 0;
@@ -125,6 +140,8 @@ struct BwdConfig {
   static constexpr int kNumBars = 1 + 2 * kStages + 2 * kStagesDo;
   static constexpr int kSmemBytes = kOffBar + 8 * kNumBars;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;  // + slack to align the base to 1 KB
+  static_assert(kSmemBytes % 8 == 0 && kSmemAlloc - kSmemBytes >= 1008 + 4,
+                "the claim slot (BwdSmem::claim_slot) fits the slack whatever the 16-byte aligned start");
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory plan too large");
   static_assert(kOffV % 1024 == 0 && kOffQ % 1024 == 0 && kOffdO % 1024 == 0 &&
                     kOffdS % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 &&
@@ -154,6 +171,19 @@ template <> struct BwdConfigFor<64>  { using type = BwdConfig<64, 128>; };
 template <> struct BwdConfigFor<128> { using type = BwdConfig<128, 64>; };
 //                                         D   BM  BN  dO stages  SdP_swapAB
 template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, false>; };
+// hdim 128 with kBlockM = 80 (FA3 hopper/flash_bwd_launch_template.h: 80 x
+// 128 with dQ_swapAB when not causal and not local, 64 x 128 otherwise), the
+// default for masks without a causal / local bound (+4% on the H200 at
+// T=S=8192, benchmarks/results/sm90_bwd_h200.txt). Smem: K, V 32 KB each, Q
+// and dO 2 x 20 KB each, dS 2 x 20 KB, dQ staging 2 x 20 KB, LSE / delta 2 x
+// 320 B each: 230728 B + 1 KB slack (of 232448).
+using BwdConfigHd128Bm80 = BwdConfig<128, 80>;
+
+// Variant 0 resolved for a case (bwd_instantiations.h).
+inline int resolved_bwd_variant(const BwdParams& p, int hdim_bucket) {
+  const MaskInfo mi = make_mask_info(p);
+  return resolved_bwd_variant(p.sm90_bwd_variant, hdim_bucket, mi.wl >= 0 || mi.wr >= 0, p.deterministic);
+}
 
 // Named barrier ids of the backward (0 is __syncthreads).
 constexpr int kBwdBarDqFull = 1;   // + WG: the WG's dQ tile is staged (128 consumer + 32 writer threads)
@@ -169,6 +199,10 @@ constexpr int kBwdDqBarThreads = 128 + 32;
 // (wr >= 0, unbounded left window): KV block 0 has the most query blocks, so
 // KV blocks ascending across all heads of a section (heaviest first), with
 // the heads taken in sections whose Q + dO fit in ~32 MB of L2.
+// Deterministic mode (decode<true>): the same orders with the KV blocks
+// descending (FA3's SPT order for causal), the order in which the KV blocks
+// add into each dQ tile (bwd_mainloop.cuh, bwd_dq_writer): the KV block a
+// CTA waits for always has a smaller tile index.
 struct BwdTileScheduler {
   int num_n_blocks;
   int num_bh;             // batch * num_heads_k
@@ -177,6 +211,7 @@ struct BwdTileScheduler {
   int heads_per_section;  // 0: head-major order
   int section_tiles;
 
+  template <bool kReverseN = false>
   JF_DEVICE void decode(int t, int& n_block, int& head_k, int& batch) const {
     int bh;
     if (heads_per_section == 0) {
@@ -190,6 +225,7 @@ struct BwdTileScheduler {
       n_block = r / hs;
       bh = base + (r - n_block * hs);
     }
+    if constexpr (kReverseN) n_block = num_n_blocks - 1 - n_block;
     batch = bh / num_heads_k;
     head_k = bh - batch * num_heads_k;
   }
@@ -225,7 +261,7 @@ struct BwdKernelArgs {
   CUtensorMap tm_do;  // box {64, kBlockM, 1, 1}
   CUtensorMap tm_dk;  // box {64, 64, 1, 1} (64 rows x 64 columns of a consumer WG's part)
   CUtensorMap tm_dv;  // box {64, 64, 1, 1}
-  CUtensorMap tm_dqacc;  // fp32 dq_accum (head_dim, seqlen_q, heads, batch), box {32, 64, 1, 1}
+  CUtensorMap tm_dqacc;  // fp32 dq_accum (head_dim, seqlen_q, heads, batch), box {32, kDqRows, 1, 1}
   MaskInfo mask;
   SoftmaxScale sm;
   BwdTileScheduler sched;
@@ -238,6 +274,13 @@ struct BwdKernelArgs {
   int seqlen_q_rounded;
   int dq_pitch;            // BwdParams::head_dim_rounded
   int head_dim;
+  // Deterministic kernels only (else nullptr / 0): dq_sem[(batch * num_heads
+  // + q head) * sem_m_blocks + query block] = 1 + the KV block that added
+  // into that dQ tile last (0: none yet); tile_claim: the counter the CTAs
+  // take their tile indices from. Both zeroed by the launcher.
+  int* dq_sem;
+  int* tile_claim;
+  int sem_m_blocks;        // ceil(seqlen_q / kBlockM)
 };
 
 template <typename Cfg>
@@ -258,6 +301,10 @@ struct BwdSmem {
   JF_DEVICE uint32_t empty_q(int s) const { return bar(1 + Cfg::kStages + s); }
   JF_DEVICE uint32_t full_do(int s) const { return bar(1 + 2 * Cfg::kStages + s); }
   JF_DEVICE uint32_t empty_do(int s) const { return bar(1 + 2 * Cfg::kStages + Cfg::kStagesDo + s); }
+  // Deterministic kernels: the claimed tile index (one int), just past the
+  // plan, in the 1 KB alignment slack of kSmemAlloc (the dynamic shared
+  // memory is at least 16-byte aligned, so base - start <= 1008).
+  JF_DEVICE uint32_t claim_slot() const { return base + Cfg::kSmemBytes; }
 };
 
 }  // namespace jax_flash::sm90

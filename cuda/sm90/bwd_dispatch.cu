@@ -1,8 +1,9 @@
 // sm90 backward: capability checks (bwd_supported) and dispatch to the
 // (dtype, head-dim bucket) instantiation. Anything not served here answers
 // cudaErrorNotSupported so that the caller runs jax_flash::sm80::run_bwd:
-// deterministic mode (dQ is added with bulk reductions in timing order),
-// head dims above 256, non-sm_90 devices, TMA-incompatible layouts.
+// deterministic mode without its workspace (BwdParams::sm90_dq_semaphore),
+// schedule variants that do not apply to the case (bwd_config.cuh), head dims
+// above 256, non-sm_90 devices, TMA-incompatible layouts.
 #include <cstdint>
 
 #include "bwd_config.cuh"
@@ -24,7 +25,9 @@ bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev) {
     case 64: return BwdConfigFor<64>::type::kSmemAlloc <= dev.smem_optin;
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return BwdConfigFor<128>::type::kSmemAlloc <= dev.smem_optin;
+    case 128:
+      return (resolved_bwd_variant(p, 128) == kBwdVarBm80 ? BwdConfigHd128Bm80::kSmemAlloc
+                                                           : BwdConfigFor<128>::type::kSmemAlloc) <= dev.smem_optin;
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM256
     case 256: return BwdConfigFor<256>::type::kSmemAlloc <= dev.smem_optin;
@@ -57,12 +60,24 @@ bool bwd_supported(const BwdParams& p) {
   (void)p;
   return false;
 #else
-  if (p.deterministic) return false;  // sm80 has the fixed-order dQ kernel
-#ifdef JAX_FLASH_SM90_ABLATION
-  if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant > 1) return false;
-#else
-  if (p.sm90_bwd_variant != 0) return false;
+  // Deterministic (fixed dQ order through semaphores, bwd_mainloop.cuh): needs
+  // the semaphore workspace and the tensor-reduction schedule of the bucket's
+  // tile (variant 0 resolves to it, bwd_config.cuh).
+  if (p.deterministic &&
+      (p.sm90_dq_semaphore == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_dq_semaphore) & 3) != 0))
+    return false;
+  if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant >= kBwdNumVariants) return false;
+  const int variant = resolved_bwd_variant(p, bwd_bucket(p.head_dim));
+  if (p.deterministic && variant != kBwdVarTensor) return false;
+#ifndef JAX_FLASH_SM90_ABLATION
+  if (variant == kBwdVarRowReduce) return false;
 #endif
+  // Variant 2 (kBlockM 80, BwdConfigHd128Bm80): the hdim-128 bucket without a
+  // causal / local bound; unavailable elsewhere.
+  if (variant == kBwdVarBm80) {
+    const MaskInfo mi = make_mask_info(p);
+    if (bwd_bucket(p.head_dim) != 128 || mi.wl >= 0 || mi.wr >= 0) return false;
+  }
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
     return false;
   if (p.num_heads % p.num_heads_k != 0) return false;

@@ -14,8 +14,13 @@
 //     the seq and head-dim tails).
 // The sweep covers every (q head of the GQA group, visible query block), so
 // GQA sums stay in registers. dQ is accumulated with fp32 bulk reductions in
-// an order that depends on timing: not deterministic (deterministic requests
-// are answered with cudaErrorNotSupported and served by the sm80 kernels).
+// an order that depends on timing, except with kDet (BwdParams::deterministic):
+// then the KV blocks add into each dQ tile in descending order, through
+// semaphores in global memory (bwd_mainloop.cuh, bwd_dq_writer), the KV blocks
+// are scheduled in descending order (BwdTileScheduler::decode<true>) and each
+// CTA takes its tile index from a counter (atomicAdd, so in the order in which
+// CTAs start: a CTA only ever waits for a smaller index, held by a running or
+// finished CTA, whatever order the hardware launches the blocks in).
 //
 // Synchronisation:
 //   mbarriers  full_kv (1 arrival + K/V bytes; waited with parity 0 once),
@@ -37,7 +42,7 @@ template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
 using BwdConsumerFor = std::conditional_t<Cfg::kSdpSwapAB, BwdConsumer<Element, Cfg, kSoftcap, kDqTensor>,
                                           BwdConsumerHd256<Element, Cfg, kSoftcap, kDqTensor>>;
 
-template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
+template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kDet = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -64,15 +69,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::prefetch_tmap(&args.tm_do);
     if constexpr (kDqTensor) ptx::prefetch_tmap(&args.tm_dqacc);
   }
+  if constexpr (kDet) {  // the tile index, from the claim counter (see the top)
+    if (threadIdx.x == 32) ptx::st_shared_b32(sm.claim_slot(), uint32_t(atomicAdd(args.tile_claim, 1)));
+  }
   __syncthreads();
 
-  const BwdTile tile = make_bwd_tile<Cfg>(args, blockIdx.x);
+  int tile_index = blockIdx.x;
+  if constexpr (kDet) tile_index = int(ptx::ld_shared_b32(sm.claim_slot()));
+  const BwdTile tile = make_bwd_tile<Cfg, kDet>(args, tile_index);
   if (warp < 4) {  // producer warpgroup
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (warp == 0) {
       bwd_producer<Cfg>(args, sm, tile);
     } else if (warp == 1) {
-      bwd_dq_writer<Cfg, kDqTensor>(args, sm, tile);
+      bwd_dq_writer<Cfg, kDqTensor, kDet>(args, sm, tile);
     }
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "bwd_instantiations.h"
 #include "bwd_kernel.cuh"
@@ -29,9 +30,10 @@ cudaError_t launch_dq_convert(const BwdParams& p, cudaStream_t stream) {
 
 // dq_accum [batch, heads, seqlen_q_rounded, pitch] fp32 as a 4-d map
 // (head_dim, seqlen_q, heads, batch): the reductions skip the columns past
-// head_dim and the rows past seqlen_q. 128B swizzle, box {32, 64, 1, 1}.
+// head_dim and the rows past seqlen_q. 128B swizzle, box {32, box_rows, 1, 1}
+// (box_rows = BwdConfig::kDqRows: 64; 80 with dQ_swapAB).
 inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seqlen_q,
-                            int seqlen_q_rounded, int pitch, int heads, int batch) {
+                            int seqlen_q_rounded, int pitch, int heads, int batch, int box_rows = 64) {
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t row = cuuint64_t(pitch) * 4, head = row * cuuint64_t(seqlen_q_rounded),
@@ -39,7 +41,7 @@ inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seql
   cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(std::max(seqlen_q, 1)), cuuint64_t(heads),
                         cuuint64_t(batch)};
   cuuint64_t strides[3] = {row, head, bat};
-  cuuint32_t box[4] = {32, 64, 1, 1};
+  cuuint32_t box[4] = {32, cuuint32_t(box_rows), 1, 1};
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, ptr, dims, strides, box,
                             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -47,17 +49,12 @@ inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seql
   return r == CUDA_SUCCESS;
 }
 
+// dq_tensor: dQ added by TMA tensor reductions (false: one bulk reduction
+// per row, the ablation variant 1).
 template <typename Element, typename Cfg>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  // Schedule variant (BwdParams::sm90_bwd_variant): 0 = tensor dQ reductions.
-  bool dq_tensor = true;
-  switch (p.sm90_bwd_variant) {
-    case 0: break;
-#ifdef JAX_FLASH_SM90_ABLATION
-    case 1: dq_tensor = false; break;
-#endif
-    default: return cudaErrorNotSupported;
-  }
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, bool dq_tensor) {
+  // Deterministic kernels: tensor reductions only, with the semaphore workspace.
+  if (p.deterministic && (!dq_tensor || p.sm90_dq_semaphore == nullptr)) return cudaErrorNotSupported;
   BwdKernelArgs args;
   std::memset(&args, 0, sizeof(args));
   const int hd = p.head_dim;
@@ -75,9 +72,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
       !encode_bshd(&args.tm_dv, p.dtype, p.dv, hd, p.seqlen_k, p.num_heads_k, p.batch,
                    p.v_row_stride, p.v_head_stride, p.v_batch_stride, 64) ||
       !encode_dq_accum(&args.tm_dqacc, p.dq_accum, hd, p.seqlen_q, p.seqlen_q_rounded,
-                       p.head_dim_rounded, p.num_heads, p.batch))
+                       p.head_dim_rounded, p.num_heads, p.batch, Cfg::kDqRows))
     return cudaErrorNotSupported;
   args.mask = make_mask_info(p);
+  // kBlockM 80 (FA3's non-causal tile) only without a causal / local bound.
+  if (Cfg::kDqSwapAB && (args.mask.wl >= 0 || args.mask.wr >= 0)) return cudaErrorNotSupported;
   args.sm = make_softmax_scale(p.scale, p.softcap);
   const bool causal_like = args.mask.wr >= 0 && args.mask.wl < 0;
   const int group = p.num_heads / p.num_heads_k;
@@ -92,6 +91,16 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   args.seqlen_q_rounded = p.seqlen_q_rounded;
   args.dq_pitch = p.head_dim_rounded;
   args.head_dim = hd;
+  // Deterministic: semaphores per (batch, q head, query block) and the
+  // tile-claim counter, zeroed below (bwd_supported: the workspace is set).
+  const bool det = p.deterministic;
+  int64_t sem_ints = 0;
+  if (det) {
+    args.sem_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
+    args.tile_claim = p.sm90_dq_semaphore;
+    args.dq_sem = p.sm90_dq_semaphore + 1;
+    sem_ints = 1 + int64_t(p.batch) * p.num_heads * args.sem_m_blocks;  // <= sm90_bwd_semaphore_ints
+  }
 
   cudaError_t err;
   if (p.seqlen_q > 0) {  // dq_accum is uninitialised on entry
@@ -102,9 +111,23 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (args.sched.total > 0) {  // every KV block, also those no query sees (dK = dV = 0)
     auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true> : bwd_kernel<Element, Cfg, false, true>;
+    // Deterministic kernels only for the default tiles (tensor reductions,
+    // variant 0: bwd_supported); the dQ_swapAB tuning tile has none.
+    if constexpr (!Cfg::kDqSwapAB) {
+      if (det) {
+        err = cudaMemsetAsync(p.sm90_dq_semaphore, 0, size_t(sem_ints) * sizeof(int32_t), stream);
+        if (err != cudaSuccess) return err;
+        kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true, true>
+                                 : bwd_kernel<Element, Cfg, false, true, true>;
+      }
+    } else {
+      if (det) return cudaErrorNotSupported;
+    }
 #ifdef JAX_FLASH_SM90_ABLATION
-    if (!dq_tensor)
-      kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, false> : bwd_kernel<Element, Cfg, false, false>;
+    if constexpr (!Cfg::kDqSwapAB) {  // dQ_swapAB: tensor reductions only
+      if (!dq_tensor)
+        kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, false> : bwd_kernel<Element, Cfg, false, false>;
+    }
 #else
     (void)dq_tensor;
 #endif
@@ -131,7 +154,17 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd<Element, typename BwdConfigFor<kHeadDim>::type>(p, stream);
+  using Cfg = typename BwdConfigFor<kHeadDim>::type;
+  switch (resolved_bwd_variant(p, kHeadDim)) {
+    case kBwdVarTensor: return launch_bwd<Element, Cfg>(p, stream, true);
+    case kBwdVarBm80:
+      if constexpr (kHeadDim == 128) return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream, true);
+      return cudaErrorNotSupported;
+#ifdef JAX_FLASH_SM90_ABLATION
+    case kBwdVarRowReduce: return launch_bwd<Element, Cfg>(p, stream, false);
+#endif
+    default: return cudaErrorNotSupported;
+  }
 }
 
 }  // namespace jax_flash::sm90

@@ -17,6 +17,18 @@
 // dq_accum stays row-major [b, h, seqlen_q_rounded, head_dim_rounded] for the
 // shared dq_convert pass. The producer and the writer serve both work splits
 // (bwd_config.cuh); the hdim-256 consumer is bwd_consumer_hd256.cuh.
+// Deterministic mode (kDet): the KV blocks add into each dQ tile in a fixed
+// order (descending block, bwd_mask.cuh dq_pred_range), through a semaphore
+// per (batch, q head, query block) in global memory (BwdKernelArgs::dq_sem).
+// Before the step's first reduction the writer waits (polls, then ld.acquire.gpu) until
+// block n + 1, if it adds into the tile, has stored n + 2; once its own
+// reductions are complete (cp.async.bulk.wait_group, not .read: the adds
+// performed) it stores n + 1 (st.release.gpu). fence.proxy.async.global on
+// both sides orders the async-proxy reductions with the generic flag accesses.
+// Forward progress: block n + 1 of the same (batch, kv head) has the smaller
+// tile index (BwdTileScheduler::decode<true>) and tiles are claimed in index
+// order from a counter by running CTAs (bwd_kernel.cuh), so the CTA waited
+// for is resident or done and itself waits only on smaller indices.
 //
 // Consumer warpgroup wg (SdP_swapAB: keys [64 wg, 64 wg + 64) of the block), per step:
 //   S^T  = K_wg Q^T        wgmma SS  (A = K rows, B = Q, both K-major), N = kBlockM
@@ -26,7 +38,8 @@
 //   dV  += P^T dO          wgmma RS  (P^T packed from the accumulator; dO MN-major)
 //   dS^T -> dS (queries x keys, K-major) in shared memory, stmatrix.trans
 //   --- both WGs' dS written (named barrier PdS)
-//   dQ   = dS K            wgmma SS  (64 x 64 per WG; K MN-major)
+//   dQ   = dS K            wgmma SS  (64 x 64 per WG; K MN-major; kBlockM 80:
+//                          dQ^T = K^T dS^T, 64 columns x 80 queries per WG)
 //   dK  += dS^T Q          wgmma RS  (Q MN-major)
 //   dQ -> staging tile (dQEmpty / dQFull hand-off with the writer warp)
 // Releases: dO (empty_do) once dV is done, Q (empty_q) once dK is done.
@@ -35,6 +48,7 @@
 #include "bwd_config.cuh"
 #include "bwd_mask.cuh"
 #include "ptx/barrier.cuh"
+#include "ptx/gmem_sync.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/smem_ops.cuh"
 #include "ptx/tma.cuh"
@@ -50,10 +64,10 @@ struct BwdTile {
   int m_first, m_last, iters;
 };
 
-template <typename Cfg>
+template <typename Cfg, bool kDet = false>
 JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, int t) {
   BwdTile w;
-  a.sched.decode(t, w.n_block, w.head_k, w.batch);
+  a.sched.template decode<kDet>(t, w.n_block, w.head_k, w.batch);
   q_block_range(a.mask, w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
   w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
   return w;
@@ -77,7 +91,9 @@ template <typename Cfg>
 JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, const BwdTile& w) {
   using namespace ptx;
   constexpr int kCB = Cfg::kHeadDim / 64;       // TMA boxes per tile
-  constexpr int kRowsPerLane = Cfg::kBlockM / 32;
+  // Stat rows per lane (kBlockM 80: lanes 0-15 take a third row).
+  constexpr int kRowsPerLane = (Cfg::kBlockM + 31) / 32;
+  constexpr bool kFullRows = Cfg::kBlockM % 32 == 0;
   if (w.iters == 0) return;
   const int lane = lane_id();
   const int n0 = w.n_block * Cfg::kBlockN;
@@ -108,7 +124,7 @@ JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, cons
       const int row = m0 + lane + 32 * i;
       lse[i] = INFINITY;
       dl[i] = 0.f;
-      if (row < seqlen_q) {
+      if ((kFullRows || lane + 32 * i < Cfg::kBlockM) && row < seqlen_q) {
         const float l = __ldg(a.lse + stat + row);
         lse[i] = l == -INFINITY ? INFINITY : l * kLog2e;
         dl[i] = __ldg(a.delta + stat + row);
@@ -118,7 +134,8 @@ JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, cons
     // Q + LSE
     mbar_wait(sm.empty_q(s), st.phase ^ 1u);
 #pragma unroll
-    for (int i = 0; i < kRowsPerLane; ++i) st_shared_f32(sm.lse(s) + 4 * (lane + 32 * i), lse[i]);
+    for (int i = 0; i < kRowsPerLane; ++i)
+      if (kFullRows || lane + 32 * i < Cfg::kBlockM) st_shared_f32(sm.lse(s) + 4 * (lane + 32 * i), lse[i]);
     if (lane == 0) {
       mbar_arrive_expect_tx(sm.full_q(s), Cfg::kQBytes);
 #pragma unroll
@@ -133,7 +150,8 @@ JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, cons
     const uint32_t ph_do = kSameStages ? st.phase : st_do.phase;
     mbar_wait(sm.empty_do(sd), ph_do ^ 1u);
 #pragma unroll
-    for (int i = 0; i < kRowsPerLane; ++i) st_shared_f32(sm.delta(sd) + 4 * (lane + 32 * i), dl[i]);
+    for (int i = 0; i < kRowsPerLane; ++i)
+      if (kFullRows || lane + 32 * i < Cfg::kBlockM) st_shared_f32(sm.delta(sd) + 4 * (lane + 32 * i), dl[i]);
     if (lane == 0) {
       mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kQBytes);
 #pragma unroll
@@ -152,13 +170,21 @@ JF_DEVICE void bwd_producer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, cons
 
 // ------------------------------------------------------------------ dQ writer
 // kDqTensor: lane 0 adds each staged tile with two tensor reductions (boxes
-// of 64 rows x 32 columns; TMA skips rows >= seqlen_q and columns >=
-// head_dim). Else every lane adds rows of it (64 rows per tile).
-template <typename Cfg, bool kDqTensor>
+// of kDqRows (64; dQ_swapAB: kBlockM = 80) rows x 32 columns; TMA skips rows
+// >= seqlen_q and columns >= head_dim). Else every lane adds rows of it (64
+// rows per tile).
+template <typename Cfg, bool kDqTensor, bool kDet = false>
 JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, const BwdTile& w) {
   using namespace ptx;
+  static_assert(kDqTensor || Cfg::kDqRows == 64, "row reductions: 64-row tiles");
   if (w.iters == 0) return;
   const int lane = lane_id();
+  // kDet: query blocks [pred_first, pred_last) also get block n + 1's dQ,
+  // which adds first (see the top).
+  int pred_first = 0, pred_last = 0;
+  if constexpr (kDet)
+    dq_pred_range(a.mask, w.n_block, a.sched.num_n_blocks, Cfg::kBlockN, Cfg::kBlockM, pred_first,
+                  pred_last);
   // Both staging tiles start out empty.
   named_bar_arrive(kBwdBarDqEmpty + 0, kBwdDqBarThreads);
   named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
@@ -172,6 +198,22 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
     const int m0 = walk.mb * Cfg::kBlockM;
     float* dq_bh = a.dq_accum + (int64_t(w.batch) * a.num_heads + walk.hq) *
                                     int64_t(a.seqlen_q_rounded) * a.dq_pitch;
+    int* sem = nullptr;
+    if constexpr (kDet) {
+      sem = a.dq_sem + (int64_t(w.batch) * a.num_heads + walk.hq) * a.sem_m_blocks + walk.mb;
+      // The lanes that issue reductions wait for block n + 1's adds (tensor
+      // reductions: lane 0 only).
+      if (sl == 0 && walk.mb >= pred_first && walk.mb < pred_last && (!kDqTensor || lane == 0)) {
+        const int want = w.n_block + 2;
+        while (ld_relaxed_gpu(sem) != want) nanosleep_ns(64);
+        // Acquire (reads `want` again: only this CTA changes it next, so it
+        // synchronizes with block n + 1's release), then order it before this
+        // lane's async-proxy reductions.
+        (void)ld_acquire_gpu(sem);
+        fence_proxy_async_global();
+      }
+      __syncwarp();
+    }
 #pragma unroll
     for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
       const int row0 = m0 + (Cfg::kDqSplitM == 2 ? 64 * wg : 0);
@@ -187,7 +229,7 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
 #pragma unroll
           for (int b = 0; b < 2; ++b)
             if (col0 + 32 * b < a.head_dim)
-              tma_reduce_add_4d(&a.tm_dqacc, sm.dq(wg) + b * 64 * 128, col0 + 32 * b, row0,
+              tma_reduce_add_4d(&a.tm_dqacc, sm.dq(wg) + b * Cfg::kDqRows * 128, col0 + 32 * b, row0,
                                 walk.hq, w.batch);
         }
       } else {
@@ -209,6 +251,14 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
       bulk_wait_read<0>();
       __syncwarp();
       named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
+    }
+    if constexpr (kDet) {
+      if (sl == Cfg::kDqSlices - 1) {  // the tile's reductions issued: announce them once done
+        bulk_wait<0>();                // complete (writes performed), not only read out
+        fence_proxy_async_global();    // async-proxy writes -> the generic release below
+        __syncwarp();
+        if (lane == 0) st_release_gpu(sem, w.n_block + 1);
+      }
     }
     if (sl == Cfg::kDqSlices - 1) walk.advance();
   }
@@ -266,8 +316,14 @@ struct BwdConsumer {
   static constexpr int kBN = Cfg::kBlockN;
   static constexpr int kSR = kBM / 2;   // S^T / dP^T registers (64 x kBlockM)
   static constexpr int kKR = kD / 2;    // dK / dV registers (64 x D)
-  static constexpr int kQR = Cfg::kDqCols / 2;  // dQ registers (64 x 64)
+  // dQ registers: 64 x 64 (dQ_swapAB: dQ^T, 64 columns x kBlockM queries)
+  static constexpr int kQR = Cfg::kDqSwapAB ? kBM / 2 : Cfg::kDqCols / 2;
+  static_assert(!Cfg::kDqSwapAB || kDqTensor, "dQ_swapAB: tensor reductions only");
   static constexpr int kPK = kBM / 16;  // k-steps of dV / dK (P^T, dS^T fragments)
+  // Segment-id mask: 0 = fully unrolled (the -inf writes interleaved with the
+  // loads); kBlockM 80 with softcap: mismatch bits in 2 batches of 5 query
+  // pairs (fully unrolled, the 20 query ids in flight spill 36 bytes there).
+  static constexpr int kMaskSegUnroll = (kSoftcap && Cfg::kDqSwapAB) ? 5 : 0;
 
   const BwdKernelArgs& a;
   const BwdSmem<Cfg>& sm;
@@ -311,6 +367,11 @@ struct BwdConsumer {
   }
   using DqStepA = KMajorStep<kBM>;
   using DqStepB = MNMajorStep;
+  // dQ_swapAB: dQ^T[cols of WG wg] = K[:, cols]^T dS^T, the same two tiles
+  // with the roles swapped: A (m = column, k = key) = dq_desc_b (K, read
+  // MN-major: tnspA; M = 64 = one column block), B (n = query, k = key) =
+  // dq_desc_a (all kBlockM rows of dS, K-major; kDqSplitM = 1 so its row
+  // offset is 0), N = kBlockM.
 
   // Issue only (no commit / wait).
   JF_DEVICE void issue_sdp(float (&acc)[kSR], uint32_t a_tile, uint32_t b_tile) const {
@@ -321,8 +382,13 @@ struct BwdConsumer {
     ptx::gemm_rs<Element, kD, 1, kPK>(acc, frag, dkv_desc_b(b_tile), DkvStepB{}, false);
   }
   JF_DEVICE void issue_dq(float (&acc)[kQR], uint32_t ds_tile) const {
-    ptx::gemm_ss<Element, Cfg::kDqCols, 1, kBN / 16>(acc, dq_desc_a(wg, ds_tile), dq_desc_b(wg, sm.k()),
-                                                      DqStepA{}, DqStepB{}, true);
+    if constexpr (Cfg::kDqSwapAB) {
+      ptx::gemm_ss<Element, kBM, 0, kBN / 16, 1>(acc, dq_desc_b(wg, sm.k()), dq_desc_a(wg, ds_tile), DqStepB{},
+                                                DqStepA{}, true);
+    } else {
+      ptx::gemm_ss<Element, Cfg::kDqCols, 1, kBN / 16>(acc, dq_desc_a(wg, ds_tile), dq_desc_b(wg, sm.k()),
+                                                        DqStepA{}, DqStepB{}, true);
+    }
   }
 
   // dS^T (accumulator layout, packed as A fragments) -> the dS buffer
@@ -348,13 +414,35 @@ struct BwdConsumer {
   static JF_DEVICE uint32_t dq_offset(int warp, int lane, int j, int h) {
     return dq_stage_offset<Cfg, kDqTensor>(warp, lane, j, h);
   }
+  // dQ_swapAB: dQ^T fragment (64 columns x kBlockM queries) -> the WG's
+  // staging tile, two 128B-swizzled [kDqRows][32] fp32 boxes (row = query):
+  // dq[4j + 2h + e] = dQ[query 8j + 2t + e][column 16 warp + g + 8h] at box
+  // c / 32, row q, chunk (c % 32) / 4 ^ (q % 8), word c % 4. One 4-byte store
+  // per element; a warp's 32 stores of one register hit 32 distinct banks
+  // (g % 4: the word; g / 4 and the query's q % 8 = 2t + e: 8 distinct
+  // chunks, since the chunk base (16 warp + 8h) / 4 is even).
+  static JF_DEVICE uint32_t dq_t_offset(int warp, int lane, int j, int h, int e) {
+    const int c = 16 * warp + lane / 4 + 8 * h, q = 8 * j + 2 * (lane % 4) + e;
+    return uint32_t((c / 32) * Cfg::kDqRows * 128 + q * 128) +
+           ((uint32_t((c % 32) / 4) ^ uint32_t(q % 8)) << 4) + uint32_t((c % 4) * 4);
+  }
   JF_DEVICE void store_dq(const float (&dq)[kQR]) const {
+    if constexpr (Cfg::kDqSwapAB) {
 #pragma unroll
-    for (int j = 0; j < kQR / 4; ++j)
+      for (int j = 0; j < kQR / 4; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        ptx::st_shared_v2_f32(sm.dq(wg) + dq_offset(warp, lane, j, h), dq[4 * j + 2 * h],
-                              dq[4 * j + 2 * h + 1]);
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            ptx::st_shared_f32(sm.dq(wg) + dq_t_offset(warp, lane, j, h, e), dq[4 * j + 2 * h + e]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kQR / 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          ptx::st_shared_v2_f32(sm.dq(wg) + dq_offset(warp, lane, j, h), dq[4 * j + 2 * h],
+                                dq[4 * j + 2 * h + 1]);
+    }
   }
 
   // dK (scaled) / dV fragment -> rows [64 wg, +64) of a [D/64][kBlockN][64]
@@ -435,7 +523,8 @@ struct BwdConsumer {
           }
         }
         if (a.mask.block_needs_mask(m0, kBM, n0 + 64 * wg, 64))
-          apply_mask_t(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4, m0 + 2 * (lane % 4));
+          apply_mask_t<kSR, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
+                                            m0 + 2 * (lane % 4));
         // P^T into its own registers: ptxas holds back writes to the S^T
         // accumulator registers (in place) until every wgmma in flight is done,
         // which would serialise this with the dP^T GEMM.

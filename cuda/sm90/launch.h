@@ -27,9 +27,10 @@ constexpr size_t kFwdTileCounterBytes = 4;
 bool fwd_needs_tile_counter(const FwdParams& params);
 
 // Backward (FA3 style, bwd_*.cuh): true when run_bwd can serve `params`: an
-// sm_90 GPU, bf16/fp16, head_dim a multiple of 8 up to 128 (buckets 64 / 128;
-// head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch),
-// NOT deterministic (dQ is summed by bulk reductions in timing order), the
+// sm_90 GPU, bf16/fp16, head_dim a multiple of 8 up to 256 (buckets 64 / 128 /
+// 256; head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch),
+// deterministic only with params.sm90_dq_semaphore (sm90_bwd_semaphore_ints
+// int32, params.h; then dQ is added in a fixed order, bitwise reproducible), the
 // TMA layout rules of fwd_supported for q, k, v, dout (o strides), dk (k
 // strides), dv (v strides), non-null lse / delta / dq_accum (16-byte aligned).
 // Causal, windows, GQA/MQA, segment ids, softcap, any seqlen are supported.

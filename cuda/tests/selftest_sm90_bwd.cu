@@ -8,20 +8,37 @@
 // with the max gradient errors relative to the largest reference magnitude
 // (floored at 0.05). The row padding of dQ, dK, dV (strided cases) must stay
 // untouched (TMA store / convert clipping). Requests the sm90 backward does
-// not serve must answer cudaErrorNotSupported (deterministic mode, head dim
-// > 256): those rows check exactly that ("NS ok"). Head dims: the buckets 64,
+// not serve must answer cudaErrorNotSupported (deterministic mode without its
+// semaphore workspace, head dim > 256): those rows check exactly that ("NS
+// ok"). Deterministic cases ("det ...", BwdParams::deterministic with
+// sm90_dq_semaphore, poisoned too: the launcher must zero it) run 3 times:
+// once alone, then twice while a "hog" kernel on another stream holds a
+// random set of SMs for random times (so the CTAs start in other orders, on
+// other SMs, at other times); dQ, dK, dV and the fp32 dq_accum (where a
+// changed addition order shows even when the 16-bit dQ rounds it away) must
+// be bitwise identical over the runs (result "PASS det x3"), the tile-claim
+// counter must equal the tile count and every semaphore lie in [0, KV
+// blocks]. For information the non-deterministic kernel is run the same way
+// and "(nondet: differs)" noted when its dq_accum bits changed. Head dims: the buckets 64,
 // 128 (incl. 96, 80) and 256 (incl. 200, 136, 160: zero-padded columns, a
 // whole padding column block for 136 and 160). Builds with
-// -DJAX_FLASH_SM90_ABLATION also run BwdParams::sm90_bwd_variant 1 (dQ by row
-// bulk reductions instead of tensor reductions); "#v" counts the variants run
-// and a failing row names the failing ones. Exit code 1 on a failure.
+// Every case runs BwdParams::sm90_bwd_variant 0 (the default) and the explicit
+// variants that apply (cuda/sm90/bwd_config.cuh): 2 (kBlockM 80, dQ_swapAB;
+// hdim-128 bucket, no causal / local bound; the default there), 3 (the
+// bucket's tile with dQ tensor reductions; the default elsewhere) and, in
+// -DJAX_FLASH_SM90_ABLATION builds, 1 (dQ by row bulk reductions);
+// "#v" counts the variants run and a failing row names the failing ones.
+// Exit code 1 on a failure.
 //
 // Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16),
-// (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variant 1 where
-// compiled) next to sm80 run_bwd (fast mode), each including its dq_accum memset and dq_convert pass; 10
-// back-to-back calls between two events, median of 5 repeats; FLOPs = 2.5 x
-// the forward's 4 B H T S D (halved when causal). LSE comes from the sm80
-// forward; also prints max |dX_sm90 - dX_sm80| / max |dX_sm80|.
+// (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variants 1, 2, 3
+// where compiled and applicable: "-" elsewhere) and the sm90 deterministic mode ("sm90 det",
+// incl. its semaphore memset; "bits": three runs, one next to an SM-hogging kernel, bitwise
+// equal) next to sm80 run_bwd (fast mode), each including its dq_accum memset and dq_convert
+// pass; 10 back-to-back calls between two events, median of 5 repeats; FLOPs = 2.5 x the
+// forward's 4 B H T S D (halved when causal). LSE comes from the sm80 forward; also prints
+// max |dX_sm90 - dX_sm80| / max |dX_sm80| for the default and, where it ran, variant 2, and
+// the speed ratio v2 / v3 (the 80-row tile against the 64-row one).
 //
 // A failing row is preceded by lines naming, for dQ, dK and dV, the worst
 // element and the count of bad elements per (row % 128 < 64 or >= 64: the
@@ -48,6 +65,7 @@
 
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
+#include "sm90/bwd_instantiations.h"  // the variant numbers
 #include "sm90/launch.h"
 #include "gpu_wait.h"
 #include "selftest_common.h"
@@ -68,6 +86,7 @@ struct Case {
   bool fp16 = false;
   int pitch_pad = 0;      // extra elements per row (non-contiguous strides)
   bool expect_ns = false; // run_bwd must answer cudaErrorNotSupported
+  bool no_semaphore = false;  // deterministic without BwdParams::sm90_dq_semaphore
 };
 
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
@@ -127,6 +146,32 @@ static bool padding_untouched(const std::vector<uint16_t>& got, const Tensor& la
 }
 
 static int g_only_variant = -1;  // --variant=N
+// BwdParams::sm90_bwd_variant values (0 default, 2, 3; 1 with -DJAX_FLASH_SM90_ABLATION).
+constexpr int kNumVariants = jax_flash::sm90::kBwdNumVariants;
+
+// Holds SMs for a while (a backward CTA needs a whole SM's registers, so it
+// cannot start next to one of these): each block spins for a pseudo-random
+// number of clock cycles (up to `max_cycles`).
+__global__ void hog_kernel(long long max_cycles, uint32_t seed) {
+  uint32_t x = blockIdx.x * 2654435761u ^ seed;
+  x ^= x >> 15;
+  x *= 2246822519u;
+  x ^= x >> 13;
+  const long long cycles = max_cycles / 16 * (1 + x % 16);
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+// Launches the hog on a non-blocking stream (runs next to stream 0's work):
+// a seed-dependent number of blocks, up to ~100 us each.
+static void launch_hog(uint32_t seed, int num_sms) {
+  static cudaStream_t s = nullptr;
+  if (s == nullptr) CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const int blocks = 1 + int((seed * 7919u) % uint32_t(2 * num_sms));
+  hog_kernel<<<blocks, 128, 0, s>>>(200000, seed);
+  CHECK_CUDA(cudaGetLastError());
+}
 
 struct Row {
   double dq = 0, dk = 0, dv = 0;
@@ -136,6 +181,10 @@ struct Row {
   bool ns_checked = false;
   int variants_run = 0;
   std::string failed_variants;
+  int det_runs = 0;             // deterministic: runs compared bitwise
+  bool det_same = true;         // ... all identical to the first
+  bool det_sem_ok = true;       // claim counter / semaphore values
+  bool nondet_differs = false;  // information: the timing-order kernel changed dq_accum bits
 };
 
 static std::vector<int> make_segments(const Case& c, int n, std::mt19937& rng) {
@@ -195,6 +244,9 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   const int tq_round = jax_flash::rounded_seqlen(c.T);
   const size_t nacc = size_t(c.B) * c.H * tq_round * hd_round;
   float* d_acc = dev_alloc<float>(nacc);
+  const bool use_sem = c.deterministic && !c.no_semaphore;
+  const size_t nsem = size_t(jax_flash::sm90_bwd_semaphore_ints(c.B, c.H, c.T));
+  int32_t* d_sem = use_sem ? dev_alloc<int32_t>(nsem) : nullptr;
 
   BwdParams bp{};
   bp.q = d_q;
@@ -241,25 +293,27 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   bp.dk_accum = nullptr;
   bp.dv_accum = nullptr;
   bp.deterministic = c.deterministic;
+  bp.sm90_dq_semaphore = d_sem;
 
   auto poison = [&] {
     CHECK_CUDA(cudaMemset(d_dq, 0xFF, q.count() * 2));
     CHECK_CUDA(cudaMemset(d_dk, 0xFF, k.count() * 2));
     CHECK_CUDA(cudaMemset(d_dv, 0xFF, v.count() * 2));
     CHECK_CUDA(cudaMemset(d_acc, 0xFF, nacc * 4));  // the launcher must zero it
+    if (d_sem) CHECK_CUDA(cudaMemset(d_sem, 0xFF, nsem * 4));  // this too
     CHECK_CUDA(cudaDeviceSynchronize());
   };
   poison();
   Row row;
   auto free_all = [&] {
     for (void* ptr : std::initializer_list<void*>{d_q, d_k, d_v, d_do, d_dq, d_dk, d_dv, d_lse,
-                                                  d_delta, d_acc, d_qs, d_ks})
+                                                  d_delta, d_acc, d_qs, d_ks, d_sem})
       if (ptr) CHECK_CUDA(cudaFree(ptr));
   };
   // --variant=N runs only BwdParams::sm90_bwd_variant N (e.g. 1 when the
   // default tensor-reduction path hangs or fails).
   const int v_first = g_only_variant > 0 ? g_only_variant : 0;
-  const int v_end = g_only_variant >= 0 ? v_first + 1 : 2;
+  const int v_end = g_only_variant >= 0 ? v_first + 1 : kNumVariants;
   bp.sm90_bwd_variant = c.expect_ns ? 0 : v_first;
   const bool supported = jax_flash::sm90::bwd_supported(bp);
   cudaError_t err = jax_flash::sm90::run_bwd(bp, 0);
@@ -281,12 +335,21 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     return row;
   }
   const double tol_g = fp16 ? 1e-2 : 4e-2;  // selftest.cu's gradient tolerances
-  // Variant 0 (default), then in -DJAX_FLASH_SM90_ABLATION builds variant 1
-  // (dQ by row bulk reductions); the row keeps the worst errors.
+  std::vector<uint16_t> first_bits[3];     // deterministic: the first run's dQ, dK, dV
+  // ... and its fp32 dq_accum (the sums themselves: a changed addition order
+  // shows there in the low bits even where the 16-bit dQ rounds it away).
+  std::vector<uint32_t> first_acc;
+  auto read_acc = [&] {
+    std::vector<uint32_t> a(nacc);
+    CHECK_CUDA(cudaMemcpy(a.data(), d_acc, nacc * 4, cudaMemcpyDeviceToHost));
+    return a;
+  };
+  // Variant 0 (default), then the explicit variants where they apply (1 in
+  // -DJAX_FLASH_SM90_ABLATION builds only); the row keeps the worst errors.
   for (int variant = v_first; variant < v_end; ++variant) {
     if (variant > v_first) {
       bp.sm90_bwd_variant = variant;
-      if (!jax_flash::sm90::bwd_supported(bp)) break;  // not compiled in
+      if (!jax_flash::sm90::bwd_supported(bp)) continue;  // not compiled in, or not for this case
       poison();
       err = jax_flash::sm90::run_bwd(bp, 0);
     }
@@ -307,6 +370,12 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     row.dv = std::max(row.dv, edv);
     row.pad_ok = row.pad_ok && pad;
     ++row.variants_run;
+    if (c.deterministic && variant == v_first) {
+      first_bits[0] = g_dq;
+      first_bits[1] = g_dk;
+      first_bits[2] = g_dv;
+      first_acc = read_acc();
+    }
     if (!(edq <= tol_g && edk <= tol_g && edv <= tol_g && pad)) {
       row.pass = false;
       row.failed_variants += (row.failed_variants.empty() ? "v" : ",v") + std::to_string(variant);
@@ -327,6 +396,80 @@ static Row run_case(const Case& c, std::mt19937& rng) {
         err16(*t.g, *t.t, *t.r, fp16, &rm, &w, tol_g * std::max(t.m, 0.05));
         print_where(t.n, w, t.m, tol_g);
       }
+    }
+  }
+  if (c.deterministic && !first_bits[0].empty()) {
+    // Two more runs with other CTA start orders / timings (the hog kernel
+    // next to them); bitwise identical gradients; the workspace's claim
+    // counter and semaphores sane.
+    bp.sm90_bwd_variant = 0;
+    const int kv_block = hd_round == 256 ? 64 : 128;
+    const int q_block = hd_round == 64 ? 128 : 64;
+    const int n_blocks = (c.S + kv_block - 1) / kv_block;
+    const int64_t tiles = int64_t(n_blocks) * c.Hk * c.B;
+    const size_t sems_used = size_t(c.B) * c.H * ((c.T + q_block - 1) / q_block);
+    auto check_sems = [&] {
+      std::vector<int32_t> sem(1 + sems_used);
+      CHECK_CUDA(cudaMemcpy(sem.data(), d_sem, sem.size() * 4, cudaMemcpyDeviceToHost));
+      if (tiles == 0) return true;  // no kernel: the workspace is not touched
+      bool ok = sem[0] == tiles;
+      for (size_t i = 1; i < sem.size(); ++i) ok &= sem[i] >= 0 && sem[i] <= n_blocks;
+      if (!ok) std::printf("  %s: claim counter %d (tiles %lld) or a semaphore out of [0, %d]\n", c.name.c_str(),
+                           sem[0], (long long)tiles, n_blocks);
+      return ok;
+    };
+    row.det_sem_ok = check_sems();
+    row.det_runs = 1;
+    int num_sms = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+    for (uint32_t rep = 1; rep <= 2; ++rep) {
+      poison();
+      launch_hog(rep * 0x9E3779B9u, num_sms);
+      CHECK_CUDA(jax_flash::sm90::run_bwd(bp, 0));
+      sync_or_die(c.name + " (deterministic, repeat " + std::to_string(rep) + ")");
+      uint16_t* dev[3] = {d_dq, d_dk, d_dv};
+      for (int t = 0; t < 3; ++t) {
+        std::vector<uint16_t> g(first_bits[t].size());
+        CHECK_CUDA(cudaMemcpy(g.data(), dev[t], g.size() * 2, cudaMemcpyDeviceToHost));
+        if (g != first_bits[t]) {
+          size_t nd = 0;
+          for (size_t i = 0; i < g.size(); ++i) nd += g[i] != first_bits[t][i];
+          std::printf("  %s: repeat %u: %zu bits of %s differ from the first run\n", c.name.c_str(), rep, nd,
+                      t == 0 ? "dQ" : t == 1 ? "dK" : "dV");
+          row.det_same = false;
+        }
+      }
+      {
+        const std::vector<uint32_t> acc = read_acc();
+        if (acc != first_acc) {
+          size_t nd = 0;
+          for (size_t i = 0; i < acc.size(); ++i) nd += acc[i] != first_acc[i];
+          std::printf("  %s: repeat %u: %zu fp32 words of dq_accum differ from the first run\n", c.name.c_str(),
+                      rep, nd);
+          row.det_same = false;
+        }
+      }
+      row.det_sem_ok = row.det_sem_ok && check_sems();
+      ++row.det_runs;
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());  // the hog too
+    row.pass = row.pass && row.det_same && row.det_sem_ok;
+    // Information: the timing-order kernel under the same conditions.
+    BwdParams nd = bp;
+    nd.deterministic = false;
+    nd.sm90_dq_semaphore = nullptr;
+    for (uint32_t rep = 0; rep < 3 && !row.nondet_differs; ++rep) {
+      poison();
+      if (rep) launch_hog(rep * 0x85EBCA6Bu, num_sms);
+      CHECK_CUDA(jax_flash::sm90::run_bwd(nd, 0));
+      sync_or_die(c.name + " (non-deterministic comparison)");
+      CHECK_CUDA(cudaDeviceSynchronize());
+      const std::vector<uint32_t> g = read_acc();  // fp32 sums: the order shows in their low bits
+      static std::vector<uint32_t> nd_first;
+      if (rep == 0)
+        nd_first = g;
+      else
+        row.nondet_differs = g != nd_first;
     }
   }
   free_all();
@@ -369,10 +512,24 @@ static std::vector<Case> all_cases(bool quick) {
     c.fp16 = true;
     cs.push_back(c);
     c = base;
-    c.name = d + " deterministic -> NotSupported";
+    c.name = d + " deterministic w/o workspace -> NS";
     c.causal = true;
     c.deterministic = true;
+    c.no_semaphore = true;
     c.expect_ns = true;
+    cs.push_back(c);
+    // Deterministic mode: fixed dQ order (3 runs, bitwise).
+    c = base;
+    c.name = d + " det causal";
+    c.causal = true;
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{d + " det multiblock GQA 4:1 plain", 1, 300, 517, 8, 2, D};
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{d + " det multiblock causal T>S GQA", 2, 517, 300, 4, 2, D};
+    c.causal = true;
+    c.deterministic = true;
     cs.push_back(c);
     c = Case{d + " multiblock MQA causal", 1, 300, 517, 2, 1, D};
     c.causal = true;
@@ -404,7 +561,66 @@ static std::vector<Case> all_cases(bool quick) {
       c.segments = true;
       c.causal = true;
       cs.push_back(c);
+      c = Case{d + " det multiblock causal T=1000 S=1531 MQA", 1, 1000, 1531, 2, 1, D};
+      c.causal = true;
+      c.deterministic = true;
+      cs.push_back(c);
+      c = Case{d + " det multiblock window+seg softcap fp16", 1, 333, 290, 2, 2, D};
+      c.wl = 100;
+      c.wr = 20;
+      c.segments = true;
+      c.softcap = 5.f;
+      c.scale_mul = 2.f;
+      c.fp16 = true;
+      c.deterministic = true;
+      cs.push_back(c);
     }
+  }
+  // kBlockM 80 (variant 2: bf16, hdim-128 bucket, no causal / local bound):
+  // whole and partial 80-row blocks, GQA sums over several query blocks,
+  // softcap and segments together (the segment mask of the softcap kernel
+  // collects mismatch bits), a head dim zero-padded to 128.
+  {
+    cs.push_back(Case{"d128 multiblock plain T=160 S=300 (2 x 80 rows)", 1, 160, 300, 2, 1, 128});
+    Case c{"d128 multiblock softcap+seg GQA T=413 S=389", 2, 413, 389, 4, 2, 128};
+    c.softcap = 5.f;
+    c.scale_mul = 2.f;
+    c.segments = true;
+    cs.push_back(c);
+    c = Case{"d128 multiblock segments T=241 S=700", 1, 241, 700, 2, 2, 128};
+    c.segments = true;
+    cs.push_back(c);
+    cs.push_back(Case{"d112 multiblock plain GQA T=330 S=129", 1, 330, 129, 6, 2, 112});
+  }
+  // Deterministic with more CTAs than SMs (several waves: CTAs wait for ones
+  // of an earlier wave), causal and not.
+  {
+    Case c{"det waves causal GQA d64 (B=8 H=8:4 T=S=520)", 8, 520, 520, 8, 4, 64};
+    c.causal = true;
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{"det waves plain d128 (B=4 H=8:8 T=333 S=520)", 4, 333, 520, 8, 8, 128};
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{"det waves causal d256 (B=4 H=4:4 T=S=600)", 4, 600, 600, 4, 4, 256};
+    c.causal = true;
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{"det d200 causal GQA strided", 2, 300, 517, 4, 2, 200};
+    c.causal = true;
+    c.deterministic = true;
+    c.pitch_pad = 8;
+    cs.push_back(c);
+    c = Case{"det d80 left window only T<S", 1, 150, 400, 4, 1, 80};
+    c.wl = 16;
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{"det T=0", 1, 0, 70, 2, 1, 128};
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{"det S=0", 1, 20, 0, 2, 1, 64};
+    c.deterministic = true;
+    cs.push_back(c);
   }
   // Head dims served by a larger bucket (zero-filled columns).
   cs.push_back(Case{"d40 (bucket 64)", 2, 37, 53, 4, 2, 40});
@@ -482,15 +698,16 @@ static void bench() {
   std::printf("bench: B=%d T=S=%d bf16, backward TF/s (2.5 x fwd FLOPs; 10 calls between events, "
               "median of 5; incl. dq_accum memset and dq_convert)\n",
               B, T);
-  std::printf("%-5s %-4s %-7s %9s %9s %9s %7s   %s\n", "D", "H", "causal", "sm90", "sm90 v1", "sm80",
-              "90/80", "max|d90-d80|/max|d80| (dQ, dK, dV)");
+  std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %9s %7s %7s %9s %6s %5s   %s\n", "D", "H", "causal", "sm90",
+              "sm90 v1", "sm90 v2", "sm90 v3", "sm80", "90/80", "v2/v3", "sm90 det", "det/90", "bits",
+              "max|d90-d80|/max|d80| (dQ, dK, dV; default, v2)");
   for (Shape sh : {Shape{128, 16}, Shape{64, 32}, Shape{256, 8}}) {
     const size_t n = size_t(B) * T * sh.H * sh.D;
     uint16_t *dq_in = dev_alloc<uint16_t>(n), *dk_in = dev_alloc<uint16_t>(n),
              *dv_in = dev_alloc<uint16_t>(n), *ddo = dev_alloc<uint16_t>(n), *d_o = dev_alloc<uint16_t>(n);
     uint32_t seed = 1;
     for (uint16_t* p : {dq_in, dk_in, dv_in, ddo}) fill_bits<<<1024, 256>>>(p, n, seed++);
-    uint16_t* g[2][3];
+    uint16_t* g[3][3];
     for (auto& gi : g)
       for (auto& x : gi) x = dev_alloc<uint16_t>(n);
     const size_t nstat = size_t(B) * sh.H * T;
@@ -499,6 +716,9 @@ static void bench() {
     CHECK_CUDA(cudaMemset(d_delta, 0, nstat * 4));  // any value: timing only
     const size_t nacc = size_t(B) * sh.H * jax_flash::rounded_seqlen(T) * jax_flash::rounded_head_dim(sh.D);
     float* d_acc = dev_alloc<float>(nacc);
+    int32_t* d_sem = dev_alloc<int32_t>(size_t(jax_flash::sm90_bwd_semaphore_ints(B, sh.H, T)));
+    uint16_t* g_det[3];
+    for (auto& x : g_det) x = dev_alloc<uint16_t>(n);
     for (bool causal : {false, true}) {
       BwdParams p{};
       p.q = dq_in;
@@ -549,29 +769,65 @@ static void bench() {
         CHECK_CUDA(cudaGetLastError());
         return flops / (median(reps) * 1e-3) / 1e12;
       };
-      // tf: sm90 variant 1 (row dQ reductions, ablation builds), sm80, sm90
-      // default (last, so that g[0] holds the default variant's gradients).
-      double tf[3];
-      for (int impl = 0; impl < 3; ++impl) {
+      // Timed in the order sm90 variant 1 (row dQ reductions; ablation
+      // builds), 2 (kBlockM 80), 3 (the bucket's tile), sm80, sm90 default
+      // (last), where they apply. Gradients: g[0] sm90 (v1, v3, then the
+      // default over them), g[1] sm80, g[2] sm90 v2. tf[]: default, v1, v2,
+      // v3, sm80 (-1: not run).
+      double tf[5] = {-1, -1, -1, -1, -1};
+      for (int impl : {1, 2, 3, 4, 0}) {
         BwdParams pi = p;
-        pi.dq = g[impl == 1][0];
-        pi.dk = g[impl == 1][1];
-        pi.dv = g[impl == 1][2];
-        pi.sm90_bwd_variant = impl == 0 ? 1 : 0;
-        if (impl == 1)
+        const int gi = impl == 4 ? 1 : impl == 2 ? 2 : 0;
+        pi.dq = g[gi][0];
+        pi.dk = g[gi][1];
+        pi.dv = g[gi][2];
+        pi.sm90_bwd_variant = impl == 4 ? 0 : impl;
+        if (impl == 4)
           tf[impl] = time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); });
         else
           tf[impl] = jax_flash::sm90::bwd_supported(pi)
                          ? time_it([&] { return jax_flash::sm90::run_bwd(pi, 0); })
                          : -1;
       }
-      std::swap(tf[0], tf[2]);  // -> sm90 default, sm80, sm90 v1
-      std::swap(tf[1], tf[2]);  // -> sm90 default, sm90 v1, sm80
-      double rel[3] = {-1, -1, -1};
-      if (tf[0] > 0 && tf[2] > 0) {
+      // Deterministic mode (its own outputs and semaphores), then two more
+      // runs, one next to the hog kernel: bitwise identical?
+      double tf_det = -1;
+      const char* det_bits = "-";
+      {
+        BwdParams pd = p;
+        pd.dq = g_det[0];
+        pd.dk = g_det[1];
+        pd.dv = g_det[2];
+        pd.deterministic = true;
+        pd.sm90_dq_semaphore = d_sem;
+        if (jax_flash::sm90::bwd_supported(pd)) {
+          tf_det = time_it([&] { return jax_flash::sm90::run_bwd(pd, 0); });
+          std::vector<uint16_t> a[3], b(n);
+          for (int t = 0; t < 3; ++t) {
+            a[t].resize(n);
+            CHECK_CUDA(cudaMemcpy(a[t].data(), g_det[t], n * 2, cudaMemcpyDeviceToHost));
+          }
+          bool same = true;
+          int num_sms = 0;
+          CHECK_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+          for (uint32_t rep = 1; rep <= 2; ++rep) {
+            for (uint16_t* x : g_det) CHECK_CUDA(cudaMemset(x, 0xFF, n * 2));
+            if (rep == 2) launch_hog(0xC2B2AE35u, num_sms);
+            CHECK_CUDA(jax_flash::sm90::run_bwd(pd, 0));
+            CHECK_CUDA(cudaDeviceSynchronize());
+            for (int t = 0; t < 3; ++t) {
+              CHECK_CUDA(cudaMemcpy(b.data(), g_det[t], n * 2, cudaMemcpyDeviceToHost));
+              same = same && b == a[t];
+            }
+          }
+          det_bits = same ? "same" : "DIFF";
+        }
+      }
+      // max |d(sm90 impl) - d(sm80)| / max |d(sm80)| per gradient
+      auto rel_to_sm80 = [&](int gi, double (&rel)[3]) {
         std::vector<uint16_t> a(n), b(n);
         for (int t = 0; t < 3; ++t) {
-          CHECK_CUDA(cudaMemcpy(a.data(), g[0][t], n * 2, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpy(a.data(), g[gi][t], n * 2, cudaMemcpyDeviceToHost));
           CHECK_CUDA(cudaMemcpy(b.data(), g[1][t], n * 2, cudaMemcpyDeviceToHost));
           double md = 0, mr = 0;
           for (size_t i = 0; i < n; ++i) {
@@ -582,7 +838,10 @@ static void bench() {
           }
           rel[t] = md / std::max(mr, 1e-30);
         }
-      }
+      };
+      double rel[3] = {-1, -1, -1}, rel2[3] = {-1, -1, -1};
+      if (tf[0] > 0 && tf[4] > 0) rel_to_sm80(0, rel);
+      if (tf[2] > 0 && tf[4] > 0) rel_to_sm80(2, rel2);
       std::printf("%-5d %-4d %-7s", sh.D, sh.H, causal ? "yes" : "no");
       for (double x : tf) {
         if (x < 0)
@@ -590,14 +849,25 @@ static void bench() {
         else
           std::printf(" %9.1f", x);
       }
-      std::printf(" %7.2f   %.3g %.3g %.3g\n", tf[0] > 0 && tf[2] > 0 ? tf[0] / tf[2] : 0.0, rel[0],
-                  rel[1], rel[2]);
+      std::printf(" %7.2f", tf[0] > 0 && tf[4] > 0 ? tf[0] / tf[4] : 0.0);
+      if (tf[2] > 0 && tf[3] > 0)
+        std::printf(" %7.3f", tf[2] / tf[3]);
+      else
+        std::printf(" %7s", "-");
+      if (tf_det < 0)
+        std::printf(" %9s %6s", "-", "-");
+      else
+        std::printf(" %9.1f %6.2f", tf_det, tf[0] > 0 ? tf_det / tf[0] : 0.0);
+      std::printf(" %5s   %.3g %.3g %.3g", det_bits, rel[0], rel[1], rel[2]);
+      if (tf[2] > 0) std::printf("   v2: %.3g %.3g %.3g", rel2[0], rel2[1], rel2[2]);
+      std::printf("\n");
       std::fflush(stdout);
       CHECK_CUDA(cudaEventDestroy(e0));
       CHECK_CUDA(cudaEventDestroy(e1));
     }
-    for (void* ptr : std::initializer_list<void*>{dq_in, dk_in, dv_in, ddo, d_o, d_lse, d_delta, d_acc})
+    for (void* ptr : std::initializer_list<void*>{dq_in, dk_in, dv_in, ddo, d_o, d_lse, d_delta, d_acc, d_sem})
       CHECK_CUDA(cudaFree(ptr));
+    for (uint16_t* x : g_det) CHECK_CUDA(cudaFree(x));
     for (auto& gi : g)
       for (auto& x : gi) CHECK_CUDA(cudaFree(x));
   }
@@ -643,9 +913,13 @@ int main(int argc, char** argv) {
       std::printf("%-40s %9s %9s %9s %4s %3s  %s\n", c.name.c_str(), "-", "-", "-", "-", "-",
                   r.pass ? "PASS (NS ok)" : "FAIL (expected cudaErrorNotSupported, untouched outputs)");
     } else {
-      std::printf("%-40s %9.2e %9.2e %9.2e %4s %3d  %s%s\n", c.name.c_str(), r.dq, r.dk, r.dv,
+      std::string det;
+      if (r.det_runs > 0)
+        det = std::string(r.det_same ? " det x" + std::to_string(r.det_runs) : " det: BITS DIFFER") +
+              (r.det_sem_ok ? "" : " SEMAPHORES BAD") + (r.nondet_differs ? " (nondet: differs)" : "");
+      std::printf("%-40s %9.2e %9.2e %9.2e %4s %3d  %s%s%s\n", c.name.c_str(), r.dq, r.dk, r.dv,
                   r.pad_ok ? "ok" : "BAD", r.variants_run, r.pass ? "PASS" : "FAIL ",
-                  r.failed_variants.c_str());
+                  r.failed_variants.c_str(), det.c_str());
     }
     std::fflush(stdout);
   }

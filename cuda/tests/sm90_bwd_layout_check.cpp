@@ -132,12 +132,51 @@ static int64_t ident(int tag, int r, int c) { return (int64_t(tag) << 40) | (int
 enum : int { kTagK = 1, kTagV, kTagQ, kTagDO, kTagDS };
 
 // ---------------------------------------------------------------- checks
+// dQ_swapAB (kBlockM 80): the dQ^T accumulator of a WG (64 columns x kDqRows
+// queries: d[4j + 2h + e] = dQ^T[16w + g + 8h][8j + 2t + e]) -> the staging
+// tile by BwdConsumer::dq_t_offset -> read back as the two TMA reduce boxes
+// {32 cols, kDqRows rows} (128B swizzle, fp32; box b at b * kDqRows * 128):
+// every element once, in place; and the 32 lanes' 4-byte stores of each
+// register hit 32 distinct banks.
+template <typename Cfg>
+static void check_dq_staging_swapab() {
+  using C = BwdConsumer<__nv_bfloat16, Cfg, false, true>;
+  constexpr int kRows = Cfg::kDqRows;
+  static_assert(C::kQR == kRows / 2, "dQ^T fragment: 64 x kBlockM");
+  std::vector<int64_t> st(Cfg::kDqWGBytes / 4, -1);
+  std::vector<int> wr(st.size(), 0);
+  for (int w = 0; w < 4; ++w)
+    for (int j = 0; j < kRows / 8; ++j)
+      for (int h = 0; h < 2; ++h)
+        for (int e = 0; e < 2; ++e) {
+          int banks[32] = {0};
+          for (int l = 0; l < 32; ++l) {
+            const uint32_t off = C::dq_t_offset(w, l, j, h, e);
+            CHECK(off % 4 == 0 && off + 4 <= uint32_t(Cfg::kDqWGBytes), "dQ^T staging offset %u", off);
+            if (off % 4 || off + 4 > uint32_t(Cfg::kDqWGBytes)) continue;
+            const int q = 8 * j + 2 * (l % 4) + e, c = 16 * w + l / 4 + 8 * h;
+            st[off / 4] = ident(9, q, c);
+            ++wr[off / 4];
+            ++banks[(off / 4) % 32];
+          }
+          for (int b = 0; b < 32; ++b)
+            CHECK(banks[b] == 1, "dQ^T staging store w%d j%d h%d e%d: bank %d hit %d times", w, j, h, e, b, banks[b]);
+        }
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < 64; ++c) {
+      const uint32_t a = uint32_t((c / 32) * kRows * 128) + swz(uint32_t(r * 128 + (c % 32) * 4));
+      CHECK(a / 4 < st.size() && st[a / 4] == ident(9, r, c) && wr[a / 4] == 1, "dQ^T staging element (%d,%d)", r, c);
+    }
+  CHECK((kRows * 128) % 1024 == 0, "second dQ box not 1 KB aligned");
+}
+
 template <typename Cfg>
 static void check_config() {
   using C = BwdConsumer<__nv_bfloat16, Cfg, false, true>;
   using CRows = BwdConsumer<__nv_bfloat16, Cfg, false, false>;
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
-  std::printf("config D=%d BM=%d BN=%d: smem %d B (+1 KB slack)\n", kD, kBM, kBN, Cfg::kSmemBytes);
+  std::printf("config D=%d BM=%d BN=%d%s: smem %d B (+1 KB slack)\n", kD, kBM, kBN,
+              Cfg::kDqSwapAB ? " (dQ_swapAB)" : "", Cfg::kSmemBytes);
   const int fail0 = g_fail;
 
   // ---- smem plan: regions disjoint, in order, 1 KB aligned where swizzled
@@ -158,7 +197,8 @@ static void check_config() {
       CHECK(rs[i].off + rs[i].bytes <= rs[i + 1].off, "%s overlaps %s", rs[i].n, rs[i + 1].n);
     CHECK(Cfg::kOffBar + 8 * Cfg::kNumBars <= Cfg::kSmemBytes, "barriers past the plan");
     CHECK(Cfg::kSmemAlloc <= 227 * 1024, "plan > 227 KB");
-    CHECK(Cfg::kDqWGBytes >= 2 * 64 * 128 && Cfg::kDqWGBytes >= 64 * Cfg::kDqPitch * 4, "dQ staging tile too small");
+    CHECK(Cfg::kDqWGBytes >= 2 * Cfg::kDqRows * 128 && (Cfg::kDqSwapAB || Cfg::kDqWGBytes >= 64 * Cfg::kDqPitch * 4),
+          "dQ staging tile too small");
   }
 
   Smem16 sm(Cfg::kOffdQ);  // the 16-bit part of the plan
@@ -199,7 +239,9 @@ static void check_config() {
           CHECK(sm.get(mnmajor_addr(ddo, k, n)) == ident(kTagDO, 16 * kk + k, n), "dV B kk%d (k%d,n%d)", kk, k, n);
         }
     }
-    // ---- dQ B = K MN-major (k = key, n = d within the WG's column block)
+    // ---- dQ B = K MN-major (k = key, n = d within the WG's column block);
+    // dQ_swapAB (kBlockM 80): the same descriptor is A of dQ^T = K^T dS^T,
+    // read with tnspA (m = d), which has the MN-major B's canonical layout.
     for (int kk = 0; kk < kBN / 16; ++kk) {
       const uint64_t d = step_desc(C::dq_desc_b(wg, Cfg::kOffK), typename C::DqStepB{}, kk);
       for (int k = 0; k < 16; ++k)
@@ -255,10 +297,12 @@ static void check_config() {
       }
     for (uint32_t b = ds_base; b < ds_base + Cfg::kDsBytes; b += 2)
       CHECK(writes[b / 2] == 1, "dS buffer element at %u written %d times", b, writes[b / 2]);
+    // dQ A (m = query, k = key, 64 rows of WG wg's row half); dQ_swapAB:
+    // the B operand of dQ^T (n = query: all kBlockM rows, both WGs).
     for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
       for (int kk = 0; kk < kBN / 16; ++kk) {
         const uint64_t d = step_desc(C::dq_desc_a(wg, ds_base), typename C::DqStepA{}, kk);
-        for (int m = 0; m < 64; ++m)
+        for (int m = 0; m < Cfg::kDqRows; ++m)
           for (int k = 0; k < 16; ++k)
             CHECK(sm.get(kmajor_addr(d, m, k)) == ident(kTagDS, 64 * C::dq_wg_m(wg) + m, 16 * kk + k),
                   "dQ A (dS) wg%d kk%d (m%d,k%d): got %llx", wg, kk, m, k,
@@ -268,6 +312,9 @@ static void check_config() {
 
   // ---- dQ accumulator (64 x 64 fp32 per WG) -> staging tile -> reads of the
   // two TMA reduce boxes {32 cols, 64 rows} (128B swizzle, fp32) / the rows.
+  if constexpr (Cfg::kDqSwapAB) {
+    check_dq_staging_swapab<Cfg>();
+  } else {
   for (int variant = 0; variant < 2; ++variant) {
     std::vector<int64_t> st(Cfg::kDqWGBytes / 4, -1);
     std::vector<int> wr(st.size(), 0);
@@ -296,6 +343,7 @@ static void check_config() {
         CHECK(st[a / 4] == ident(9, r, c) && wr[a / 4] == 1, "dQ staging (%s) element (%d,%d)",
               variant == 0 ? "tensor" : "rows", r, c);
       }
+  }
   }
 
   // ---- dK / dV accumulator -> 16-bit tile rows [64 wg, +64) -> TMA store
@@ -543,12 +591,12 @@ static bool visible_ref(const MaskInfo& mi, int i, int k, const int* qs, const i
   return true;
 }
 
-template <int kBM>
+template <int kBM, int kSegUnroll = 0>
 static void check_masks() {
   const int fail0 = g_fail;
   std::mt19937 rng(7);
   int cases = 0;
-  const int lens[] = {1, 5, 37, 53, 64, 65, 127, 128, 129, 200, 300, 517};
+  const int lens[] = {1, 5, 37, 53, 64, 65, 79, 80, 81, 127, 128, 129, 160, 161, 200, 300, 517};
   const int wins[] = {-1, 0, 1, 3, 7, 20, 64, 100, 150};
   for (int T : lens)
     for (int S : lens)
@@ -595,7 +643,7 @@ static void check_masks() {
                       float s[kBM / 2];
                       for (float& x : s) x = 1.f;
                       const int key0 = n0 + 16 * w + l / 4, q0 = m0 + 2 * (l % 4);
-                      if (needs) apply_mask_t(s, mi, 0, key0, q0);
+                      if (needs) apply_mask_t<kBM / 2, kSegUnroll>(s, mi, 0, key0, q0);
                       for (int j = 0; j < kBM / 8; ++j)
                         for (int h = 0; h < 2; ++h)
                           for (int e = 0; e < 2; ++e) {
@@ -611,7 +659,8 @@ static void check_masks() {
             }
           }
         }
-  std::printf("masks (kBlockM %d, %d cases): %s\n", kBM, cases, g_fail == fail0 ? "ok" : "FAILED");
+  std::printf("masks (kBlockM %d, segment bits unrolled %d, %d cases): %s\n", kBM, kSegUnroll, cases,
+              g_fail == fail0 ? "ok" : "FAILED");
 }
 
 // The hdim-256 consumer masks S (queries x keys) with the forward's
@@ -696,27 +745,179 @@ static void check_scheduler() {
             for (int causal = 0; causal < 4; ++causal) {  // 2, 3: hdim 256 (64-key blocks)
               const int d = causal < 2 ? 128 : 256, bn = causal < 2 ? 128 : 64;
               const BwdTileScheduler s = make_bwd_scheduler(batch, hk, group, sq, sk, d, bn, causal % 2);
+              for (int rev = 0; rev < 2; ++rev) {  // decode<true>: the deterministic order
               std::vector<int> seen(size_t(s.total), 0);
               for (int t = 0; t < s.total; ++t) {
                 int n, h, b;
-                s.decode(t, n, h, b);
+                if (rev)
+                  s.decode<true>(t, n, h, b);
+                else
+                  s.decode(t, n, h, b);
                 const bool ok = n >= 0 && n < s.num_n_blocks && h >= 0 && h < hk && b >= 0 && b < batch;
                 CHECK(ok, "scheduler tile %d -> (%d,%d,%d)", t, n, h, b);
                 if (ok) ++seen[(size_t(b) * hk + h) * s.num_n_blocks + n];
               }
               for (int x : seen) CHECK(x == 1, "scheduler: a tile decoded %d times", x);
+              }
             }
   std::printf("tile scheduler: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
+// Deterministic mode (bwd_dq_writer kDet, BwdTileScheduler::decode<true>,
+// dq_pred_range): for every query block m the KV blocks that add into it
+// form an interval; block n waits for n + 1 exactly when n + 1 adds too; the
+// tile it waits for has a smaller tile index (decode<true>). Then a model of
+// the protocol: P SMs take tiles in claim order, each CTA's dQ writes in
+// sweep order (q head of the group, query block) wait for their
+// predecessor's write; random interleavings must finish (no deadlock) with
+// every dQ tile written in descending KV-block order. The same model with
+// the ascending (non-deterministic) tile order must deadlock for a small P
+// (shows the model catches a wrong order).
+static bool simulate_det(const MaskInfo& mi, const BwdTileScheduler& s, int group, int bn, int bm, int sms,
+                         bool reverse, std::mt19937& rng, bool* order_ok) {
+  const int M = (mi.seqlen_q + bm - 1) / bm, N = s.num_n_blocks;
+  const int heads = s.num_heads_k * group, batch = s.num_bh / s.num_heads_k;
+  std::vector<int> sem(size_t(batch) * heads * M, 0), last_n(sem.size(), INT32_MAX);
+  struct Cta {
+    int n, hk, b, step, iters, mf, ml, pf, pl;
+  };
+  std::vector<Cta> live;
+  int next = 0;
+  *order_ok = true;
+  auto claim = [&] {
+    Cta c{};
+    if (reverse)
+      s.decode<true>(next, c.n, c.hk, c.b);
+    else
+      s.decode<false>(next, c.n, c.hk, c.b);
+    ++next;
+    q_block_range(mi, c.n * bn, bn, bm, c.mf, c.ml);
+    c.iters = (c.ml - c.mf) * group;
+    c.step = 0;
+    dq_pred_range(mi, c.n, N, bn, bm, c.pf, c.pl);
+    live.push_back(c);
+  };
+  while (next < s.total && int(live.size()) < sms) claim();
+  while (!live.empty()) {
+    // CTAs that can make progress: finished, or their next write's predecessor is done.
+    std::vector<int> ready;
+    for (int i = 0; i < int(live.size()); ++i) {
+      const Cta& c = live[i];
+      if (c.step == c.iters) {
+        ready.push_back(i);
+        continue;
+      }
+      const int hq = c.hk * group + c.step / (c.ml - c.mf), m = c.mf + c.step % (c.ml - c.mf);
+      const size_t idx = (size_t(c.b) * heads + hq) * M + m;
+      if (!(m >= c.pf && m < c.pl) || sem[idx] == c.n + 2) ready.push_back(i);
+    }
+    if (ready.empty()) return false;  // deadlock
+    const int i = ready[rng() % ready.size()];
+    Cta& c = live[i];
+    if (c.step == c.iters) {
+      live.erase(live.begin() + i);
+      if (next < s.total) claim();
+      continue;
+    }
+    const int hq = c.hk * group + c.step / (c.ml - c.mf), m = c.mf + c.step % (c.ml - c.mf);
+    const size_t idx = (size_t(c.b) * heads + hq) * M + m;
+    if (c.n >= last_n[idx]) *order_ok = false;  // must descend
+    last_n[idx] = c.n;
+    sem[idx] = c.n + 1;
+    ++c.step;
+  }
+  return true;
+}
+
+static void check_det_order() {
+  const int fail0 = g_fail;
+  std::mt19937 rng(5);
+  int cases = 0, mutation_deadlocks = 0, mutation_cases = 0;
+  const int lens[] = {1, 37, 64, 65, 128, 129, 300, 517, 1000};
+  const int wins[] = {-1, 0, 3, 20, 100, 300};
+  struct Blocks {
+    int bn, bm;
+  };
+  for (Blocks bl : {Blocks{128, 128}, Blocks{128, 64}, Blocks{64, 64}})
+    for (int T : lens)
+      for (int S : lens)
+        for (int wl : wins)
+          for (int wr : wins) {
+            if (rng() % 3 != 0) continue;
+            ++cases;
+            MaskInfo mi{};
+            mi.seqlen_q = T;
+            mi.seqlen_k = S;
+            mi.off = S - T;
+            mi.wl = wl;
+            mi.wr = wr;
+            const int N = (S + bl.bn - 1) / bl.bn, M = (T + bl.bm - 1) / bl.bm;
+            for (int m = 0; m < M; ++m) {
+              int lo = -1, hi = -1, count = 0;
+              for (int n = 0; n < N; ++n) {
+                int f, l;
+                q_block_range(mi, n * bl.bn, bl.bn, bl.bm, f, l);
+                if (m >= f && m < l) {
+                  if (lo < 0) lo = n;
+                  hi = n;
+                  ++count;
+                }
+              }
+              CHECK(count == 0 || count == hi - lo + 1,
+                    "det: T=%d S=%d wl=%d wr=%d bn=%d bm=%d: KV blocks of query block %d not an interval", T, S,
+                    wl, wr, bl.bn, bl.bm, m);
+              for (int n = lo; count > 0 && n <= hi; ++n) {
+                int pf, pl;
+                dq_pred_range(mi, n, N, bl.bn, bl.bm, pf, pl);
+                CHECK((m >= pf && m < pl) == (n < hi), "det: T=%d S=%d wl=%d wr=%d: block %d, query block %d: waits %d, want %d",
+                      T, S, wl, wr, n, m, int(m >= pf && m < pl), int(n < hi));
+              }
+            }
+            const int group = 1 + int(rng() % 3), hk = 1 + int(rng() % 3), batch = 1 + int(rng() % 2);
+            const bool causal_like = wr >= 0 && wl < 0;
+            const BwdTileScheduler sc = make_bwd_scheduler(batch, hk, group, T, S, 128, bl.bn, causal_like);
+            // Waited-for tile index < waiting tile index.
+            std::vector<int> index(size_t(sc.total));
+            for (int t = 0; t < sc.total; ++t) {
+              int n, h, b;
+              sc.decode<true>(t, n, h, b);
+              index[(size_t(b) * hk + h) * N + n] = t;
+            }
+            for (int b = 0; b < batch; ++b)
+              for (int h = 0; h < hk; ++h)
+                for (int n = 0; n + 1 < N; ++n)
+                  CHECK(index[(size_t(b) * hk + h) * N + n + 1] < index[(size_t(b) * hk + h) * N + n],
+                        "det: tile of block %d does not precede block %d's", n + 1, n);
+            for (int sms : {1, 2, 3, 7}) {
+              bool order_ok = false;
+              const bool done = simulate_det(mi, sc, group, bl.bn, bl.bm, sms, true, rng, &order_ok);
+              CHECK(done, "det model: deadlock T=%d S=%d wl=%d wr=%d bn=%d bm=%d SMs=%d", T, S, wl, wr, bl.bn, bl.bm,
+                    sms);
+              CHECK(order_ok, "det model: a dQ tile not added in descending KV-block order (T=%d S=%d)", T, S);
+            }
+            if (N >= 2) {  // mutation: ascending tile order, 1 SM
+              bool order_ok = false;
+              ++mutation_cases;
+              mutation_deadlocks += !simulate_det(mi, sc, group, bl.bn, bl.bm, 1, false, rng, &order_ok);
+            }
+          }
+  std::printf("deterministic dQ order (%d cases; mutation: ascending tile order deadlocks %d of %d with 1 SM): %s\n",
+              cases, mutation_deadlocks, mutation_cases, g_fail == fail0 ? "ok" : "FAILED");
+  CHECK(mutation_deadlocks > 0, "det model: the mutation never deadlocked");
 }
 
 int main() {
   check_config<BwdConfigFor<64>::type>();
   check_config<BwdConfigFor<128>::type>();
+  check_config<BwdConfigHd128Bm80>();
   check_config_hd256<BwdConfigFor<256>::type>();
   check_masks<128>();
   check_masks<64>();
+  check_masks<80>();
+  check_masks<80, 5>();
   check_masks_hd256();
   check_scheduler();
+  check_det_order();
   std::printf("%s (%d failed checks)\n", g_fail ? "FAILED" : "ALL OK", g_fail);
   return g_fail ? 1 : 0;
 }

@@ -10,7 +10,9 @@
 //   reduce-add through encode_dq_accum, or the row bulk reductions), with
 //   seq and head-dim tails that must be skipped; then store_kv_tile of dK and
 //   its TMA store (encode_bshd, box {64, 64}) with a seq tail.
-// Rows, per head-dim bucket (D=64: kBlockM 128; D=128: kBlockM 64):
+// Rows, per head-dim bucket (D=64: kBlockM 128; D=128: kBlockM 64, and
+// kBlockM 80 of tuning variant 2: dQ^T = K^T dS^T, transposed staging, boxes
+// of 80 rows; tensor reductions only):
 //   dQ = dS K  (registers)     : store_ds / the dQ descriptors
 //   dK = dS^T Q (registers)    : acc_to_a / the RS GEMM with MN-major Q (64 rows)
 //   dq_accum += dQ (tensor)    : store_dq swizzle / encode_dq_accum / cp.reduce.async.bulk.tensor
@@ -121,16 +123,20 @@ __global__ void __launch_bounds__(256, 1)
   fence_regs(dq);
   fence_regs(dk);
 
-  // raw accumulators
+  // raw accumulators (dQ_swapAB: dQ^T, rows = the WG's 64 columns)
   const int wg_m = C::dq_wg_m(wg), wg_n = C::dq_wg_n(wg);
 #pragma unroll
   for (int j = 0; j < C::kQR / 4; ++j)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        dq_out[(64 * wg_m + 16 * warp + lane / 4 + 8 * h) * kD + 64 * wg_n + 8 * j + 2 * (lane % 4) + e] =
-            dq[4 * j + 2 * h + e];
+      for (int e = 0; e < 2; ++e) {
+        const int r = 16 * warp + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4) + e;
+        if constexpr (Cfg::kDqSwapAB)
+          dq_out[c * kD + 64 * wg_n + r] = dq[4 * j + 2 * h + e];
+        else
+          dq_out[(64 * wg_m + r) * kD + 64 * wg_n + c] = dq[4 * j + 2 * h + e];
+      }
 #pragma unroll
   for (int j = 0; j < C::kKR / 4; ++j)
 #pragma unroll
@@ -148,11 +154,12 @@ __global__ void __launch_bounds__(256, 1)
   if constexpr (kDqTensor) {
     if (tid % 128 == 0 && row0 < seqlen_q) {
       for (int b = 0; b < 2; ++b)
-        if (col0 + 32 * b < args.head_dim) tma_reduce_add_4d(&args.tm_dqacc, sm.dq(wg) + b * 64 * 128, col0 + 32 * b, row0, 1, 0);
+        if (col0 + 32 * b < args.head_dim)
+          tma_reduce_add_4d(&args.tm_dqacc, sm.dq(wg) + b * Cfg::kDqRows * 128, col0 + 32 * b, row0, 1, 0);
       bulk_commit();
       bulk_wait<0>();
     }
-  } else {
+  } else if constexpr (!Cfg::kDqSwapAB) {
     if (tid % 128 < 64) {
       const int r = tid % 128;
       const uint32_t bytes = uint32_t(min(Cfg::kDqCols, args.head_dim - col0)) * 4u;
@@ -223,7 +230,7 @@ static void run(int& failures) {
 
   BwdKernelArgs args;
   std::memset(&args, 0, sizeof(args));
-  bool ok = encode_dq_accum(&args.tm_dqacc, d_acc, head_dim, seqlen_q, seq_rounded, pitch, 2, 1) &&
+  bool ok = encode_dq_accum(&args.tm_dqacc, d_acc, head_dim, seqlen_q, seq_rounded, pitch, 2, 1, Cfg::kDqRows) &&
             encode_bshd(&args.tm_dk, DType::kBFloat16, d_dk16, head_dim, seqlen_k, 1, 1, kD, kD,
                         int64_t(kBN) * kD, 64);
   if (!ok) {
@@ -264,7 +271,8 @@ static void run(int& failures) {
           std::snprintf(buf, sizeof(buf), "(q %d, d %d) got %g want %g", q, d, g_dq[q * kD + d], rdq[q * kD + d]);
           first = buf;
         }
-    row("dQ = dS K (store_ds, wgmma SS)", bad, kBM * kD, first);
+    row(Cfg::kDqSwapAB ? "dQ^T = K^T dS^T (store_ds, SS tnspA)" : "dQ = dS K (store_ds, wgmma SS)", bad, kBM * kD,
+        first);
     bad = 0;
     first.clear();
     for (int k = 0; k < kBN; ++k)
@@ -315,6 +323,7 @@ int main() {
   run<BwdConfigFor<64>::type, false>(failures);
   run<BwdConfigFor<128>::type, true>(failures);
   run<BwdConfigFor<128>::type, false>(failures);
+  run<BwdConfigHd128Bm80, true>(failures);  // variant 2: kBlockM 80, dQ_swapAB
   std::printf("%s (%d failing rows)\n", failures ? "FAILED" : "ALL PASS", failures);
   return failures ? 1 : 0;
 }

@@ -29,6 +29,13 @@ def rounded_head_dim(d: int) -> int:
   return 64 if d <= 64 else 96 if d <= 96 else 128 if d <= 128 else 256
 
 
+def sm90_bwd_semaphore_ints(batch: int, num_heads: int, seqlen_q: int) -> int:
+  """Same rule as cuda/include/jax_flash/params.h: the sm90 deterministic
+  backward's workspace, a dQ-order semaphore per (batch, q head, 64-row query
+  block) plus its tile-claim counter (int32)."""
+  return batch * num_heads * -(-seqlen_q // 64) + 1
+
+
 def _compute_capability() -> tuple[int, int] | None:
   try:
     dev = jax.devices("gpu")[0]
@@ -107,12 +114,18 @@ def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
   # GQA sums dK/dV over the q heads of a group; the kernel may use these.
   dkv_accum = ((B * H_kv * _round_up(S, 128) * d_round,)
                if H != H_kv else (1,))
+  # Deterministic mode: the sm90 backward orders the dQ additions through
+  # these semaphores (zeroed by the kernel's launcher; a per-call buffer, so
+  # concurrent calls never share one). Else a 1-element placeholder.
+  dq_semaphore = ((sm90_bwd_semaphore_ints(B, H, T),)
+                  if spec.deterministic else (1,))
   out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                 jax.ShapeDtypeStruct(k.shape, k.dtype),
                 jax.ShapeDtypeStruct(v.shape, v.dtype),
                 jax.ShapeDtypeStruct(dq_accum, f32),
                 jax.ShapeDtypeStruct(dkv_accum, f32),
-                jax.ShapeDtypeStruct(dkv_accum, f32))
+                jax.ShapeDtypeStruct(dkv_accum, f32),
+                jax.ShapeDtypeStruct(dq_semaphore, jnp.int32))
   dq, dk, dv, *_ = ffi.call(ffi.BWD, out_shapes, q, k, v, o,
                             lse.astype(f32), do, delta.astype(f32), q_seg,
                             kv_seg, deterministic=bool(spec.deterministic),

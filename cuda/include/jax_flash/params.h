@@ -83,13 +83,30 @@ struct BwdParams : FwdParams {
   float* dv_accum;  // only when num_heads != num_heads_k (GQA sums); else nullptr
   bool deterministic;   // fixed dQ accumulation order
   // sm90 backward schedule (jax_flash::sm90::run_bwd only; keep 0 outside
-  // ablation benchmarks): 0 = dQ added by TMA tensor reductions (default),
-  // 1 = one bulk reduction per dQ row (compiled only with
-  // -DJAX_FLASH_SM90_ABLATION, else cudaErrorNotSupported).
+  // benchmarks): 0 = the default for the case, 1 = one bulk dQ reduction per
+  // row (only with -DJAX_FLASH_SM90_ABLATION), 2 = kBlockM 80 (hdim 65..128
+  // without a causal / local bound, not deterministic), 3 = the head-dim
+  // bucket's own tile; cuda/sm90/bwd_instantiations.h. Not applicable:
+  // cudaErrorNotSupported.
   int sm90_bwd_variant = 0;
+  // sm90 deterministic-mode workspace (jax_flash::sm90::run_bwd with
+  // deterministic only): device pointer to sm90_bwd_semaphore_ints(batch,
+  // num_heads, seqlen_q) int32 (4-byte aligned), contents undefined on entry;
+  // the launcher zeroes the part it uses on the stream (cudaMemsetAsync)
+  // before the kernel, so a call must have it to itself while it runs (an XLA
+  // workspace output per call). Holds one dQ-order semaphore per (batch, q
+  // head, 64-row query block) and the kernel's tile-claim counter. nullptr:
+  // sm90::bwd_supported is false for deterministic requests (sm80 serves them).
+  int32_t* sm90_dq_semaphore = nullptr;
 };
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+// Size (int32 elements) of BwdParams::sm90_dq_semaphore: a semaphore per
+// (batch, q head, query block of 64 rows: the smallest kBlockM of the sm90
+// backward) + the tile-claim counter. Python mirrors it (cuda_backend.py).
+inline int64_t sm90_bwd_semaphore_ints(int batch, int num_heads, int seqlen_q) {
+  return int64_t(batch) * num_heads * ((int64_t(seqlen_q) + 63) / 64) + 1;
+}
 inline int rounded_seqlen(int n) { return round_up(n, 128); }
 // Head dims are served by the next bucket; padding columns are zero-filled by
 // the kernels' loads, so they do not change the result.
