@@ -576,10 +576,10 @@ static std::vector<Case> all_cases(bool quick) {
       cs.push_back(c);
     }
   }
-  // kBlockM 80 (variant 2: bf16, hdim-128 bucket, no causal / local bound):
+  // kBlockM 80 (variant 2: hdim-128 bucket, no causal / local bound):
   // whole and partial 80-row blocks, GQA sums over several query blocks,
   // softcap and segments together (the segment mask of the softcap kernel
-  // collects mismatch bits), a head dim zero-padded to 128.
+  // collects mismatch bits), a head dim zero-padded to 128, fp16.
   {
     cs.push_back(Case{"d128 multiblock plain T=160 S=300 (2 x 80 rows)", 1, 160, 300, 2, 1, 128});
     Case c{"d128 multiblock softcap+seg GQA T=413 S=389", 2, 413, 389, 4, 2, 128};
@@ -591,6 +591,13 @@ static std::vector<Case> all_cases(bool quick) {
     c.segments = true;
     cs.push_back(c);
     cs.push_back(Case{"d112 multiblock plain GQA T=330 S=129", 1, 330, 129, 6, 2, 112});
+    c = Case{"d128 multiblock plain fp16 T=250 S=333", 2, 250, 333, 4, 2, 128};
+    c.fp16 = true;
+    cs.push_back(c);
+    c = Case{"d96 multiblock softcap fp16 T=170 S=90", 1, 170, 90, 2, 1, 96};
+    c.softcap = 5.f;
+    c.fp16 = true;
+    cs.push_back(c);
   }
   // Deterministic with more CTAs than SMs (several waves: CTAs wait for ones
   // of an earlier wave), causal and not.
