@@ -127,7 +127,11 @@ def enable_x64():
 
 
 def _round_cotangent(x, dtype):
-  """Identity whose backward rounds the cotangent to `dtype` (and back)."""
+  """Identity whose backward rounds the cotangent to `dtype` (and back).
+
+  The optimization barrier keeps XLA:GPU from dropping the convert pair as
+  excess precision (`xla_allow_excess_precision`, on by default), which
+  left the GPU baseline's dS in float32 (tools/check_baseline_rounding.py)."""
   import jax
 
   @jax.custom_vjp
@@ -135,7 +139,8 @@ def _round_cotangent(x, dtype):
     return x
 
   ident.defvjp(lambda x: (x, None),
-               lambda _, g: (g.astype(dtype).astype(g.dtype),))
+               lambda _, g: (jax.lax.optimization_barrier(
+                   g.astype(dtype)).astype(g.dtype),))
   return ident(x)
 
 
