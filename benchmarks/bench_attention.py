@@ -16,8 +16,10 @@ jax_flash_xla; CPU: jax_flash_pallas, jax_flash_xla, xla).
 
 Method (DESIGN.md): random normal inputs, jit, warm up, then N back-to-back
 calls between two `block_until_ready` syncs, median over repeats; the
-implementations of one shape and mode are timed round by round (A B C A B C
-...), so that clock / power drift during the run hits all of them alike. FLOPs:
+implementations of one shape and mode are timed round by round, in
+alternating order (A B C, C B A, ...), so that clock / power drift and the
+previous kernel's effect on the clock hit all of them alike; use --iters so
+that a round lasts ~0.3 s or more for sustained figures. FLOPs:
 fwd = 4*B*H*T*S*D (halved when causal), fwd_bwd = 3.5x fwd, where fwd_bwd is
 the gradient of sum(o * do) w.r.t. q, k, v (forward included), bwd = 2.5x fwd:
 the backward alone (the VJP applied to do, the forward's residuals computed
@@ -201,9 +203,12 @@ def time_ms(step, args, *, iters: int, repeats: int, warmup: int) -> float:
 
 def time_interleaved(steps, *, iters: int, repeats: int, warmup: int):
   """{name: median ms} for several (step, args), the implementations timed
-  round by round (A B C A B C ...) rather than one after another, so that a
-  clock or power drift during the run hits all of them alike. Every step is
-  warmed up first; a step that raises is reported as that exception."""
+  round by round rather than one after another, so that a clock or power
+  drift during the run hits all of them alike; the order alternates (A B C,
+  C B A, A B C, ...) because a kernel's clock also depends on what ran just
+  before it (a 4-way run with cuDNN always after the lighter Pallas kernel
+  favoured cuDNN by ~8%, benchmarks/NOTES.md). Every step is warmed up
+  first; a step that raises is reported as that exception."""
   ready, result = {}, {}
   for name, (step, args) in steps.items():
     try:
@@ -213,8 +218,10 @@ def time_interleaved(steps, *, iters: int, repeats: int, warmup: int):
     except Exception as e:  # one failure must not end the run
       result[name] = e
   samples = {name: [] for name in ready}
-  for _ in range(repeats):
-    for name, (step, args) in ready.items():
+  order = list(ready)
+  for r in range(repeats):
+    for name in (order if r % 2 == 0 else order[::-1]):
+      step, args = ready[name]
       samples[name].append(_timed_round(step, args, iters))
   for name, ms in samples.items():
     result[name] = statistics.median(ms)
