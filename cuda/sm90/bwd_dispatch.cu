@@ -19,15 +19,16 @@ namespace {
 // 256 (129..256, zero-padded).
 int bwd_bucket(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0; }
 
-bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev) {
+// `variant`: the resolved BwdParams::sm90_bwd_variant (its tile's smem).
+bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, int variant) {
   switch (bwd_bucket(p.head_dim)) {
 #ifndef JAX_FLASH_DISABLE_HDIM64
     case 64: return BwdConfigFor<64>::type::kSmemAlloc <= dev.smem_optin;
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM128
     case 128:
-      return (resolved_bwd_variant(p, 128) == kBwdVarBm80 ? BwdConfigHd128Bm80::kSmemAlloc
-                                                           : BwdConfigFor<128>::type::kSmemAlloc) <= dev.smem_optin;
+      return (variant == kBwdVarBm80 ? BwdConfigHd128Bm80::kSmemAlloc : BwdConfigFor<128>::type::kSmemAlloc) <=
+             dev.smem_optin;
 #endif
 #ifndef JAX_FLASH_DISABLE_HDIM256
     case 256: return BwdConfigFor<256>::type::kSmemAlloc <= dev.smem_optin;
@@ -67,17 +68,17 @@ bool bwd_supported(const BwdParams& p) {
       (p.sm90_dq_semaphore == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_dq_semaphore) & 3) != 0))
     return false;
   if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant >= kBwdNumVariants) return false;
-  const int variant = resolved_bwd_variant(p, bwd_bucket(p.head_dim));
+  const MaskInfo mi = make_mask_info(p);
+  const bool mask_bounded = mi.wl >= 0 || mi.wr >= 0;
+  const int variant =
+      resolved_bwd_variant(p.sm90_bwd_variant, bwd_bucket(p.head_dim), mask_bounded, p.deterministic);
   if (p.deterministic && variant != kBwdVarTensor) return false;
 #ifndef JAX_FLASH_SM90_ABLATION
   if (variant == kBwdVarRowReduce) return false;
 #endif
   // Variant 2 (kBlockM 80, BwdConfigHd128Bm80): the hdim-128 bucket without a
   // causal / local bound; unavailable elsewhere.
-  if (variant == kBwdVarBm80) {
-    const MaskInfo mi = make_mask_info(p);
-    if (bwd_bucket(p.head_dim) != 128 || mi.wl >= 0 || mi.wr >= 0) return false;
-  }
+  if (variant == kBwdVarBm80 && (bwd_bucket(p.head_dim) != 128 || mask_bounded)) return false;
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
     return false;
   if (p.num_heads % p.num_heads_k != 0) return false;
@@ -116,7 +117,7 @@ bool bwd_supported(const BwdParams& p) {
     return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
-  return bucket_compiled_and_ok(p, dev);
+  return bucket_compiled_and_ok(p, dev, variant);
 #endif
 }
 

@@ -37,32 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "host_utils.h"  // CHECK_CUDA, to_bits / from_bits
 #include "sm90/bwd_launch_templates.cuh"  // BwdConsumer, encode_dq_accum, encode_bshd
 
 using namespace jax_flash;
 using namespace jax_flash::sm90;
-
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                    \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-static uint16_t bf16_bits(float x) {
-  __nv_bfloat16 h = __float2bfloat16_rn(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-static float bf16_val(uint16_t b) {
-  __nv_bfloat16 h;
-  std::memcpy(&h, &b, 2);
-  return __bfloat162float(h);
-}
 
 // Problem of one CTA: dS^T [kBN keys][kBM queries] (fp32, quarter-integers
 // exactly representable in bf16), K [kBN][D], Q [kBM][D] (bf16 bits).
@@ -197,16 +176,16 @@ static void run(int& failures) {
   std::vector<float> dsT(kBN * kBM);
   std::vector<uint16_t> K(kBN * kD), Q(kBM * kD);
   for (auto& x : dsT) x = quarter();
-  for (auto& x : K) x = bf16_bits(quarter());
-  for (auto& x : Q) x = bf16_bits(quarter());
+  for (auto& x : K) x = to_bits(quarter(), false);
+  for (auto& x : Q) x = to_bits(quarter(), false);
   // references (exact)
   std::vector<double> rdq(kBM * kD, 0.0), rdk(kBN * kD, 0.0);
   for (int q = 0; q < kBM; ++q)
     for (int d = 0; d < kD; ++d)
-      for (int k = 0; k < kBN; ++k) rdq[q * kD + d] += double(dsT[k * kBM + q]) * bf16_val(K[k * kD + d]);
+      for (int k = 0; k < kBN; ++k) rdq[q * kD + d] += double(dsT[k * kBM + q]) * from_bits(K[k * kD + d], false);
   for (int k = 0; k < kBN; ++k)
     for (int d = 0; d < kD; ++d)
-      for (int q = 0; q < kBM; ++q) rdk[k * kD + d] += double(dsT[k * kBM + q]) * bf16_val(Q[q * kD + d]);
+      for (int q = 0; q < kBM; ++q) rdk[k * kD + d] += double(dsT[k * kBM + q]) * from_bits(Q[q * kD + d], false);
 
   float *d_dsT, *d_dq, *d_dk, *d_acc;
   uint16_t *d_K, *d_Q, *d_dk16;
@@ -287,7 +266,7 @@ static void run(int& failures) {
     for (int k = 0; k < kBN; ++k)
       for (int d = 0; d < kD; ++d) {
         const bool inside = k < seqlen_k && d < head_dim;
-        const uint16_t want = inside ? bf16_bits(float(rdk[k * kD + d])) : uint16_t(0xFFFF);
+        const uint16_t want = inside ? to_bits(float(rdk[k * kD + d]), false) : uint16_t(0xFFFF);
         if (g_dk16[k * kD + d] != want && bad++ == 0) {
           std::snprintf(buf, sizeof(buf), "(key %d, d %d) got %04x want %04x", k, d, g_dk16[k * kD + d], want);
           first = buf;

@@ -35,51 +35,21 @@
 #include "sm90/ptx/tma.cuh"
 #include "sm90/ptx/wgmma.cuh"
 #include "sm90/smem_layout.cuh"
+#include "host_utils.h"
 
 using namespace jax_flash;
 using namespace jax_flash::sm90;
 using namespace jax_flash::sm90::ptx;
 
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, \
-                   __LINE__, cudaGetErrorString(e_));                                    \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
-
 // ------------------------------------------------------------------ host helpers
-static uint16_t bf16_bits(float x) {
-  __nv_bfloat16 h = __float2bfloat16_rn(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-static float bf16_val(uint16_t b) {
-  __nv_bfloat16_raw r;
-  r.x = b;
-  return __bfloat162float(__nv_bfloat16(r));
-}
-static uint16_t f16_bits(float x) {
-  __half h = __float2half_rn(x);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-static float f16_val(uint16_t b) {
-  __half_raw r;
-  r.x = b;
-  return __half2float(__half(r));
-}
+// CHECK_CUDA, to_bits / from_bits(.., fp16): host_utils.h; here by element type.
 template <typename E>
 static uint16_t to_bits(float x) {
-  return std::is_same<E, __half>::value ? f16_bits(x) : bf16_bits(x);
+  return to_bits(x, std::is_same<E, __half>::value);
 }
 template <typename E>
 static float from_bits(uint16_t b) {
-  return std::is_same<E, __half>::value ? f16_val(b) : bf16_val(b);
+  return from_bits(b, std::is_same<E, __half>::value);
 }
 
 // Quarter-integers in [-2, 2].
