@@ -28,6 +28,9 @@
 //   overlap: QK0 outside, [QK1 PV0] ... [QK(nb-1) PV(nb-2)], PV(nb-1) outside
 //            -> nb - 1 turns
 // The first consumer WG gives itself the initial turn.
+// kFlagLazyRescale (tuning variant): OnlineSoftmax::update_lazy instead of
+// update; O is rescaled only when some row of the warp raised its max (a
+// warp-uniform branch around rescale_rows), see softmax.cuh.
 #pragma once
 
 #include "args.cuh"
@@ -152,6 +155,7 @@ template <typename Element, typename Cfg, int kFlags>
 struct ConsumerMainloop {
   static constexpr bool kPingpong = (kFlags & kFlagPingpong) != 0;
   static constexpr bool kOverlap = (kFlags & kFlagOverlap) != 0;
+  static constexpr bool kLazy = (kFlags & kFlagLazyRescale) != 0;
   static constexpr int kSR = Cfg::kBlockN / 2;   // S registers
   static constexpr int kOR = Cfg::kHeadDim / 2;  // O registers
   static constexpr int kPK = Cfg::kBlockN / 16;  // P k-steps
@@ -188,6 +192,20 @@ struct ConsumerMainloop {
       apply_mask(s, a.mask, batch, m0_wg + 16 * warp + lane / 4, n0 + 2 * (lane % 4));
   }
 
+  // The softmax of one block: update() (returns true: O must always be
+  // rescaled) or, with kLazy, update_lazy() (true only when some row of the
+  // warp raised its max; the same value on every lane).
+  template <bool kFirst>
+  JF_DEVICE bool softmax(OnlineSoftmax& smx, float (&s)[kSR], float scale_log2,
+                         float (&alpha)[2]) const {
+    if constexpr (kLazy) {
+      return smx.template update_lazy<kFirst>(s, scale_log2, alpha);
+    } else {
+      smx.template update<kFirst>(s, scale_log2, alpha);
+      return true;
+    }
+  }
+
   // O (pre-zeroed) and the softmax state for KV blocks [n_first, n_last).
   JF_DEVICE void run(float (&o)[kOR], OnlineSoftmax& smx, int m0_wg, int batch, int n_first,
                      int n_last) const {
@@ -210,9 +228,10 @@ struct ConsumerMainloop {
       release(sm.empty_k(kst.index));
       kst.advance();
       score_mod(s, m0_wg, n, batch);
-      smx.template update<true>(s, scale_log2, alpha);
+      softmax<true>(smx, s, scale_log2, alpha);
       acc_to_a<Element>(s, p);
       float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
+      bool rescale_pending = false;         // kRescaleBeforePV && kLazy: whether to apply it
 
       for (--n; n >= n_first; --n) {
         wait_full(sm.full_k(kst.index), kst.phase);
@@ -222,7 +241,11 @@ struct ConsumerMainloop {
         issue_qk<Element, Cfg>(s, q_addr, sm.k(kst.index));
         wgmma_commit();
         if constexpr (Cfg::kRescaleBeforePV) {  // O is idle here (last PV waited for)
-          rescale_rows(o, alpha_pending);
+          if constexpr (kLazy) {
+            if (rescale_pending) rescale_rows(o, alpha_pending);
+          } else {
+            rescale_rows(o, alpha_pending);
+          }
         }
         fence_regs(o);
         wait_full(sm.full_v(vst.index), vst.phase);
@@ -235,7 +258,7 @@ struct ConsumerMainloop {
         release(sm.empty_k(kst.index));
         kst.advance();
         score_mod(s, m0_wg, n, batch);
-        smx.template update<false>(s, scale_log2, alpha);
+        const bool rescale = softmax<false>(smx, s, scale_log2, alpha);
         wgmma_wait<0>();  // PV done: O and P are ours again
         fence_regs(o);
         fence_regs(p);
@@ -245,12 +268,21 @@ struct ConsumerMainloop {
         if constexpr (Cfg::kRescaleBeforePV) {
           alpha_pending[0] = alpha[0];
           alpha_pending[1] = alpha[1];
+          rescale_pending = rescale;
+        } else if constexpr (kLazy) {
+          if (rescale) rescale_rows(o, alpha);  // warp-uniform: skipped, not predicated
         } else {
           rescale_rows(o, alpha);
         }
       }
       // PV of block n_first.
-      if constexpr (Cfg::kRescaleBeforePV) rescale_rows(o, alpha_pending);
+      if constexpr (Cfg::kRescaleBeforePV) {
+        if constexpr (kLazy) {
+          if (rescale_pending) rescale_rows(o, alpha_pending);
+        } else {
+          rescale_rows(o, alpha_pending);
+        }
+      }
       fence_regs(o);
       fence_regs(p);
       wait_full(sm.full_v(vst.index), vst.phase);
@@ -276,9 +308,8 @@ struct ConsumerMainloop {
         kst.advance();
         score_mod(s, m0_wg, n, batch);
         if (n == n_last - 1) {
-          smx.template update<true>(s, scale_log2, alpha);
-        } else {
-          smx.template update<false>(s, scale_log2, alpha);
+          softmax<true>(smx, s, scale_log2, alpha);
+        } else if (softmax<false>(smx, s, scale_log2, alpha)) {
           rescale_rows(o, alpha);
         }
         acc_to_a<Element>(s, p);

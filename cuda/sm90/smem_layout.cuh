@@ -38,6 +38,7 @@ enum : int {
   kFlagPingpong = 1,  // named-barrier hand-off of the tensor cores between consumer WGs
   kFlagOverlap = 2,   // softmax of block j while QK^T of block j+1 runs (same WG)
   kFlagDynamic = 4,   // dynamic persistent scheduler (global atomic tile counter, scheduler.cuh)
+  kFlagLazyRescale = 8,  // conditional rescaling of O (OnlineSoftmax::update_lazy, softmax.cuh)
 };
 
 // kOInV_: the O staging tile of the epilogue lives in the V ring (FA3's

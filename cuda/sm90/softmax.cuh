@@ -10,6 +10,15 @@
 //   p = 2^(s * scale_log2 - m * scale_log2)    (one FFMA + one MUFU.EX2)
 // The row sum l is kept per thread (the quad reduction is deferred to the
 // end: rescaling is linear), and O is divided by l once, at the end.
+//
+// Lazy (conditional) rescaling (update_lazy, FA4-style, tuning variant
+// kFlagLazyRescale): the running max m is raised only when a block's row max
+// exceeds it by more than kLazyRescaleLog2 in the scaled log2 domain, so
+// p = 2^(s * scale_log2 - m * scale_log2) <= 2^kLazyRescaleLog2 = 256 (safe
+// in the fp32 sums and in bf16/fp16 P); otherwise alpha = 1 and the rescale
+// of O is skipped for the whole warp when none of its rows moved its max. l
+// and O always share the same (possibly stale) m, so O / l and
+// LSE = m * scale_eff + log(l) stay exact.
 #pragma once
 
 #include <cmath>
@@ -38,9 +47,44 @@ JF_DEVICE void apply_softcap(float (&s)[NR], float pre) {
   for (int i = 0; i < NR; ++i) s[i] = tanh_approx(s[i] * pre);
 }
 
+// update_lazy's threshold on (new block max - m) * scale_log2.
+constexpr float kLazyRescaleLog2 = 8.f;
+
+// Max of row h (0 or 1) of the thread's fragment as a balanced tree (depth
+// log2(NR / 2) instead of NR / 4 + 1 for a linear chain, which ptxas keeps
+// as written); update() keeps its linear chain.
+template <int NR>
+JF_DEVICE float row_max_tree(const float (&s)[NR], int h) {
+  constexpr int kP = NR / 4;  // column pairs of the row
+  float v[kP];
+#pragma unroll
+  for (int j = 0; j < kP; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+#pragma unroll
+  for (int stride = 1; stride < kP; stride *= 2)
+#pragma unroll
+    for (int j = 0; j + stride < kP; j += 2 * stride) v[j] = fmaxf(v[j], v[j + stride]);
+  return v[0];
+}
+
 struct OnlineSoftmax {
   float m[2];  // running max (raw units), -inf while the row saw no visible key
   float l[2];  // this thread's partial row sum
+
+  // Row h of s becomes p = 2^(s * scale_log2 - m_scaled) in place; returns the
+  // thread's partial sum of the row.
+  template <int NR>
+  JF_DEVICE static float exp_row(float (&s)[NR], int h, float scale_log2, float m_scaled) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2_approx(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_scaled));
+        s[4 * j + 2 * h + e] = p;
+        sum += p;
+      }
+    return sum;
+  }
 
   JF_DEVICE void init() {
     m[0] = m[1] = -INFINITY;
@@ -63,17 +107,45 @@ struct OnlineSoftmax {
       const float m_scaled = mx == -INFINITY ? 0.f : mx * scale_log2;
       alpha[h] = kFirst ? 1.f : exp2_approx(m[h] * scale_log2 - m_scaled);
       m[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < NR / 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2_approx(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_scaled));
-          s[4 * j + 2 * h + e] = p;
-          sum += p;
-        }
+      const float sum = exp_row(s, h, scale_log2, m_scaled);
       l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
     }
+  }
+
+  // update() with lazy rescaling (see the top of the file). Returns whether
+  // O must be rescaled by alpha: the same for every lane of the warp (false
+  // for the first block); when false, alpha = {1, 1} and no exp2 was spent on
+  // it. A row whose max is still -inf takes any finite block max (x > -inf);
+  // a row and block both without visible keys keep m = -inf (offset 0, p = 0,
+  // alpha = 2^-inf = 0 as in update()); the comparison never forms inf - inf.
+  template <bool kFirst, int NR>
+  JF_DEVICE bool update_lazy(float (&s)[NR], float scale_log2, float (&alpha)[2]) {
+    float m_old_scaled[2], m_scaled[2];
+    bool raise[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mx = quad_max(row_max_tree(s, h));
+      m_old_scaled[h] = m[h] * scale_log2;
+      raise[h] = kFirst || fmaf(mx, scale_log2, -kLazyRescaleLog2) > m_old_scaled[h];
+      if (raise[h]) m[h] = mx;
+      m_scaled[h] = m[h] == -INFINITY ? 0.f : m[h] * scale_log2;
+    }
+    alpha[0] = alpha[1] = 1.f;
+    bool rescale = false;
+    if constexpr (!kFirst) {
+      rescale = __any_sync(0xffffffffu, raise[0] || raise[1]);
+      if (rescale) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          alpha[h] = raise[h] ? exp2_approx(m_old_scaled[h] - m_scaled[h]) : 1.f;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = exp_row(s, h, scale_log2, m_scaled[h]);
+      l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
+    }
+    return rescale;
   }
 
   // Natural-log LSE of the thread's 2 rows and the 1/l factor for O; rows that

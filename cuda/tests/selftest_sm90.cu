@@ -6,7 +6,7 @@
 // with -DJAX_FLASH_SM90_ABLATION, for the four explicit schedules
 // (sm90_variant 1..4: pingpong+overlap, overlap, pingpong, neither) and the
 // tuning variants (5.., bf16 only: dynamic scheduler, O in the V ring, hdim-128
-// tiles 128 x 176 / 192; sm90/instantiations.h); a float64
+// tiles 128 x 176 / 192, lazy rescaling; sm90/instantiations.h); a float64
 // CPU reference from the same rounded inputs. One row per case: the worst O
 // error over the variants (relative to the largest |O|, floored at 0.05), the
 // worst LSE error (absolute; -inf must match exactly) and the variants that
@@ -60,6 +60,13 @@ struct Case {
   bool fp16 = false;
   int pitch_pad = 0;  // extra elements per row (non-contiguous strides)
   int sms = 0;        // > 0: pretend the GPU has this many SMs (many tiles per CTA)
+  // > 0: K row s scaled by 1 + k_ramp * (S - 1 - s) / (S - 1), so the scores
+  // grow in the order the kernels visit the KV blocks (highest first): the
+  // running row max keeps rising, and the lazy-rescale variants (11, 12)
+  // must rescale O mid-row (a numpy model of the hdim-128 cases: about half
+  // (x4, scale 1) / nearly all (x8, scale 2) of the warp x block steps
+  // rescale; skipping those rescales gives O errors > 100x the tolerance).
+  float k_ramp = 0.f;
 };
 
 // ------------------------------------------------------------------ device helpers
@@ -124,6 +131,17 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   const double scale = c.scale_mul / std::sqrt(double(c.D));
   Tensor q = make_tensor(c.B, c.T, c.H, c.D, c.pitch_pad, fp16, rng, 1.f);
   Tensor k = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
+  if (c.k_ramp > 0.f)
+    for (int b = 0; b < c.B; ++b)
+      for (int j = 0; j < c.S; ++j) {
+        const float g = 1.f + c.k_ramp * float(c.S - 1 - j) / float(std::max(c.S - 1, 1));
+        for (int h = 0; h < c.Hk; ++h)
+          for (int d = 0; d < c.D; ++d) {
+            const uint16_t bits = to_bits(float(k.at(b, j, h, d)) * g, fp16);
+            k.bits[k.idx(b, j, h, d)] = bits;
+            k.at(b, j, h, d) = from_bits(bits, fp16);
+          }
+      }
   Tensor v = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
   std::vector<int> qs, ks;
   if (c.segments) {
@@ -315,6 +333,21 @@ static std::vector<Case> all_cases(bool quick) {
   cs.push_back(c);
   c = Case{"S=0 (no keys: O=0, LSE=-inf)", 1, 20, 0, 2, 1, 64};
   cs.push_back(c);
+  // Rising row maxima (Case::k_ramp): the lazy-rescale variants' rescale
+  // branch, mixed with skipped steps; then with causal T < S, whose first
+  // visited KV block is fully masked for a tile's top rows (m = -inf until a
+  // later block). Last in the list: the cases above keep their inputs.
+  for (int D : {64, 128, 256}) {
+    const std::string d = "d" + std::to_string(D);
+    c = Case{d + " K ramp x4 (lazy rescale)", 1, 1000, 1531, 2, 1, D};
+    c.k_ramp = 3.f;
+    cs.push_back(c);
+    c = Case{d + " K ramp x8 s2 causal T<S (lazy)", 2, 1000, 1531, 2, 2, D};
+    c.k_ramp = 7.f;
+    c.scale_mul = 2.f;
+    c.causal = true;
+    cs.push_back(c);
+  }
   return cs;
 }
 

@@ -55,6 +55,7 @@ inline T __ldg(const T* p) {
 inline unsigned long long __cvta_generic_to_shared(const void*) { return 0; }
 inline int __shfl_sync(unsigned, int v, int) { return v; }
 inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
+inline int __any_sync(unsigned, int p) { return p; }
 inline void __syncwarp() {}
 inline float __fdividef(float a, float b) { return a / b; }
 
