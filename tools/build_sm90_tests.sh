@@ -42,7 +42,7 @@ echo "built $OUTDIR/selftest_sm90 and $OUTDIR/sm90_primitives in $((SECONDS - t0
 # ptxas summary of the sm90 forward kernels: registers (at entry; setmaxnreg
 # then moves them between the roles), spills, stack.
 echo "sm90 fwd_kernel ptxas report (D, kBlockN, consumer WGs, O in V ring, schedule flags:"
-echo "1 pingpong, 2 overlap, 4 dynamic scheduler, 8 lazy rescale):"
+echo "1 pingpong, 2 overlap, 4 dynamic scheduler, 8 eager rescale, ablation):"
 for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010fwd_kernel" "$log" |
     sed -nE "/Compiling entry/s/.*fwd_kernelI([^N]*)NS0_9FwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9])ELi([0-9])ELb([01])EEELi([0-9]+)EEE.*/  \1 D=\2 BN=\3 WGs=\4 OinV=\6 flags=\7/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |

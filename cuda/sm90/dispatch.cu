@@ -109,8 +109,7 @@ const char* variant_name(int variant) {
     case kVarN176: return "v8 n176";
     case kVarN192: return "v9 n192";
     case kVarN192Q: return "v10 n192Q";
-    case kVarLazy: return "v11 lazy";
-    case kVarN176Lazy: return "v12 n176+lazy";
+    case kVarEager: return "v11 eager";
     default: return "?";
   }
 }

@@ -32,9 +32,9 @@ enum : int {
   kVarN176 = 8,         // hdim 128: 128 x 176 tile (FA3's non-causal), O in the V ring
   kVarN192 = 9,         // hdim 128: 128 x 192 tile, O in the V ring
   kVarN192Q = 10,       // hdim 128: 128 x 192 tile, O in Q (= the -DJAX_FLASH_SM90_BLOCKN_HDIM128=192 build)
-  kVarLazy = 11,        // hdim 64, 128: lazy (conditional) rescaling of O (kFlagLazyRescale, softmax.cuh)
-  kVarN176Lazy = 12,    // hdim 128: 8 + 11 (128 x 176 tile, O in the V ring, lazy rescaling)
-  kNumVariants = 13,
+  kVarEager = 11,       // hdim 64, 128: O rescaled after every block (kFlagEagerRescale; the
+                        // default rescales lazily, softmax.cuh)
+  kNumVariants = 12,
 };
 
 constexpr int variant_flags(int variant, int default_flags) {
@@ -74,8 +74,7 @@ constexpr bool variant_available(int variant, int hdim_bucket, bool bf16, int de
     case kVarN176:
     case kVarN192:
     case kVarN192Q: return hdim_bucket == 128;
-    case kVarLazy: return hdim_bucket == 64 || hdim_bucket == 128;
-    case kVarN176Lazy: return hdim_bucket == 128;
+    case kVarEager: return hdim_bucket == 64 || hdim_bucket == 128;
     default: return false;
   }
 #else

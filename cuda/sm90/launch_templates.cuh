@@ -134,11 +134,9 @@ cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream)
       if (variant == kVarN176) return launch_fwd<Element, FwdConfig128N176V, kDef>(p, stream);
       if (variant == kVarN192) return launch_fwd<Element, FwdConfig128N192V, kDef>(p, stream);
       if (variant == kVarN192Q) return launch_fwd<Element, FwdConfig128N192Q, kDef>(p, stream);
-      if (variant == kVarN176Lazy)
-        return launch_fwd<Element, FwdConfig128N176V, kDef | kFlagLazyRescale>(p, stream);
     }
     if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-      if (variant == kVarLazy) return launch_fwd<Element, Cfg, kDef | kFlagLazyRescale>(p, stream);
+      if (variant == kVarEager) return launch_fwd<Element, Cfg, kDef | kFlagEagerRescale>(p, stream);
     }
   }
   return cudaErrorNotSupported;

@@ -28,9 +28,10 @@
 //   overlap: QK0 outside, [QK1 PV0] ... [QK(nb-1) PV(nb-2)], PV(nb-1) outside
 //            -> nb - 1 turns
 // The first consumer WG gives itself the initial turn.
-// kFlagLazyRescale (tuning variant): OnlineSoftmax::update_lazy instead of
-// update; O is rescaled only when some row of the warp raised its max (a
-// warp-uniform branch around rescale_rows), see softmax.cuh.
+// Softmax: OnlineSoftmax::update_lazy; O is rescaled only when some row of the
+// warp raised its max (a warp-uniform branch around rescale_rows), see
+// softmax.cuh. kFlagEagerRescale (ablation) rescales after every block
+// (OnlineSoftmax::update).
 #pragma once
 
 #include "args.cuh"
@@ -155,7 +156,7 @@ template <typename Element, typename Cfg, int kFlags>
 struct ConsumerMainloop {
   static constexpr bool kPingpong = (kFlags & kFlagPingpong) != 0;
   static constexpr bool kOverlap = (kFlags & kFlagOverlap) != 0;
-  static constexpr bool kLazy = (kFlags & kFlagLazyRescale) != 0;
+  static constexpr bool kLazy = (kFlags & kFlagEagerRescale) == 0;
   static constexpr int kSR = Cfg::kBlockN / 2;   // S registers
   static constexpr int kOR = Cfg::kHeadDim / 2;  // O registers
   static constexpr int kPK = Cfg::kBlockN / 16;  // P k-steps
@@ -192,9 +193,9 @@ struct ConsumerMainloop {
       apply_mask(s, a.mask, batch, m0_wg + 16 * warp + lane / 4, n0 + 2 * (lane % 4));
   }
 
-  // The softmax of one block: update() (returns true: O must always be
-  // rescaled) or, with kLazy, update_lazy() (true only when some row of the
-  // warp raised its max; the same value on every lane).
+  // The softmax of one block: update_lazy() (returns true only when some row
+  // of the warp raised its max; the same value on every lane) or, in the
+  // eager ablation, update() (true: O must always be rescaled).
   template <bool kFirst>
   JF_DEVICE bool softmax(OnlineSoftmax& smx, float (&s)[kSR], float scale_log2,
                          float (&alpha)[2]) const {

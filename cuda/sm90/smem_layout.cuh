@@ -38,7 +38,8 @@ enum : int {
   kFlagPingpong = 1,  // named-barrier hand-off of the tensor cores between consumer WGs
   kFlagOverlap = 2,   // softmax of block j while QK^T of block j+1 runs (same WG)
   kFlagDynamic = 4,   // dynamic persistent scheduler (global atomic tile counter, scheduler.cuh)
-  kFlagLazyRescale = 8,  // conditional rescaling of O (OnlineSoftmax::update_lazy, softmax.cuh)
+  kFlagEagerRescale = 8,  // ablation: rescale O after every block (OnlineSoftmax::update) instead of
+                          // only when a row's max rose by > 2^8 (update_lazy, the default; softmax.cuh)
 };
 
 // kOInV_: the O staging tile of the epilogue lives in the V ring (FA3's

@@ -6,7 +6,7 @@
 // with -DJAX_FLASH_SM90_ABLATION, for the four explicit schedules
 // (sm90_variant 1..4: pingpong+overlap, overlap, pingpong, neither) and the
 // tuning variants (5.., bf16 only: dynamic scheduler, O in the V ring, hdim-128
-// tiles 128 x 176 / 192, lazy rescaling; sm90/instantiations.h); a float64
+// tiles 128 x 176 / 192, eager rescaling; sm90/instantiations.h); a float64
 // CPU reference from the same rounded inputs. One row per case: the worst O
 // error over the variants (relative to the largest |O|, floored at 0.05), the
 // worst LSE error (absolute; -inf must match exactly) and the variants that
@@ -62,8 +62,8 @@ struct Case {
   int sms = 0;        // > 0: pretend the GPU has this many SMs (many tiles per CTA)
   // > 0: K row s scaled by 1 + k_ramp * (S - 1 - s) / (S - 1), so the scores
   // grow in the order the kernels visit the KV blocks (highest first): the
-  // running row max keeps rising, and the lazy-rescale variants (11, 12)
-  // must rescale O mid-row (a numpy model of the hdim-128 cases: about half
+  // running row max keeps rising, and the lazy rescaling (every variant but
+  // 11) must rescale O mid-row (a numpy model of the hdim-128 cases: about half
   // (x4, scale 1) / nearly all (x8, scale 2) of the warp x block steps
   // rescale; skipping those rescales gives O errors > 100x the tolerance).
   float k_ramp = 0.f;
@@ -333,7 +333,7 @@ static std::vector<Case> all_cases(bool quick) {
   cs.push_back(c);
   c = Case{"S=0 (no keys: O=0, LSE=-inf)", 1, 20, 0, 2, 1, 64};
   cs.push_back(c);
-  // Rising row maxima (Case::k_ramp): the lazy-rescale variants' rescale
+  // Rising row maxima (Case::k_ramp): the lazy rescaling's rescale
   // branch, mixed with skipped steps; then with causal T < S, whose first
   // visited KV block is fully masked for a tile's top rows (m = -inf until a
   // later block). Last in the list: the cases above keep their inputs.
