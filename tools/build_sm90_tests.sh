@@ -15,7 +15,7 @@ JOBS=$(nproc)
 if [[ "${1:-}" == "-j" ]]; then JOBS=$2; fi
 OUTDIR=build_carry
 OBJ=build/obj_sm90_tests  # objects and ptxas logs (git-ignored, not carried)
-mkdir -p "$OBJ"
+mkdir -p "$OBJ" "$OUTDIR"
 NVCC=${NVCC:-nvcc}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
        -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda
