@@ -232,7 +232,7 @@ struct ConsumerMainloop {
       softmax<true>(smx, s, scale_log2, alpha);
       acc_to_a<Element>(s, p);
       float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
-      bool rescale_pending = false;         // kRescaleBeforePV && kLazy: whether to apply it
+      bool rescale_pending = false;         // kRescaleBeforePV: whether to apply it
 
       for (--n; n >= n_first; --n) {
         wait_full(sm.full_k(kst.index), kst.phase);
@@ -242,11 +242,7 @@ struct ConsumerMainloop {
         issue_qk<Element, Cfg>(s, q_addr, sm.k(kst.index));
         wgmma_commit();
         if constexpr (Cfg::kRescaleBeforePV) {  // O is idle here (last PV waited for)
-          if constexpr (kLazy) {
-            if (rescale_pending) rescale_rows(o, alpha_pending);
-          } else {
-            rescale_rows(o, alpha_pending);
-          }
+          if (rescale_pending) rescale_rows(o, alpha_pending);
         }
         fence_regs(o);
         wait_full(sm.full_v(vst.index), vst.phase);
@@ -270,19 +266,13 @@ struct ConsumerMainloop {
           alpha_pending[0] = alpha[0];
           alpha_pending[1] = alpha[1];
           rescale_pending = rescale;
-        } else if constexpr (kLazy) {
-          if (rescale) rescale_rows(o, alpha);  // warp-uniform: skipped, not predicated
-        } else {
+        } else if (rescale) {  // warp-uniform: skipped, not predicated (always true when eager)
           rescale_rows(o, alpha);
         }
       }
       // PV of block n_first.
       if constexpr (Cfg::kRescaleBeforePV) {
-        if constexpr (kLazy) {
-          if (rescale_pending) rescale_rows(o, alpha_pending);
-        } else {
-          rescale_rows(o, alpha_pending);
-        }
+        if (rescale_pending) rescale_rows(o, alpha_pending);
       }
       fence_regs(o);
       fence_regs(p);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "emu_device.h"
+#include "tests/host_utils.h"
 
 namespace jf_emu {
 namespace {
@@ -143,16 +144,7 @@ void thread_entry() {
 }
 
 // ---------------------------------------------------------------- 16-bit
-float half_bits_to_float(uint16_t b, bool fp16) {
-  if (fp16) {
-    __half h;
-    std::memcpy(&h, &b, 2);
-    return __half2float(h);
-  }
-  __nv_bfloat16 h;
-  std::memcpy(&h, &b, 2);
-  return __bfloat162float(h);
-}
+float half_bits_to_float(uint16_t b, bool fp16) { return from_bits(b, fp16); }
 float lo(uint32_t x, bool fp16) { return half_bits_to_float(uint16_t(x & 0xFFFF), fp16); }
 float hi(uint32_t x, bool fp16) { return half_bits_to_float(uint16_t(x >> 16), fp16); }
 
