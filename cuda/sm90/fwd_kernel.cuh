@@ -40,8 +40,20 @@ JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, in
     OnlineSoftmax smx;
     smx.init();
     ml.wait_full(sm.full_q(), it & 1u);
-    if (n_last > n_first) ml.run(o, smx, m0 + 64 * wg, batch, n_first, n_last);
-    if constexpr (!Cfg::kOAliasQ) ml.release(sm.empty_q());  // all QK^T of this warp are done
+    const typename Mainloop::QOperand q = ml.load_q();
+    // kQInRegs: the warp's only reads of Q's buffer are the ldmatrix above;
+    // the arrive (after __syncwarp, release semantics) orders them before the
+    // producer's empty_q wait and so before the next tile's TMA write. The
+    // proxy fence orders these generic-proxy reads before that async-proxy
+    // write, as CUTLASS's TMA epilogue does before releasing smem it read into
+    // registers. The next tile's Q then loads during this mainloop.
+    if constexpr (Mainloop::kQInRegs) {
+      ptx::fence_proxy_async_smem();
+      ml.release(sm.empty_q());
+    }
+    if (n_last > n_first) ml.run(o, smx, q, m0 + 64 * wg, batch, n_first, n_last);
+    if constexpr (!Mainloop::kQInRegs && !Cfg::kOAliasQ)
+      ml.release(sm.empty_q());  // all QK^T of this warp are done
     int next = tile + int(gridDim.x);
     if constexpr (kDynamic) {  // before the epilogue, as FA3: the producer is ahead anyway
       ptx::mbar_wait(sm.tile_full(), it & 1u);

@@ -34,7 +34,9 @@ enum : int {
   kVarN192Q = 10,       // hdim 128: 128 x 192 tile, O in Q (= the -DJAX_FLASH_SM90_BLOCKN_HDIM128=192 build)
   kVarEager = 11,       // hdim 64, 128: O rescaled after every block (kFlagEagerRescale; the
                         // default rescales lazily, softmax.cuh)
-  kNumVariants = 12,
+  kVarQRegs = 12,       // hdim 128 (128 x 128 tile): Q in registers, S = Q K^T as wgmma RS
+                        // (kFlagQInRegs)
+  kNumVariants = 13,
 };
 
 constexpr int variant_flags(int variant, int default_flags) {
@@ -75,6 +77,7 @@ constexpr bool variant_available(int variant, int hdim_bucket, bool bf16, int de
     case kVarN192:
     case kVarN192Q: return hdim_bucket == 128;
     case kVarEager: return hdim_bucket == 64 || hdim_bucket == 128;
+    case kVarQRegs: return hdim_bucket == 128;
     default: return false;
   }
 #else

@@ -134,6 +134,9 @@ cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream)
       if (variant == kVarN176) return launch_fwd<Element, FwdConfig128N176V, kDef>(p, stream);
       if (variant == kVarN192) return launch_fwd<Element, FwdConfig128N192V, kDef>(p, stream);
       if (variant == kVarN192Q) return launch_fwd<Element, FwdConfig128N192Q, kDef>(p, stream);
+      if (variant == kVarQRegs)
+        return launch_fwd<Element, FwdConfig128N128, FwdConfig128N128::kDefaultFlags | kFlagQInRegs>(
+            p, stream);
     }
     if constexpr (kHeadDim == 64 || kHeadDim == 128) {
       if (variant == kVarEager) return launch_fwd<Element, Cfg, kDef | kFlagEagerRescale>(p, stream);

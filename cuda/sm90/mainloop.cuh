@@ -9,6 +9,8 @@
 //
 // Consumers (each warpgroup: 64 query rows, all KV blocks of the tile):
 //   S = Q K^T   wgmma SS, K-major A and B, D/16 k-steps, N = kBlockN
+//               (kFlagQInRegs, ablation: wgmma RS, Q's A fragments loaded from
+//               shared memory into registers once per tile, see load_q)
 //   O += P V    wgmma RS, P converted in registers from S, V MN-major (tnspB),
 //               kBlockN/16 k-steps, N = head dim
 // Two schedules (kFlagOverlap):
@@ -33,6 +35,8 @@
 // softmax.cuh. kFlagEagerRescale (ablation) rescales after every block
 // (OnlineSoftmax::update).
 #pragma once
+
+#include <type_traits>
 
 #include "args.cuh"
 #include "ptx/barrier.cuh"
@@ -143,6 +147,16 @@ JF_DEVICE void issue_qk(float (&s)[Cfg::kBlockN / 2], uint32_t q_addr, uint32_t 
       QStep<Cfg>{}, KStep<Cfg>{}, true);
 }
 
+// kFlagQInRegs: issues S = Q_wg K^T with Q from registers (wgmma RS; the A
+// fragments of the D/16 k-steps, loaded once per tile by load_a_sw128), K as
+// in issue_qk. Same instructions otherwise: N = kBlockN, K-major B.
+template <typename Element, typename Cfg>
+JF_DEVICE void issue_qk_rs(float (&s)[Cfg::kBlockN / 2], const uint32_t (&q)[Cfg::kHeadDim / 16][4],
+                           uint32_t k_addr) {
+  ptx::gemm_rs<Element, Cfg::kBlockN, 0, Cfg::kHeadDim / 16>(
+      s, q, ptx::make_desc(ptx::kDescKMajor, k_addr), KStep<Cfg>{}, true);
+}
+
 // Issues O += P V (no commit/wait).
 template <typename Element, typename Cfg>
 JF_DEVICE void issue_pv(float (&o)[Cfg::kHeadDim / 2], const uint32_t (&p)[Cfg::kBlockN / 16][4],
@@ -157,9 +171,25 @@ struct ConsumerMainloop {
   static constexpr bool kPingpong = (kFlags & kFlagPingpong) != 0;
   static constexpr bool kOverlap = (kFlags & kFlagOverlap) != 0;
   static constexpr bool kLazy = (kFlags & kFlagEagerRescale) == 0;
+  static constexpr bool kQInRegs = (kFlags & kFlagQInRegs) != 0;
   static constexpr int kSR = Cfg::kBlockN / 2;   // S registers
   static constexpr int kOR = Cfg::kHeadDim / 2;  // O registers
   static constexpr int kPK = Cfg::kBlockN / 16;  // P k-steps
+  static constexpr int kQK = Cfg::kHeadDim / 16;  // Q k-steps
+  // Q in registers frees Q's buffer right after the load (consumer_loop); an
+  // O tile staged in Q's buffer would need it back in the epilogue.
+  static_assert(!kQInRegs || !Cfg::kOAliasQ, "kFlagQInRegs: O must not be staged in Q's buffer");
+
+  // The A operand of S = Q K^T for this warpgroup's 64 rows: their address in
+  // the Q tile (wgmma SS, the default) or, kFlagQInRegs, their A fragments
+  // (wgmma RS), read from shared memory once per tile.
+  struct QSmem {
+    uint32_t addr;
+  };
+  struct QRegs {
+    uint32_t frag[kQK][4];
+  };
+  using QOperand = std::conditional_t<kQInRegs, QRegs, QSmem>;
 
   const FwdKernelArgs& a;
   const SmemPlan<Cfg>& sm;
@@ -185,6 +215,25 @@ struct ConsumerMainloop {
     __syncwarp();
   }
 
+  // After the Q "full" wait of the tile.
+  JF_DEVICE QOperand load_q() const {
+    QOperand q;
+    if constexpr (kQInRegs) {
+      ptx::load_a_sw128<Cfg::kBlockM>(q.frag, sm.q(), 64 * wg);
+    } else {
+      q.addr = sm.q() + 64 * wg * 128;  // the WG's rows, column block 0
+    }
+    return q;
+  }
+  // Issues S = Q K^T for the K stage at k_addr (no fence/commit/wait).
+  JF_DEVICE void issue_s(float (&s)[kSR], const QOperand& q, uint32_t k_addr) const {
+    if constexpr (kQInRegs) {
+      issue_qk_rs<Element, Cfg>(s, q.frag, k_addr);
+    } else {
+      issue_qk<Element, Cfg>(s, q.addr, k_addr);
+    }
+  }
+
   // Softcap and (only on blocks that need it) the element mask.
   JF_DEVICE void score_mod(float (&s)[kSR], int m0_wg, int n, int batch) const {
     if (a.sm.softcap_pre != 0.f) apply_softcap(s, a.sm.softcap_pre);
@@ -207,12 +256,13 @@ struct ConsumerMainloop {
     }
   }
 
-  // O (pre-zeroed) and the softmax state for KV blocks [n_first, n_last).
-  JF_DEVICE void run(float (&o)[kOR], OnlineSoftmax& smx, int m0_wg, int batch, int n_first,
-                     int n_last) const {
+  // O (pre-zeroed) and the softmax state for KV blocks [n_first, n_last); q
+  // from load_q(). kQInRegs: q's registers are only read here (by the async
+  // wgmma), never written, so one wgmma_fence() after load_q orders them.
+  JF_DEVICE void run(float (&o)[kOR], OnlineSoftmax& smx, const QOperand& q, int m0_wg, int batch,
+                     int n_first, int n_last) const {
     using namespace ptx;
     const float scale_log2 = a.sm.scale_log2;
-    const uint32_t q_addr = sm.q() + 64 * wg * 128;  // the WG's rows, column block 0
     float s[kSR];
     uint32_t p[kPK][4];
     float alpha[2];
@@ -222,7 +272,7 @@ struct ConsumerMainloop {
       // Block n_last - 1: S alone.
       wait_full(sm.full_k(kst.index), kst.phase);
       wgmma_fence();
-      issue_qk<Element, Cfg>(s, q_addr, sm.k(kst.index));
+      issue_s(s, q, sm.k(kst.index));
       wgmma_commit();
       wgmma_wait<0>();
       fence_regs(s);
@@ -239,7 +289,7 @@ struct ConsumerMainloop {
         sched_sync();
         fence_regs(p);
         wgmma_fence();
-        issue_qk<Element, Cfg>(s, q_addr, sm.k(kst.index));
+        issue_s(s, q, sm.k(kst.index));
         wgmma_commit();
         if constexpr (Cfg::kRescaleBeforePV) {  // O is idle here (last PV waited for)
           if (rescale_pending) rescale_rows(o, alpha_pending);
@@ -290,7 +340,7 @@ struct ConsumerMainloop {
       for (int n = n_last - 1; n >= n_first; --n) {
         wait_full(sm.full_k(kst.index), kst.phase);
         wgmma_fence();
-        issue_qk<Element, Cfg>(s, q_addr, sm.k(kst.index));
+        issue_s(s, q, sm.k(kst.index));
         wgmma_commit();
         sched_arrive();
         wgmma_wait<0>();

@@ -40,6 +40,8 @@ enum : int {
   kFlagDynamic = 4,   // dynamic persistent scheduler (global atomic tile counter, scheduler.cuh)
   kFlagEagerRescale = 8,  // ablation: rescale O after every block (OnlineSoftmax::update) instead of
                           // only when a row's max rose by > 2^8 (update_lazy, the default; softmax.cuh)
+  kFlagQInRegs = 16,  // ablation: S = Q K^T as wgmma RS, Q's A fragments loaded into registers once per
+                      // tile (ldmatrix) instead of read from shared memory by every wgmma (SS)
 };
 
 // kOInV_: the O staging tile of the epilogue lives in the V ring (FA3's
@@ -100,8 +102,8 @@ struct FwdConfig {
                 "128B-swizzled tiles must start 1 KB aligned");
 
   // q_empty arrivals: each consumer warp once its QK^T GEMMs are done (separate
-  // O buffer), or each consumer WG's storing thread once the O store has read
-  // the aliased tile.
+  // O buffer; kFlagQInRegs: once it has read Q into registers), or each
+  // consumer WG's storing thread once the O store has read the aliased tile.
   static constexpr int kQEmptyArrivals = kOAliasQ ? kConsumerWGs : 4 * kConsumerWGs;
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
   static constexpr int kOFreeArrivals = kConsumerWGs;        // each WG's storing thread
@@ -128,6 +130,8 @@ using FwdConfig128N176V = FwdConfig<128, 176, 2, 2, true>;   // FA3's non-causal
 using FwdConfig128N192V = FwdConfig<128, 192, 2, 2, true>;   // O in V
 using FwdConfig128N192Q = FwdConfig<128, 192, 2, 2, false>;  // O in Q (= JAX_FLASH_SM90_BLOCKN_HDIM128=192)
 using FwdConfig256V = FwdConfig<256, 80, 2, 2, true>;        // hdim 256, O in V
+using FwdConfig128N128 = FwdConfig<128, 128, 2, 2>;          // the default hdim-128 tile, whatever
+                                                             // JAX_FLASH_SM90_BLOCKN_HDIM128 says
 
 // The sm90 head-dim buckets (no 96: 65..128 use the 128 kernel, zero-padded).
 inline int sm90_rounded_head_dim(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }

@@ -6,7 +6,7 @@
 // with -DJAX_FLASH_SM90_ABLATION, for the four explicit schedules
 // (sm90_variant 1..4: pingpong+overlap, overlap, pingpong, neither) and the
 // tuning variants (5.., bf16 only: dynamic scheduler, O in the V ring, hdim-128
-// tiles 128 x 176 / 192, eager rescaling; sm90/instantiations.h); a float64
+// tiles 128 x 176 / 192, eager rescaling, Q in registers; sm90/instantiations.h); a float64
 // CPU reference from the same rounded inputs. One row per case: the worst O
 // error over the variants (relative to the largest |O|, floored at 0.05), the
 // worst LSE error (absolute; -inf must match exactly) and the variants that

@@ -2,10 +2,11 @@
 // says which piece is wrong: TMA loads (2-d, 3-d, the kernel's own 4-d
 // [batch, seq, heads, head_dim] maps) into 128B-swizzled shared memory with
 // out-of-bounds zero fill, TMA store with clipping, wgmma SS (K-major A and B,
-// the S = Q K^T shapes), wgmma RS with an MN-major B (the O = P V shapes), the
-// accumulator -> A-fragment conversion (S -> P -> O chain), an mbarrier ring
-// driven by TMA over several phases, and named-barrier turn taking between two
-// warpgroups after setmaxnreg.
+// the S = Q K^T shapes; also with A read into registers by ldmatrix and fed
+// to wgmma RS, the Q-in-registers variant), wgmma RS with an MN-major B (the
+// O = P V shapes), the accumulator -> A-fragment conversion (S -> P -> O
+// chain), an mbarrier ring driven by TMA over several phases, and
+// named-barrier turn taking between two warpgroups after setmaxnreg.
 //
 // Inputs are quarter-integers: every product and sum is exact in fp32 and the
 // 16-bit roundings are deterministic, so results must match the CPU exactly.
@@ -359,6 +360,31 @@ __global__ void k_wgmma_rs(const uint16_t* P, const uint16_t* V, float* O) {
   store_acc(o, O, N);
 }
 
+// D[64 x N] = A[a_row0 : a_row0 + 64, :K] * B[N x K]^T as k_wgmma_ss, but A's
+// fragments read from the swizzled tile by load_a_sw128 (ldmatrix) and fed to
+// wgmma RS with a K-major B: the forward's Q-in-registers S = Q K^T
+// (kFlagQInRegs).
+template <typename E, int N, int K, int MA>
+__global__ void k_wgmma_rs_ldsm(const uint16_t* A, int a_row0, const uint16_t* B, float* D) {
+  extern __shared__ __align__(1024) char raw[];
+  const uint32_t base = (smem_u32(raw) + 1023u) & ~1023u;
+  const uint32_t sa = base, sb = base + MA * K * 2;
+  fill_tile<MA>(raw, sa, A, K);
+  fill_tile<N>(raw, sb, B, K);
+  fence_proxy_async_smem();
+  __syncthreads();
+  uint32_t a[K / 16][4];
+  load_a_sw128<MA>(a, sa, a_row0);
+  float d[N / 2];
+  wgmma_fence();
+  gemm_rs<E, N, 0, K / 16>(d, a, make_desc(kDescKMajor, sb), KMajorStep<N>{}, true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(d);
+  fence_regs(a);
+  store_acc(d, D, N);
+}
+
 // S = Q K^T (SS), P = acc_to_a(S) (16-bit), O = P V (RS): the forward's chain
 // without the softmax. Also writes S.
 template <typename E, int BN, int HD>
@@ -415,7 +441,7 @@ static Result compare(const std::vector<float>& got, const std::vector<double>& 
   return {bad == 0, buf};
 }
 
-template <typename E, int N, int K, int MA>
+template <typename E, int N, int K, int MA, bool kRsLdsm = false>
 static Result test_wgmma_ss(int a_row0) {
   std::mt19937 rng(N * 1000 + K + MA + a_row0);
   auto af = quarter_ints(size_t(MA) * K, rng), bf = quarter_ints(size_t(N) * K, rng);
@@ -434,8 +460,10 @@ static Result test_wgmma_ss(int a_row0) {
   CHECK_CUDA(cudaMalloc(&dd, 64 * N * 4));
   CHECK_CUDA(cudaMemset(dd, 0xFF, 64 * N * 4));
   const int smem = (MA + N) * K * 2 + 1024;
-  CHECK_CUDA(cudaFuncSetAttribute(k_wgmma_ss<E, N, K, MA>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  k_wgmma_ss<E, N, K, MA><<<1, 128, smem>>>(da, a_row0, db, dd);
+  auto kernel = k_wgmma_ss<E, N, K, MA>;
+  if constexpr (kRsLdsm) kernel = k_wgmma_rs_ldsm<E, N, K, MA>;
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<1, 128, smem>>>(da, a_row0, db, dd);
   CHECK_CUDA(cudaDeviceSynchronize());
   auto got = to_host(dd, 64 * N);
   CHECK_CUDA(cudaFree(da));
@@ -667,6 +695,10 @@ int main(int argc, char** argv) {
       {"wgmma_ss bf16 n128 A rows 64..127", [] { return test_wgmma_ss<__nv_bfloat16, 128, 128, 128>(64); }},
       {"wgmma_ss bf16 n128 A rows 128..191", [] { return test_wgmma_ss<__nv_bfloat16, 128, 64, 192>(128); }},
       {"wgmma_ss fp16 m64n128 K=64", [] { return test_wgmma_ss<__half, 128, 64, 64>(0); }},
+      {"wgmma_rs ldsm-A bf16 n128 K128 r64..127",
+       [] { return test_wgmma_ss<__nv_bfloat16, 128, 128, 128, true>(64); }},
+      {"wgmma_rs ldsm-A fp16 n64 K256 r0..63",
+       [] { return test_wgmma_ss<__half, 64, 256, 64, true>(0); }},
       {"wgmma_rs bf16 N=64  K=128 (tnspB)", [] { return test_wgmma_rs<__nv_bfloat16, 64, 128>(); }},
       {"wgmma_rs bf16 N=128 K=128 (tnspB)", [] { return test_wgmma_rs<__nv_bfloat16, 128, 128>(); }},
       {"wgmma_rs bf16 N=256 K=80  (tnspB)", [] { return test_wgmma_rs<__nv_bfloat16, 256, 80>(); }},

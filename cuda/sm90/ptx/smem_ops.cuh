@@ -1,5 +1,6 @@
 // Shared-memory and bulk-reduction wrappers used by the sm90 backward
-// (PTX ISA 8.0, sm_90): vector ld/st.shared, stmatrix (plain and .trans), and the
+// (PTX ISA 8.0, sm_90): vector ld/st.shared, stmatrix (plain and .trans),
+// ldmatrix (the forward's Q-in-registers ablation, wgmma.cuh), and the
 // non-tensor bulk reduction cp.reduce.async.bulk ... .add.f32 (the one the
 // sm80 backward's kBulkDq path uses on Hopper, validated there), and its
 // tensor form cp.reduce.async.bulk.tensor (through a TMA descriptor).
@@ -27,6 +28,17 @@ JF_DEVICE void st_shared_f32(uint32_t addr, float v) {
 }
 JF_DEVICE void st_shared_v2_f32(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// ldmatrix.m8n8.x4 (not transposed): lanes 8 i .. 8 i + 7 give the addresses
+// of rows 0..7 of 8x8 16-bit matrix i (8 consecutive elements each); register
+// r[i] of lane l receives row l / 4, columns 2 (l % 4), 2 (l % 4) + 1 of
+// matrix i (lower column in the low half).
+JF_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
 }
 
 // stmatrix.m8n8.x4.trans: four 8x8 16-bit matrices, stored transposed.

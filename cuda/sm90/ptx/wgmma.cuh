@@ -35,9 +35,12 @@
 // MN-major operand (B = V: N along the contiguous 64-element rows, K along
 //   the rows), 128B swizzle: LBO = rows * 128 (next 64 columns of N),
 //   SBO = 1024 (next 8 k-rows); k-step kk starts at kk * 16 * 128 bytes.
+// A K-major tile can also feed wgmma RS: load_a_sw128 reads its A fragments
+// with ldmatrix (the forward's kFlagQInRegs ablation).
 #pragma once
 
 #include "common.cuh"
+#include "smem_ops.cuh"
 #include "wgmma_ops.cuh"
 
 namespace jax_flash::sm90::ptx {
@@ -111,6 +114,44 @@ JF_DEVICE void acc_to_a(const float (&d)[NR], uint32_t (&a)[NR / 8][4]) {
   for (int k = 0; k < NR / 8; ++k)
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[k][i] = pack2<Element>(d[8 * k + 2 * i], d[8 * k + 2 * i + 1]);
+}
+
+// A fragments of k-steps 0..kSteps-1 of a warpgroup's 64 rows [row0, row0 + 64)
+// of a K-major 128B-swizzled [kSteps / 4][kRows][64] tile (the layout TMA
+// writes and wgmma SS reads, e.g. Q): what gemm_rs takes, so that an operand
+// read by every GEMM of a tile can be read from shared memory once. One
+// ldmatrix.x4 per k-step, run by all 128 threads (each warp loads its 16 rows).
+//
+// ldmatrix.x4 (smem_ops.cuh): register r[i] of lane l = 4 g + t receives
+// row g, columns 2t, 2t+1 of 8x8 matrix i. With the 4 matrices of warp w,
+// k-step kk chosen as
+//   i = 0: rows 16w + 0..7, columns 16kk + 0..7    -> r[0] = A[16w + g    ][16kk + 2t, +1]
+//   i = 1: rows 16w + 8..15, columns 16kk + 0..7   -> r[1] = A[16w + g + 8][16kk + 2t, +1]
+//   i = 2: rows 16w + 0..7, columns 16kk + 8..15   -> r[2] = A[16w + g    ][16kk + 2t + 8, +9]
+//   i = 3: rows 16w + 8..15, columns 16kk + 8..15  -> r[3] = A[16w + g + 8][16kk + 2t + 8, +9]
+// r[0..3] are a[kk][0..3] of the A fragment layout above (PTX ISA: wgmma
+// register fragment of A for .bf16/.f16, = CUTLASS ALayout_64x16). Lane l
+// gives the address of row l % 8 of matrix i = l / 8, i.e. tile row
+//   R = row0 + 16w + 8 ((l / 8) % 2) + l % 8 = row0 + 16w + l % 16,
+// tile column C = 16kk + 8 (l / 16), a 16-byte chunk at (sw128_offset)
+//   (C / 64) kRows 128 + R 128 + (((C % 64) / 8) ^ (R % 8)) 16
+//   = (kk / 4) kRows 128 + R 128 + ((2 (kk % 4) + l / 16) ^ (l % 8)) 16
+// as R % 8 = l % 8 (row0 % 8 == 0). 2 (kk % 4) is even and l / 16 is 0 or 1,
+// so the chunk is 2 (kk % 4) ^ ((l / 16) ^ (l % 8)): one per-lane address plus
+// a constant XOR and offset per k-step. Each 8-lane phase reads 8 rows with 8
+// distinct chunks (l % 8 differs): no bank conflicts.
+// volatile + "memory" (ldmatrix_x4): never hoisted above the mbarrier wait
+// that makes the tile visible. The caller puts a wgmma_fence() between these
+// register writes and the first wgmma that reads them.
+template <int kRows, int kSteps>
+JF_DEVICE void load_a_sw128(uint32_t (&a)[kSteps][4], uint32_t tile, int row0) {
+  static_assert(kSteps % 4 == 0, "whole 64-column blocks");
+  const int t = opaque_tid() % 128, w = t / 32, l = t % 32;  // fresh %tid.x: not kept live
+  const uint32_t row_addr = tile + uint32_t(row0 + 16 * w + l % 16) * 128;
+  const uint32_t sw = uint32_t((l / 16) ^ (l % 8)) << 4;
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+    ldmatrix_x4(a[kk], row_addr + (kk / 4) * kRows * 128 + ((uint32_t(2 * (kk % 4)) << 4) ^ sw));
 }
 
 // D (+)= A * B over kSteps k16 steps, both operands in shared memory.
