@@ -38,6 +38,8 @@ printf '%s\n' "${SOURCES[@]}" | xargs -P "$JOBS" -I{} bash -c 'FLAGS=($FLAGS_STR
 "$NVCC" "${FLAGS[@]}" cuda/tests/sm90_primitives.cu -o "$OUTDIR/sm90_primitives" >"$OBJ/sm90_primitives.log" 2>&1 \
   || { cat "$OBJ/sm90_primitives.log"; exit 1; }
 echo "built $OUTDIR/selftest_sm90 and $OUTDIR/sm90_primitives in $((SECONDS - t0)) s"
+# Q in registers: that ptxas kept the Q fragments' registers for the whole mainloop.
+python3 tools/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
 
 # ptxas summary of the sm90 forward kernels: registers (at entry; setmaxnreg
 # then moves them between the roles), spills, stack.

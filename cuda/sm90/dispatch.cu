@@ -110,7 +110,7 @@ const char* variant_name(int variant) {
     case kVarN192: return "v9 n192";
     case kVarN192Q: return "v10 n192Q";
     case kVarEager: return "v11 eager";
-    case kVarQRegs: return "v12 Qregs";
+    case kVarQSmem: return "v12 Qsmem";
     default: return "?";
   }
 }

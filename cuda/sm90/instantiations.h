@@ -17,7 +17,8 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream);
 // Variant encoding of FwdParams::sm90_variant: 0 = the default, chosen per
 // (head-dim bucket, mask) by default_variant() below; 1 = pingpong + overlap,
 // 2 = overlap only, 3 = pingpong only, 4 = neither (all four with the static
-// scheduler and the bucket's default tile). Variants 1-4 other than the
+// scheduler, the bucket's default tile and its other default flags: Q in
+// registers at hdim 128, with the overlap only, i.e. variants 1 and 2). Variants 1-4 other than the
 // bucket's default flags exist only in builds with -DJAX_FLASH_SM90_ABLATION
 // (the self-test / benchmark).
 //
@@ -34,14 +35,16 @@ enum : int {
   kVarN192Q = 10,       // hdim 128: 128 x 192 tile, O in Q (= the -DJAX_FLASH_SM90_BLOCKN_HDIM128=192 build)
   kVarEager = 11,       // hdim 64, 128: O rescaled after every block (kFlagEagerRescale; the
                         // default rescales lazily, softmax.cuh)
-  kVarQRegs = 12,       // hdim 128 (128 x 128 tile): Q in registers, S = Q K^T as wgmma RS
-                        // (kFlagQInRegs)
+  kVarQSmem = 12,       // hdim 128: Q read from shared memory by every QK^T wgmma (SS; the
+                        // default before session 5, which keeps Q in registers: kFlagQInRegs)
   kNumVariants = 13,
 };
 
+constexpr int kScheduleFlags = 3;  // kFlagPingpong | kFlagOverlap (smem_layout.cuh)
 constexpr int variant_flags(int variant, int default_flags) {
   return variant == 0 ? default_flags
-                      : (((variant - 1) & 1) ? 0 : 1) | (((variant - 1) & 2) ? 0 : 2);
+                      : (((variant - 1) & 1) ? 0 : 1) | (((variant - 1) & 2) ? 0 : 2) |
+                            (default_flags & ~kScheduleFlags);
 }
 
 // What variant 0 launches. Measured on the H200 (selftest_sm90 --bench, B=2
@@ -77,7 +80,7 @@ constexpr bool variant_available(int variant, int hdim_bucket, bool bf16, int de
     case kVarN192:
     case kVarN192Q: return hdim_bucket == 128;
     case kVarEager: return hdim_bucket == 64 || hdim_bucket == 128;
-    case kVarQRegs: return hdim_bucket == 128;
+    case kVarQSmem: return hdim_bucket == 128;
     default: return false;
   }
 #else

@@ -131,12 +131,14 @@ cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream)
       if (variant == kVarOInV) return launch_fwd<Element, FwdConfig256V, kDef>(p, stream);
     }
     if constexpr (kHeadDim == 128) {
-      if (variant == kVarN176) return launch_fwd<Element, FwdConfig128N176V, kDef>(p, stream);
-      if (variant == kVarN192) return launch_fwd<Element, FwdConfig128N192V, kDef>(p, stream);
-      if (variant == kVarN192Q) return launch_fwd<Element, FwdConfig128N192Q, kDef>(p, stream);
-      if (variant == kVarQRegs)
-        return launch_fwd<Element, FwdConfig128N128, FwdConfig128N128::kDefaultFlags | kFlagQInRegs>(
-            p, stream);
+      // Wider tiles: their own defaults (Q from shared memory, no room for it in registers).
+      using C176 = FwdConfig128N176V;
+      using C192V = FwdConfig128N192V;
+      using C192Q = FwdConfig128N192Q;
+      if (variant == kVarN176) return launch_fwd<Element, C176, C176::kDefaultFlags>(p, stream);
+      if (variant == kVarN192) return launch_fwd<Element, C192V, C192V::kDefaultFlags>(p, stream);
+      if (variant == kVarN192Q) return launch_fwd<Element, C192Q, C192Q::kDefaultFlags>(p, stream);
+      if (variant == kVarQSmem) return launch_fwd<Element, Cfg, kDef & ~kFlagQInRegs>(p, stream);
     }
     if constexpr (kHeadDim == 64 || kHeadDim == 128) {
       if (variant == kVarEager) return launch_fwd<Element, Cfg, kDef | kFlagEagerRescale>(p, stream);
@@ -157,12 +159,16 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   const int flags = variant_flags(variant, kDef);
   if (flags == kDef) return launch_fwd<Element, Cfg, kDef>(p, stream);
 #ifdef JAX_FLASH_SM90_ABLATION
-  // The other combinations, for the ablation (one of them equals kDef).
-  switch (flags) {
-    case 3: return launch_fwd<Element, Cfg, 3>(p, stream);
-    case 2: return launch_fwd<Element, Cfg, 2>(p, stream);
-    case 1: return launch_fwd<Element, Cfg, 1>(p, stream);
-    case 0: return launch_fwd<Element, Cfg, 0>(p, stream);
+  // The other schedule combinations, for the ablation (one of them equals
+  // kDef); the bucket's other default flags stay, except Q in registers
+  // without the overlap schedule (mainloop.cuh: ptxas miscompiles it).
+  constexpr int kKeep = kDef & ~kScheduleFlags;
+  constexpr int kKeepSerial = kKeep & ~kFlagQInRegs;
+  switch (flags & kScheduleFlags) {
+    case 3: return launch_fwd<Element, Cfg, kKeep | 3>(p, stream);
+    case 2: return launch_fwd<Element, Cfg, kKeep | 2>(p, stream);
+    case 1: return launch_fwd<Element, Cfg, kKeepSerial | 1>(p, stream);
+    case 0: return launch_fwd<Element, Cfg, kKeepSerial | 0>(p, stream);
     default: break;
   }
 #endif

@@ -9,7 +9,7 @@
 //
 // Consumers (each warpgroup: 64 query rows, all KV blocks of the tile):
 //   S = Q K^T   wgmma SS, K-major A and B, D/16 k-steps, N = kBlockN
-//               (kFlagQInRegs, ablation: wgmma RS, Q's A fragments loaded from
+//               (kFlagQInRegs, the hdim-128 default: wgmma RS, Q's A fragments loaded from
 //               shared memory into registers once per tile, see load_q)
 //   O += P V    wgmma RS, P converted in registers from S, V MN-major (tnspB),
 //               kBlockN/16 k-steps, N = head dim
@@ -179,6 +179,12 @@ struct ConsumerMainloop {
   // Q in registers frees Q's buffer right after the load (consumer_loop); an
   // O tile staged in Q's buffer would need it back in the epilogue.
   static_assert(!kQInRegs || !Cfg::kOAliasQ, "kFlagQInRegs: O must not be staged in Q's buffer");
+  // ptxas 13.0 miscompiles Q in registers in the serial schedule below: it
+  // hands the loop-invariant Q fragments' registers to P inside the loop (the
+  // PTX is right; the results were wrong on the H200). The overlap schedule
+  // compiles correctly; tools/check_wgmma_a_regs.py checks the SASS of every
+  // build for this.
+  static_assert(!kQInRegs || kOverlap, "kFlagQInRegs needs kFlagOverlap (ptxas, see above)");
 
   // The A operand of S = Q K^T for this warpgroup's 64 rows: their address in
   // the Q tile (wgmma SS, the default) or, kFlagQInRegs, their A fragments

@@ -40,8 +40,9 @@ enum : int {
   kFlagDynamic = 4,   // dynamic persistent scheduler (global atomic tile counter, scheduler.cuh)
   kFlagEagerRescale = 8,  // ablation: rescale O after every block (OnlineSoftmax::update) instead of
                           // only when a row's max rose by > 2^8 (update_lazy, the default; softmax.cuh)
-  kFlagQInRegs = 16,  // ablation: S = Q K^T as wgmma RS, Q's A fragments loaded into registers once per
-                      // tile (ldmatrix) instead of read from shared memory by every wgmma (SS)
+  kFlagQInRegs = 16,  // S = Q K^T as wgmma RS, Q's A fragments loaded into registers once per tile
+                      // (ldmatrix) instead of read from shared memory by every wgmma (SS); the
+                      // hdim-128 default (FwdConfig::kDefaultFlags)
 };
 
 // kOInV_: the O staging tile of the epilogue lives in the V ring (FA3's
@@ -64,10 +65,6 @@ struct FwdConfig {
   static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
   static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
-  // The default variant: FA3 enables the inter-warpgroup scheduler barrier
-  // ("pingpong") with intra-WG overlap only for hdim <= 128, and rescales O
-  // before the PV GEMM (off the critical path) for hdim > 128.
-  static constexpr int kDefaultFlags = kFlagOverlap | (kHeadDim <= 128 ? kFlagPingpong : 0);
   static constexpr bool kRescaleBeforePV = kHeadDim > 128;
 
   static_assert(kHeadDim % 64 == 0, "head dim bucket must be a multiple of 64 (128B swizzle atoms)");
@@ -104,6 +101,18 @@ struct FwdConfig {
   // q_empty arrivals: each consumer warp once its QK^T GEMMs are done (separate
   // O buffer; kFlagQInRegs: once it has read Q into registers), or each
   // consumer WG's storing thread once the O store has read the aliased tile.
+  // The default variant: FA3 enables the inter-warpgroup scheduler barrier
+  // ("pingpong") with intra-WG overlap only for hdim <= 128, and rescales O
+  // before the PV GEMM (off the critical path) for hdim > 128.
+  // Q in registers (S = Q K^T as wgmma RS) where its 32 registers fit, i.e. the
+  // hdim-128 x 128 tile (R237 of 240; hdim 256 would need 64): a third less
+  // shared-memory operand traffic for QK^T, +2.6% at the power cap on the H200
+  // (benchmarks/results/runs_2026-11-30c). It frees Q's buffer after the load,
+  // so O needs its own buffer.
+  static constexpr bool kQInRegsFits = kHeadDim == 128 && kBlockN == 128 && !kOInV && !kOAliasQ;
+  static constexpr int kDefaultFlags =
+      kFlagOverlap | (kHeadDim <= 128 ? kFlagPingpong : 0) | (kQInRegsFits ? kFlagQInRegs : 0);
+
   static constexpr int kQEmptyArrivals = kOAliasQ ? kConsumerWGs : 4 * kConsumerWGs;
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
   static constexpr int kOFreeArrivals = kConsumerWGs;        // each WG's storing thread

@@ -1,6 +1,6 @@
 // Shared-memory and bulk-reduction wrappers used by the sm90 backward
 // (PTX ISA 8.0, sm_90): vector ld/st.shared, stmatrix (plain and .trans),
-// ldmatrix (the forward's Q-in-registers ablation, wgmma.cuh), and the
+// ldmatrix (the forward's Q in registers, wgmma.cuh), and the
 // non-tensor bulk reduction cp.reduce.async.bulk ... .add.f32 (the one the
 // sm80 backward's kBulkDq path uses on Hopper, validated there), and its
 // tensor form cp.reduce.async.bulk.tensor (through a TMA descriptor).
