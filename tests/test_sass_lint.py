@@ -1,0 +1,61 @@
+"""SASS lint of the built CUDA extension (CPU only: needs nvcc's cuobjdump).
+
+ptxas 13.0 was seen to miscompile the sm90 forward's Q-in-registers path in
+one schedule (Q's registers handed to P inside the KV loop; the PTX was right,
+the results wrong on the H200). tools/check_wgmma_a_regs.py checks every sm90
+forward kernel of a build for it; this runs it on the installed extension, so
+a compiler or code change that brings the miscompile back fails CI on a
+machine without a GPU. The synthetic cases show the lint can fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import shutil
+
+import pytest
+
+import jax_flash
+
+_TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "check_wgmma_a_regs.py"
+
+
+def _lint():
+  spec = importlib.util.spec_from_file_location("check_wgmma_a_regs", _TOOL)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+_LOAD = "LDSM.16.M88.4 R152, [R11+-0x2000]"
+_QK = "HGMMA.64x128x16.F32.BF16 R24, R152, gdesc[UR20], RZ, !UPT"
+_PV = "HGMMA.64x128x16.F32.BF16 R88, R184, gdesc[UR20].tnspB, R88"
+
+
+def test_lint_flags_q_registers_overwritten():
+  used, bad = _lint().check([_LOAD, _QK, "F2FP.BF16.F32.PACK_AB R153, R25, R24", _PV])
+  assert used == 1 and bad == ["F2FP.BF16.F32.PACK_AB R153, R25, R24"]
+
+
+def test_lint_accepts_q_registers_kept():
+  used, bad = _lint().check([_LOAD, _QK, "F2FP.BF16.F32.PACK_AB R184, R25, R24", _PV,
+                             "ISETP.NE.AND P0, PT, R152, RZ, PT", _QK])
+  assert used == 2 and bad == []
+
+
+def test_lint_without_ldsm_checks_nothing():
+  assert _lint().check([_PV, "FADD.FTZ R152, R152, 1"]) is None
+
+
+def test_extension_sm90_forward_keeps_q_registers(capsys):
+  ext = sorted(pathlib.Path(jax_flash.__file__).parent.glob("_jax_flash_cuda*.so"))
+  if not ext:
+    pytest.skip("the CUDA extension is not built in this install")
+  if shutil.which("cuobjdump") is None:
+    pytest.skip("no cuobjdump on PATH")
+  rc = _lint().main([str(ext[0])])
+  out = capsys.readouterr().out
+  if "0 kernels with LDSM checked, 0 failed" in out:
+    pytest.skip("this build has no sm90 forward kernels (JAX_FLASH_CUDA_ARCHS without 90)")
+  assert rc == 0, out
