@@ -65,6 +65,7 @@ struct FwdConfig {
   static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
   static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
+  // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128.
   static constexpr bool kRescaleBeforePV = kHeadDim > 128;
 
   static_assert(kHeadDim % 64 == 0, "head dim bucket must be a multiple of 64 (128B swizzle atoms)");
@@ -98,12 +99,8 @@ struct FwdConfig {
                     kQBytes % 1024 == 0 && kOffO % 1024 == 0,
                 "128B-swizzled tiles must start 1 KB aligned");
 
-  // q_empty arrivals: each consumer warp once its QK^T GEMMs are done (separate
-  // O buffer; kFlagQInRegs: once it has read Q into registers), or each
-  // consumer WG's storing thread once the O store has read the aliased tile.
   // The default variant: FA3 enables the inter-warpgroup scheduler barrier
-  // ("pingpong") with intra-WG overlap only for hdim <= 128, and rescales O
-  // before the PV GEMM (off the critical path) for hdim > 128.
+  // ("pingpong") with intra-WG overlap only for hdim <= 128.
   // Q in registers (S = Q K^T as wgmma RS) where its 32 registers fit, i.e. the
   // hdim-128 x 128 tile (R237 of 240; hdim 256 would need 64): a third less
   // shared-memory operand traffic for QK^T, +2.6% at the power cap on the H200
@@ -113,6 +110,9 @@ struct FwdConfig {
   static constexpr int kDefaultFlags =
       kFlagOverlap | (kHeadDim <= 128 ? kFlagPingpong : 0) | (kQInRegsFits ? kFlagQInRegs : 0);
 
+  // q_empty arrivals: each consumer warp once its QK^T GEMMs are done (separate
+  // O buffer; kFlagQInRegs: once it has read Q into registers), or each
+  // consumer WG's storing thread once the O store has read the aliased tile.
   static constexpr int kQEmptyArrivals = kOAliasQ ? kConsumerWGs : 4 * kConsumerWGs;
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
   static constexpr int kOFreeArrivals = kConsumerWGs;        // each WG's storing thread
@@ -139,8 +139,6 @@ using FwdConfig128N176V = FwdConfig<128, 176, 2, 2, true>;   // FA3's non-causal
 using FwdConfig128N192V = FwdConfig<128, 192, 2, 2, true>;   // O in V
 using FwdConfig128N192Q = FwdConfig<128, 192, 2, 2, false>;  // O in Q (= JAX_FLASH_SM90_BLOCKN_HDIM128=192)
 using FwdConfig256V = FwdConfig<256, 80, 2, 2, true>;        // hdim 256, O in V
-using FwdConfig128N128 = FwdConfig<128, 128, 2, 2>;          // the default hdim-128 tile, whatever
-                                                             // JAX_FLASH_SM90_BLOCKN_HDIM128 says
 
 // The sm90 head-dim buckets (no 96: 65..128 use the 128 kernel, zero-padded).
 inline int sm90_rounded_head_dim(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
