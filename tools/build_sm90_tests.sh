@@ -38,6 +38,10 @@ printf '%s\n' "${SOURCES[@]}" | xargs -P "$JOBS" -I{} bash -c 'FLAGS=($FLAGS_STR
 "$NVCC" "${FLAGS[@]}" cuda/tests/sm90_primitives.cu -o "$OUTDIR/sm90_primitives" >"$OBJ/sm90_primitives.log" 2>&1 \
   || { cat "$OBJ/sm90_primitives.log"; exit 1; }
 echo "built $OUTDIR/selftest_sm90 and $OUTDIR/sm90_primitives in $((SECONDS - t0)) s"
+# CPU-only checks of the forward's host-side choices (grid size, variant resolution).
+g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"${CUDA_INC:-/usr/local/cuda/include}" \
+  cuda/tests/sm90_fwd_host_check.cpp -o "$OBJ/sm90_fwd_host_check"
+"$OBJ/sm90_fwd_host_check"
 # Q in registers: that ptxas kept the Q fragments' registers for the whole mainloop.
 python3 tools/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
 

@@ -111,6 +111,7 @@ const char* variant_name(int variant) {
     case kVarN192Q: return "v10 n192Q";
     case kVarEager: return "v11 eager";
     case kVarQSmem: return "v12 Qsmem";
+    case kVarBalancedGrid: return "v13 balgrid";
     default: return "?";
   }
 }

@@ -37,7 +37,9 @@ enum : int {
                         // default rescales lazily, softmax.cuh)
   kVarQSmem = 12,       // hdim 128: Q read from shared memory by every QK^T wgmma (SS; the
                         // default before session 5, which keeps Q in registers: kFlagQInRegs)
-  kNumVariants = 13,
+  kVarBalancedGrid = 13,  // every bucket: the mask's default kernel on the balanced persistent
+                          // grid (scheduler.cuh persistent_grid: same rounds, none partly idle)
+  kNumVariants = 14,
 };
 
 constexpr int kScheduleFlags = 3;  // kFlagPingpong | kFlagOverlap (smem_layout.cuh)
@@ -60,9 +62,11 @@ constexpr int default_variant(int hdim_bucket, bool causal_like) {
 }
 
 // The variant actually launched (variant 0 resolved for the mask; 0 is then
-// the static default).
+// the static default). kVarBalancedGrid launches the mask's default kernel
+// (only its grid differs), so it resolves like variant 0.
 constexpr int resolved_variant(int variant, int hdim_bucket, bool causal_like) {
-  return variant == 0 ? default_variant(hdim_bucket, causal_like) : variant;
+  return variant == 0 || variant == kVarBalancedGrid ? default_variant(hdim_bucket, causal_like)
+                                                     : variant;
 }
 
 // Whether variant `variant` is compiled for (bucket, bf16 or not); without
@@ -81,6 +85,7 @@ constexpr bool variant_available(int variant, int hdim_bucket, bool bf16, int de
     case kVarN192Q: return hdim_bucket == 128;
     case kVarEager: return hdim_bucket == 64 || hdim_bucket == 128;
     case kVarQSmem: return hdim_bucket == 128;
+    case kVarBalancedGrid: return true;
     default: return false;
   }
 #else

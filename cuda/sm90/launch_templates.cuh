@@ -62,8 +62,9 @@ inline bool encode_bshd(CUtensorMap* map, DType dtype, const void* ptr, int head
   return r == CUDA_SUCCESS;
 }
 
+// balanced_grid: scheduler.cuh persistent_grid (tuning variant kVarBalancedGrid).
 template <typename Element, typename Cfg, int kFlags>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream, bool balanced_grid = false) {
   FwdKernelArgs args;
   std::memset(&args, 0, sizeof(args));
   const int hd = p.head_dim;
@@ -95,7 +96,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
   if (err != cudaSuccess) return err;
   const int sms = p.num_sms > 0 ? p.num_sms : device_attribute<cudaDevAttrMultiProcessorCount>(1);
-  const int grid = std::min(args.sched.total, sms);
+  const int grid = persistent_grid(args.sched.total, sms, balanced_grid);
   if (grid <= 0) return cudaSuccess;
   if constexpr ((kFlags & kFlagDynamic) != 0) {
     // Stream-ordered (a memset node under graph capture): every launch, graph
@@ -111,7 +112,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
 // default_variant() picks for causal-like masks, in every build and dtype; the
 // other tuning variants in ablation builds, bf16 only.
 template <typename Element, int kHeadDim>
-cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream) {
+cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream,
+                           bool balanced_grid = false) {
   using Cfg = typename FwdConfigFor<kHeadDim>::type;
   constexpr int kDef = Cfg::kDefaultFlags;
 #ifdef JAX_FLASH_SM90_ABLATION
@@ -120,11 +122,12 @@ cudaError_t run_fwd_tuning(const FwdParams& p, int variant, cudaStream_t stream)
   constexpr bool kAblation = false;
 #endif
   if constexpr (kHeadDim != 256 || kAblation) {
-    if (variant == kVarDynamic) return launch_fwd<Element, Cfg, kDef | kFlagDynamic>(p, stream);
+    if (variant == kVarDynamic)
+      return launch_fwd<Element, Cfg, kDef | kFlagDynamic>(p, stream, balanced_grid);
   }
   if constexpr (kHeadDim == 256) {
     if (variant == kVarDynamicOInV)
-      return launch_fwd<Element, FwdConfig256V, kDef | kFlagDynamic>(p, stream);
+      return launch_fwd<Element, FwdConfig256V, kDef | kFlagDynamic>(p, stream, balanced_grid);
   }
   if constexpr (kAblation && std::is_same_v<Element, __nv_bfloat16>) {
     if constexpr (kHeadDim == 256) {
@@ -155,9 +158,10 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   if (!variant_available(p.sm90_variant, kHeadDim, kBf16, kDef)) return cudaErrorNotSupported;
   const MaskInfo mi = make_mask_info(p);
   const int variant = resolved_variant(p.sm90_variant, kHeadDim, mi.wr >= 0 && mi.wl < 0);
-  if (variant >= 5) return run_fwd_tuning<Element, kHeadDim>(p, variant, stream);
+  const bool balanced = p.sm90_variant == kVarBalancedGrid;  // the default kernel, another grid
+  if (variant >= 5) return run_fwd_tuning<Element, kHeadDim>(p, variant, stream, balanced);
   const int flags = variant_flags(variant, kDef);
-  if (flags == kDef) return launch_fwd<Element, Cfg, kDef>(p, stream);
+  if (flags == kDef) return launch_fwd<Element, Cfg, kDef>(p, stream, balanced);
 #ifdef JAX_FLASH_SM90_ABLATION
   // The other schedule combinations, for the ablation (one of them equals
   // kDef); the bucket's other default flags stay, except Q in registers

@@ -74,6 +74,22 @@ struct TileScheduler {
   }
 };
 
+// The persistent grid: one CTA per SM, at most one per tile. balanced: the
+// fewest CTAs that need no more rounds than that (at most ceil(tiles / sms)
+// tiles each), so fewer than `rounds` CTAs sit out the last round (one CTA
+// per SM can leave up to sms - 1 idle). With tiles of equal cost that changes
+// nothing unthrottled (same number of rounds); at the power cap the SMs idle
+// in a partial last round leave part of the budget unused, while the smaller
+// grid runs every round at the cap (2048 tiles on 132 SMs: 16 rounds either
+// way, 128 CTAs all busy instead of 68 of 132 in the last round).
+// cuda/tests/sm90_fwd_host_check.cpp checks these properties.
+inline int persistent_grid(int tiles, int sms, bool balanced) {
+  const int grid = tiles < sms ? tiles : sms;
+  if (!balanced || grid <= 0) return grid;
+  const int rounds = (tiles + sms - 1) / sms;
+  return (tiles + rounds - 1) / rounds;
+}
+
 inline TileScheduler make_scheduler(int batch, int num_heads, int heads_per_kv, int seqlen_q,
                                     int seqlen_k, int head_dim, int block_m, bool causal_like) {
   TileScheduler s;
