@@ -310,15 +310,25 @@ __device__ void store_acc(const float (&d)[NR], float* out, int n) {
 
 // D[64 x N] = A[a_row0 : a_row0 + 64, :K] * B[N x K]^T; A tile has MA rows
 // (the kernel's Q tile with a warpgroup's row offset), both K-major.
-template <typename E, int N, int K, int MA>
-__global__ void k_wgmma_ss(const uint16_t* A, int a_row0, const uint16_t* B, float* D) {
-  extern __shared__ __align__(1024) char raw[];
-  const uint32_t base = (smem_u32(raw) + 1023u) & ~1023u;
-  const uint32_t sa = base, sb = base + MA * K * 2;
+// A (MA x K) and B (N x K) as K-major swizzled tiles at sa = the 1 KB-aligned
+// base and sb = right after A, visible to wgmma (the setup of both S = Q K^T
+// tests below).
+template <int N, int K, int MA>
+__device__ void fill_a_b_kmajor(char* raw, const uint16_t* A, const uint16_t* B, uint32_t& sa,
+                                uint32_t& sb) {
+  sa = (smem_u32(raw) + 1023u) & ~1023u;
+  sb = sa + MA * K * 2;
   fill_tile<MA>(raw, sa, A, K);
   fill_tile<N>(raw, sb, B, K);
   fence_proxy_async_smem();
   __syncthreads();
+}
+
+template <typename E, int N, int K, int MA>
+__global__ void k_wgmma_ss(const uint16_t* A, int a_row0, const uint16_t* B, float* D) {
+  extern __shared__ __align__(1024) char raw[];
+  uint32_t sa, sb;
+  fill_a_b_kmajor<N, K, MA>(raw, A, B, sa, sb);
   float d[N / 2];
   wgmma_fence();
   gemm_ss<E, N, 0, K / 16>(d, make_desc(kDescKMajor, sa + a_row0 * 128), make_desc(kDescKMajor, sb),
@@ -367,12 +377,8 @@ __global__ void k_wgmma_rs(const uint16_t* P, const uint16_t* V, float* O) {
 template <typename E, int N, int K, int MA>
 __global__ void k_wgmma_rs_ldsm(const uint16_t* A, int a_row0, const uint16_t* B, float* D) {
   extern __shared__ __align__(1024) char raw[];
-  const uint32_t base = (smem_u32(raw) + 1023u) & ~1023u;
-  const uint32_t sa = base, sb = base + MA * K * 2;
-  fill_tile<MA>(raw, sa, A, K);
-  fill_tile<N>(raw, sb, B, K);
-  fence_proxy_async_smem();
-  __syncthreads();
+  uint32_t sa, sb;
+  fill_a_b_kmajor<N, K, MA>(raw, A, B, sa, sb);
   uint32_t a[K / 16][4];
   load_a_sw128<MA>(a, sa, a_row0);
   float d[N / 2];
