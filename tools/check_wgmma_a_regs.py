@@ -6,8 +6,10 @@ its Q fragments once per tile with ldmatrix (LDSM) and every QK^T wgmma (HGMMA
 with a register A operand) reads them. ptxas 13.0 was seen to give those
 registers to P inside the serial schedule's loop (PTX correct, SASS wrong:
 wrong results on the H200). This lint fails if, in an sm90 forward kernel that
-has LDSM, a register an LDSM wrote is written by anything else afterwards, or
-if no HGMMA reads an LDSM-written register as A (the check would be vacuous).
+has LDSM, some QK^T HGMMA may read, as its A operand, a register value that
+did not come from an LDSM (reaching definitions over the SASS control flow; a
+register reused between tiles, after the last QK^T, is fine), or if no QK^T
+HGMMA reads registers at all (the check would be vacuous).
 
   tools/check_wgmma_a_regs.py FILE...   (cubin, executable or .so; needs cuobjdump)
 
@@ -25,39 +27,109 @@ import sys
 import tempfile
 
 INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-DEST = re.compile(r"^(?:@!?U?P\w+\s+)?(\S+)\s+(R\d+)")
-# Instructions whose first register operand is not a destination.
-NO_DEST = ("ST", "STS", "STG", "STL", "HGMMA", "BAR", "SYNCS", "RED", "ATOM", "BRA", "EXIT",
-           "WARPGROUP", "ISETP", "FSETP")
+PRED = re.compile(r"^@!?U?P\w+\s+")
 KERNEL = "sm9010fwd_kernel"
+# Instructions whose first register operand is not a destination.
+NO_DEST = ("ST", "STS", "STG", "STL", "BAR", "SYNCS", "RED", "BRA", "EXIT", "WARPGROUP",
+           "ISETP", "FSETP", "UISETP", "DEPBAR", "NOP", "MEMBAR", "FENCE", "CCTL", "CALL", "RET",
+           "WARPSYNC", "ERRBAR", "UTMA")
+LDSM, OTHER, ENTRY = 1, 2, 4  # which definitions of a register may reach a point
 
 
 def kernels(sass):
-  """(mangled name, [instruction text]) per function of a cuobjdump -sass listing."""
+  """(mangled name, [(address, instruction text)]) per function of a cuobjdump -sass listing."""
   for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
     name = chunk.split("\n", 1)[0].strip()
-    yield name, [m.group(2) for m in INSTR.finditer(chunk)]
+    yield name, [(int(m.group(1), 16), m.group(2)) for m in INSTR.finditer(chunk)]
+
+
+def dest_regs(text):
+  """Registers an instruction writes (first operand, widened by the opcode)."""
+  body = PRED.sub("", text)
+  parts = body.split(None, 1)
+  op = parts[0]
+  if op.split(".")[0] in NO_DEST or len(parts) < 2:
+    return []
+  m = re.match(r"(R\d+)\b", parts[1])
+  if not m or m.group(1) == "RZ":
+    return []
+  base = int(m.group(1)[1:])
+  if op.startswith("HGMMA"):  # accumulators: M64 x N fp32 = N / 2 registers
+    n = re.match(r"HGMMA\.64x(\d+)x", op)
+    width = int(n.group(1)) // 2 if n else 1
+  elif op.startswith("LDSM"):
+    width = 4 if ".4" in op else 2 if ".2" in op else 1
+  elif ".128" in op:
+    width = 4
+  elif ".64" in op or ".WIDE" in op:
+    width = 2
+  else:
+    width = 1
+  return list(range(base, base + width))
+
+
+def successors(i, ins, index):
+  body = PRED.sub("", ins[i][1])
+  op = body.split()[0]
+  conditional = body != ins[i][1] or ".ANY" in op or ".DIV" in op
+  nxt = [i + 1] if i + 1 < len(ins) else []
+  if op.startswith("BRA"):
+    t = re.search(r"0x([0-9a-f]+)", body)
+    tgt = [index[int(t.group(1), 16)]] if t and int(t.group(1), 16) in index else []
+    return tgt + (nxt if conditional else [])
+  if op.startswith("EXIT") or op.startswith("RET"):
+    return nxt if conditional else []
+  return nxt
 
 
 def check(ins):
-  """None without LDSM; else (HGMMAs reading LDSM registers as A, [other writes to them])."""
-  loads = [i for i, s in enumerate(ins) if s.split()[0].startswith("LDSM")]
-  if not loads:
+  """None without LDSM. Else (QK^T HGMMAs reading registers as A, [problems]): a
+  reaching-definitions pass over the kernel's control flow; every register
+  that a QK^T HGMMA (register A, K-major B: no .tnspB, unlike O += P V) reads
+  as A must be reached by LDSM definitions only, on every path. Registers
+  reused for something else between two tiles are fine; a write on a path
+  from the ldmatrix to a QK^T read of it is the miscompile."""
+  texts = [t for _, t in ins]
+  if not any(PRED.sub("", t).startswith("LDSM") for t in texts):
     return None
-  regs = set()
-  for i in loads:
-    op = ins[i].split()[0]
-    base = int(re.search(r"LDSM\S*\s+R(\d+)", ins[i]).group(1))
-    regs.update(range(base, base + (4 if ".4" in op else 2 if ".2" in op else 1)))
-  used = sum(1 for s in ins
-             if (m := re.match(r"HGMMA\S*\s+R\d+,\s+R(\d+),", s)) and int(m.group(1)) in regs)
-  bad = []
-  for s in ins[loads[0]:]:
-    m = DEST.match(s)
-    if not m or m.group(1).split(".")[0] in NO_DEST or m.group(1).startswith("LDSM"):
+  index = {a: i for i, (a, _) in enumerate(ins)}
+  regs = sorted({r for t in texts if PRED.sub("", t).startswith("LDSM") for r in dest_regs(t)})
+  slot = {r: k for k, r in enumerate(regs)}
+  writes = []
+  for t in texts:
+    w = [slot[r] for r in dest_regs(t) if r in slot]
+    kind = LDSM if PRED.sub("", t).startswith("LDSM") else OTHER
+    writes.append((w, kind, PRED.match(t) is not None))
+  state = [None] * len(ins)
+  state[0] = (ENTRY,) * len(regs)
+  work = [0]
+  while work:
+    i = work.pop()
+    cur = list(state[i])
+    w, kind, predicated = writes[i]
+    for k in w:
+      cur[k] = cur[k] | kind if predicated else kind
+    out = tuple(cur)
+    for j in successors(i, ins, index):
+      if state[j] is None:
+        state[j] = out
+        work.append(j)
+      else:
+        merged = tuple(a | b for a, b in zip(state[j], out))
+        if merged != state[j]:
+          state[j] = merged
+          work.append(j)
+  used, bad = 0, []
+  for i, t in enumerate(texts):
+    m = re.match(r"HGMMA\S*\s+R\d+,\s+R(\d+),", PRED.sub("", t))
+    if not m or "tnspB" in t or state[i] is None:
       continue
-    if int(m.group(2)[1:]) in regs:
-      bad.append(s)
+    used += 1
+    for r in range(int(m.group(1)), int(m.group(1)) + 4):
+      if r not in slot:
+        bad.append(f"{t} reads R{r}, which no LDSM writes")
+      elif state[i][slot[r]] != LDSM:
+        bad.append(f"{t} may read R{r} from a non-LDSM write")
   return used, bad
 
 
@@ -88,8 +160,8 @@ def main(paths):
       used, bad = r
       ok = used > 0 and not bad
       failed += not ok
-      print(f"{'ok  ' if ok else 'FAIL'} {name[:110]}: {used} HGMMA read LDSM registers as A, "
-            f"{len(bad)} other writes" + (f" (first: {bad[0]})" if bad else ""))
+      print(f"{'ok  ' if ok else 'FAIL'} {name[:110]}: {used} QK^T HGMMA with register A, "
+            f"{len(bad)} problems" + (f" (first: {bad[0]})" if bad else ""))
   print(f"{checked} kernels with LDSM checked, {failed} failed")
   return 1 if failed or not checked else 0
 

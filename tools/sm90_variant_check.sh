@@ -9,6 +9,7 @@
 #   2. selftest_sm90 --quick, then the full self-test: every variant of every
 #      case against the float64 reference, outputs NaN-poisoned
 #   3. compute-sanitizer racecheck + synccheck on one small persistent case
+#      ($SAN_CASE: another self-test case filter; NO_BENCH=1 skips step 4)
 #   4. selftest_sm90 --bench --launches=300 --rows=2: the D=128 rows with the
 #      GPU at its power cap (as a sustained JAX run is), variants interleaved;
 #      then --rows=2 with the default 10 launches (below the cap)
@@ -36,10 +37,10 @@ step primitives 60 "$DIR/sm90_primitives"
 [[ $ok == 1 ]] && step selftest_full 300 "$DIR/selftest_sm90"
 if [[ $ok == 1 ]]; then
   for tool in racecheck synccheck; do
-    step "san_$tool" 120 compute-sanitizer --tool $tool --error-exitcode 1 "$DIR/selftest_sm90" "d128 persistent 1 CTA"
+    step "san_$tool" 120 compute-sanitizer --tool $tool --error-exitcode 1 "$DIR/selftest_sm90" "${SAN_CASE:-d128 persistent 1 CTA}"
   done
 fi
-if [[ $ok == 1 ]]; then
+if [[ $ok == 1 && -z ${NO_BENCH:-} ]]; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active --format=csv -lms 200 >"$OUT/smi.csv" &
   smi=$!
   step bench_capped 240 "$DIR/selftest_sm90" --bench --launches=300 --rows=2
