@@ -90,16 +90,14 @@ def check(ins):
   reused for something else between two tiles are fine; a write on a path
   from the ldmatrix to a QK^T read of it is the miscompile."""
   texts = [t for _, t in ins]
-  if not any(PRED.sub("", t).startswith("LDSM") for t in texts):
+  is_ldsm = [PRED.sub("", t).startswith("LDSM") for t in texts]
+  if not any(is_ldsm):
     return None
   index = {a: i for i, (a, _) in enumerate(ins)}
-  regs = sorted({r for t in texts if PRED.sub("", t).startswith("LDSM") for r in dest_regs(t)})
+  regs = sorted({r for t, ld in zip(texts, is_ldsm) if ld for r in dest_regs(t)})
   slot = {r: k for k, r in enumerate(regs)}
-  writes = []
-  for t in texts:
-    w = [slot[r] for r in dest_regs(t) if r in slot]
-    kind = LDSM if PRED.sub("", t).startswith("LDSM") else OTHER
-    writes.append((w, kind, PRED.match(t) is not None))
+  writes = [([slot[r] for r in dest_regs(t) if r in slot], LDSM if ld else OTHER,
+             PRED.match(t) is not None) for t, ld in zip(texts, is_ldsm)]
   state = [None] * len(ins)
   state[0] = (ENTRY,) * len(regs)
   work = [0]
