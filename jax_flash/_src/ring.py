@@ -78,7 +78,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jax_flash._src import api, backends, ring_band, ring_plan, softmax
+from jax_flash._src import backends, checks, ring_band, ring_plan, softmax
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 LAYOUTS = ("zigzag", "contiguous", "zigzag_preordered")
@@ -129,7 +129,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   """
   q, k, v = query, key, value
   _check_arrays(q, k, v)
-  win = api.window_fields(window, causal)
+  win = checks.window_fields(window, causal)
   if layout is None:
     one_sided = ((win["window_left"] == UNBOUNDED) !=
                  (win["window_right"] == UNBOUNDED))
@@ -145,7 +145,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                      f"{implementation!r}")
   B, T, H, D = q.shape
   H_kv = k.shape[2]
-  q_seg, kv_seg = api.check_segment_ids(segment_ids, q.shape[:1],
+  q_seg, kv_seg = checks.check_segment_ids(segment_ids, q.shape[:1],
                                         q.shape[1], k.shape[1]) or (None, None)
 
   if mesh is None:
@@ -194,8 +194,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                      f"(2 chunks per device); got {T}")
 
   local = AttentionSpec(
-      scale=api.check_scale(scale, D), causal=False,
-      softcap=api.check_softcap(softcap), has_segment_ids=q_seg is not None,
+      scale=checks.check_scale(scale, D), causal=False,
+      softcap=checks.check_softcap(softcap), has_segment_ids=q_seg is not None,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
       num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
@@ -541,7 +541,7 @@ def _lse_dtype(dtype):
 
 def _check_arrays(q, k, v):
   """The checks of `jax_flash.attention`, plus what the ring needs."""
-  api.check_arrays(q, k, v)
+  checks.check_arrays(q, k, v)
   for name, x in (("query", q), ("key", k), ("value", v)):
     if x.ndim != 4:
       raise ValueError(f"ring_attention: {name} must have shape [batch, seq, "
