@@ -1,9 +1,11 @@
-"""One custom_vjp for all backends.
+"""One custom_vjp for all backends (and for ring attention).
 
 Residuals are (q, k, v, o, lse). The backward computes
 delta = rowsum(dO * O) - dLSE once here (an XLA fusion, fp32), so every
 backend's backward sees the same inputs; the dLSE term makes `return_lse`
 outputs differentiable too (d lse / d s = P, so it folds into delta).
+`attention_vjp` builds that custom_vjp around any (forward, backward) pair:
+`attention_fn` for one backend call, ring.py for a whole ring.
 """
 
 from __future__ import annotations
@@ -24,6 +26,34 @@ def softmax_delta(o, do, dlse):
   d = jnp.einsum("bthd,bthd->bht", do.astype(acc), o.astype(acc),
                  precision=jax.lax.Precision.HIGHEST)  # not TF32 on GPU
   return d - dlse.astype(acc)
+
+
+def attention_vjp(forward, backward):
+  """custom_vjp fn(q, k, v, *segs) -> (o, lse) of a forward and its backward.
+
+  forward(q, k, v, *segs) -> (o, lse); backward(q, k, v, o, lse, do, delta,
+  *segs) -> (dq, dk, dv), with delta from `softmax_delta` (so the cotangent
+  of lse is honoured) and do in o's dtype.
+  """
+
+  @jax.custom_vjp
+  def attention(q, k, v, *segs):
+    return forward(q, k, v, *segs)
+
+  def attention_fwd(q, k, v, *segs):
+    o, lse = forward(q, k, v, *segs)
+    return (o, lse), (q, k, v, o, lse, segs)
+
+  def attention_bwd(res, cotangents):
+    q, k, v, o, lse, segs = res
+    do, dlse = cotangents
+    delta = softmax_delta(o, do, dlse)
+    dq, dk, dv = backward(q, k, v, o, lse, do.astype(o.dtype), delta, *segs)
+    # Integer segment ids get no cotangent.
+    return (dq, dk, dv) + tuple(None for _ in segs)
+
+  attention.defvjp(attention_fwd, attention_bwd)
+  return attention
 
 
 # Backends whose calls are opaque to XLA (pallas_call, FFI custom calls); their
@@ -58,22 +88,4 @@ def attention_fn(backend_name: str, spec: AttentionSpec):
   # into batch first, then the (folded) call is partitioned.
   forward = fold_into_batch(fwd_call)
   backward = fold_into_batch(bwd_call)
-
-  @jax.custom_vjp
-  def attention(q, k, v, *segs):
-    return forward(q, k, v, *segs)
-
-  def attention_fwd(q, k, v, *segs):
-    o, lse = forward(q, k, v, *segs)
-    return (o, lse), (q, k, v, o, lse, segs)
-
-  def attention_bwd(res, cotangents):
-    q, k, v, o, lse, segs = res
-    do, dlse = cotangents
-    delta = softmax_delta(o, do, dlse)
-    dq, dk, dv = backward(q, k, v, o, lse, do.astype(o.dtype), delta, *segs)
-    # Integer segment ids get no cotangent.
-    return (dq, dk, dv) + tuple(None for _ in segs)
-
-  attention.defvjp(attention_fwd, attention_bwd)
-  return attention
+  return attention_vjp(forward, backward)
