@@ -6,7 +6,8 @@ unsharded `jax_flash.attention`; meshes (8,) seq-only and (2, 4) batch x seq
 (and heads x seq); causal / non-causal, contiguous / zigzag layouts, GQA,
 segment ids with fully masked rows; sliding windows (left, right, both,
 with causal, GQA and segment ids, sizes that cut chunks mid-way, the static
-step plan that skips steps); the zigzag permutation; the jit +
+step plan that skips steps); the plan's kernel calls without a window; the
+zigzag permutation; the jit +
 NamedSharding entry and the inside-shard_map entry; the Pallas backend on a
 tiny shape (interpret mode on CPU); argument errors.
 """
@@ -192,6 +193,34 @@ def test_window_plan_skips_steps(window, zigzag, shifts):
   assert tuple(s.shift for s in steps) == shifts
   for step in steps:  # the table covers every device with a known case
     assert len(step.table) == 8 and max(step.table) < len(step.cases)
+
+
+@pytest.mark.parametrize("window,zigzag", [
+    ((-1, -1), False), ((-1, -1), True), ((-1, 0), False), ((-1, 0), True)])
+def test_plan_without_window_is_one_call_per_step(window, zigzag):
+  """Full and plain causal attention on the general plan cost what a
+  dedicated ring would: every step, at most one kernel call per device,
+  of the sizes the zigzag argument promises (chunk c: causal 2c x 2c at
+  step 0, then c x 2c or 2c x c), the diagonal bottom-right aligned."""
+  n, L = 8, 6
+  spec = AttentionSpec(scale=1.0, q_len=L, kv_len=L, window_left=window[0],
+                       window_right=window[1])
+  steps = ring_plan.plan(spec, n, zigzag)
+  assert tuple(s.shift for s in steps) == tuple(range(n))
+  assert len(ring_plan.runs(steps[1:])) == 1  # steps 1.. are one loop
+  (step0,) = steps[0].cases
+  (diag,) = ring_plan.calls(step0)
+  assert (diag.q0, diag.k0, diag.spec.q_len, diag.spec.kv_len) == (0, 0, L, L)
+  assert diag.spec.window_right == window[1] and diag.spec.q_offset is None
+  sizes = set()
+  for case in steps[1].cases:
+    got = ring_plan.calls(case)
+    assert len(got) <= 1 and all(not c.spec.has_window for c in got)
+    sizes |= {(c.spec.q_len, c.spec.kv_len) for c in got}
+  c = L // 2
+  expected = ({(L, L)} if window[1] == -1 else
+              {(c, L), (L, c)} if zigzag else {(L, L)})
+  assert sizes == expected
 
 
 def test_window_skipped_steps_move_no_data(rng):

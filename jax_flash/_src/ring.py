@@ -2,39 +2,41 @@
 
 Each device of the mesh axis `seq_axis` (size n) holds one chunk of the
 queries and one chunk of the keys/values. The kv chunks travel around the
-ring (`lax.ppermute`, i -> i+1) for n steps; at every step each device runs
-the chosen backend's *forward kernel* on its own q chunk against the kv chunk
-it holds, and folds the partial result into its running (o, lse) with the
+ring (`lax.ppermute`) for up to n steps; at every step each device runs the
+chosen backend's *forward kernel* on its own q chunk against the kv chunk it
+holds, and folds the partial result into its running (o, lse) with the
 online-softmax merge
 
     lse = logaddexp(lse_a, lse_b),  o = e^(lse_a - lse) o_a + e^(lse_b - lse) o_b
 
 so no device ever holds more than two kv chunks (the current one and the next
-one in flight). The ppermute of the next kv chunk is issued before the compute
-on the current one, so XLA can overlap communication with compute.
+one in flight). The backward is one custom_vjp around the whole local ring
+(`vjp.attention_vjp`, the one `jax_flash.attention` uses): delta =
+rowsum(dO * O) - dLSE once, then k/v go around the ring again and every step
+runs the backend's *backward kernel* with the *global* lse and delta.
 
-Backward (one `jax.custom_vjp` around the whole local ring): delta =
-rowsum(dO * O) - dLSE is computed once; k/v go around the ring again, and at
-every step the backend's *backward kernel* runs on (local q, current kv) with
-the *global* lse and delta. Since P = exp(S - lse_global) blockwise, the
-per-block dQ, dK, dV are exactly the block's share of the true gradients: dQ
-accumulates locally, dK/dV accumulate in buffers that travel with their kv
-chunk and are back on their home device after n rotations.
+One algorithm serves every mask (ring_plan.py, run by ring_steps.py): each
+(q chunk, kv chunk) pair of every step has a static position offset
+(`AttentionSpec.q_offset`), so steps that no device needs are skipped at
+trace time, communication included, each device picks its case of a step
+with a `lax.switch`, and steps with the same cases form one `fori_loop`.
+Without a window that is one kernel call per step; causal attention needs
+two cases per step: a kv chunk wholly before the q chunk (fully visible) or
+wholly after it (nothing to do), plus the diagonal at step 0.
 
-Causal masking needs only two kernel variants, because a whole kv chunk is
-either fully visible from a q chunk (it lies entirely before), "diagonal" (the
-same chunk: causal with T_local == S_local), or invisible (skipped: it adds
-nothing, lse = -inf). With the natural ("contiguous") layout the device that
+Causal load balance: with the natural ("contiguous") layout the device that
 holds the last chunk does n times the work of the first one. The "zigzag"
 layout fixes that: the sequence is cut into 2n chunks and device i holds
-chunks i and 2n-1-i. Then every step costs every device the same
-(c x 2c for chunk length c):
-  step 0 (own kv):    causal over the local 2c queries/keys (both diagonals
-                      plus one full block; in local order the mask is plain
-                      causal);
+chunks i and 2n-1-i. Then every step costs every device the same (c x 2c for
+chunk length c):
+  step 0 (own kv):    causal over the local 2c queries/keys (in local order
+                      the mask is plain causal: one call);
   kv from a device j < i: all local queries see the first kv chunk only;
   kv from a device j > i: only the second local q chunk sees both kv chunks.
-The device-dependent choice is a `lax.cond` on `axis_index`.
+The default layout is zigzag when exactly one side of the (causal-folded)
+window is unbounded (plain causal and the like: triangular work), else
+contiguous (full attention or a band is balanced already, and with a band
+each device needs only the chunks of a few neighbours).
 
 With `layout="zigzag"` the user still passes naturally ordered arrays; they
 are reordered inside the shard_map with two ppermutes per tensor (each moves
@@ -51,20 +53,8 @@ inputs); per-step dQ/dK/dV come back from the kernels in the input dtype and
 are summed in float32, so for bf16 inputs the gradients see one bf16 rounding
 per ring step more than a single-device kernel would.
 
-Sliding windows (`window=(left, right)`, with or without causal) take
-another route, ring_plan.py + ring_band.py: every (q chunk, kv chunk) pair
-of every step has a static position offset (`AttentionSpec.q_offset`), so
-steps that no device needs are skipped at trace time, communication
-included, and each device picks its case of a step with a `lax.switch`.
-The default layout is zigzag when exactly one side of the (causal-folded)
-window is unbounded (plain causal and the like: triangular work), else
-contiguous (a band is balanced already, and each device then needs only
-the chunks of a few neighbours). Plain causal keeps the path above: its
-two-variant structure is smaller to compile than the general plan.
-
-Not supported (yet): T != S (use `jax_flash.attention`), ring axes made of
-several mesh axes, and skipping the zigzag permutation's communication for
-the non-causal case is automatic only through the default `layout=None`.
+Not supported: T != S (use `jax_flash.attention`) and ring axes made of
+several mesh axes.
 """
 
 from __future__ import annotations
@@ -78,11 +68,10 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jax_flash._src import backends, checks, ring_band, ring_plan, softmax
+from jax_flash._src import backends, checks, ring_plan, ring_steps, vjp
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 LAYOUTS = ("zigzag", "contiguous", "zigzag_preordered")
-NEG_INF = float("-inf")
 
 
 def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
@@ -194,15 +183,14 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                      f"(2 chunks per device); got {T}")
 
   local = AttentionSpec(
-      scale=checks.check_scale(scale, D), causal=False,
+      scale=checks.check_scale(scale, D), **win,
       softcap=checks.check_softcap(softcap), has_segment_ids=q_seg is not None,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
       num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
-  check_spec = dataclasses.replace(local, causal=bool(causal), **win)
-  backend = backends.choose(check_spec, implementation, platform)
-  ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag",
-               win["window_left"], win["window_right"])
+  backend = backends.choose(dataclasses.replace(local, causal=bool(causal)),
+                            implementation, platform)
+  ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag")
   segs = () if q_seg is None else (q_seg.astype(jnp.int32),
                                    kv_seg.astype(jnp.int32))
   body = functools.partial(_local_entry, ring)
@@ -294,27 +282,11 @@ def _local_from_zigzag(x, axis_name, n, axis):
 @dataclasses.dataclass(frozen=True)
 class _Ring:
   backend: str
-  spec: AttentionSpec  # local shapes; masking fields unset
+  spec: AttentionSpec  # local shapes; the global window, causal folded in
   axis: str
   n: int
   zigzag: bool  # zigzag layout of the local shards
   reorder: bool  # inputs in natural order: reorder in and out
-  window_left: int = UNBOUNDED  # global window, causal folded in
-  window_right: int = UNBOUNDED
-
-  @property
-  def causal(self) -> bool:
-    return self.window_right == 0
-
-  @property
-  def banded(self) -> bool:
-    """A window other than plain causal: planned by ring_plan.py."""
-    return self.window_left != UNBOUNDED or self.window_right not in (
-        UNBOUNDED, 0)
-
-  def variant(self, T, S, causal=False):
-    return dataclasses.replace(self.spec, q_len=T, kv_len=S, causal=causal,
-                               window_right=0 if causal else UNBOUNDED)
 
 
 def _local_entry(ring: _Ring, q, k, v, *segs):
@@ -329,209 +301,26 @@ def _local_entry(ring: _Ring, q, k, v, *segs):
   return o, lse
 
 
-def _acc_dtype(dtype):
-  return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
-
-
-# One source for both rings: the ppermute, and the online-softmax ⊕.
-_rotate = ring_band.rotate
-_merge = softmax.merge_partials
-
-
-def _split(x, c, axis=1):
-  return lax.slice_in_dim(x, 0, c, axis=axis), lax.slice_in_dim(
-      x, c, x.shape[axis], axis=axis)
-
-
-def _pad_front(x, c, axis=1, value=0.0):
-  pad = [(0, 0)] * x.ndim
-  pad[axis] = (c, 0)
-  return jnp.pad(x, pad, constant_values=value)
-
-
-def _pad_back(x, c, axis=1):
-  pad = [(0, 0)] * x.ndim
-  pad[axis] = (0, c)
-  return jnp.pad(x, pad)
-
-
-def _band_ring(ring: _Ring, be):
-  """(forward, backward) for a sliding window, on ring_plan.py's plan."""
-  spec = dataclasses.replace(ring.spec, window_left=ring.window_left,
-                             window_right=ring.window_right)
-  steps = ring_plan.plan(spec, ring.n, ring.zigzag)
-
-  def forward(q, k, v, *segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    o, lse = ring_band.forward(be, steps, ring.axis, ring.n, q, k, v, q_seg,
-                               kv_seg)
-    return o.astype(q.dtype), lse.astype(_lse_dtype(q.dtype))
-
-  def backward(q, k, v, o, lse, do, delta, segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    dq, dk, dv = ring_band.backward(be, steps, ring.axis, ring.n, q, k, v, o,
-                                    lse, do, delta, q_seg, kv_seg)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-
-  return forward, backward
-
-
-def _full_ring(ring: _Ring, be):
-  """(forward, backward) without a window, or causal: every step, in a
-  fori_loop; causal steps pick their half with a lax.cond (see top)."""
-  n, axis, L = ring.n, ring.axis, ring.spec.q_len
-  c = L // 2
-  step0_spec = ring.variant(L, L, causal=ring.causal)
-  full_spec = ring.variant(L, L)
-
-  def src_of(s):
-    """Home device of the kv chunk held at step s (and my index)."""
-    j = lax.axis_index(axis)
-    return (j - s) % n, j
-
-  # ----- forward --------------------------------------------------------
-  def fwd_block(spec, q, kv, q_seg):
-    k, v, kv_seg = kv
-    o, lse = be.forward(spec, q, k, v, q_seg, kv_seg)
-    acc = _acc_dtype(q.dtype)
-    return o.astype(acc), lse.astype(acc)
-
-  def fwd_step(s, q, kv, q_seg):
-    """Partial (o, lse) of the local q against the kv chunk of step s >= 1."""
-    if not ring.causal:
-      return fwd_block(full_spec, q, kv, q_seg)
-    src, j = src_of(s)
-    acc = _acc_dtype(q.dtype)
-    if not ring.zigzag:
-      def empty(q, kv, q_seg):
-        return ring_band.empty_partial(q, acc)
-      return lax.cond(src < j, functools.partial(fwd_block, full_spec), empty,
-                      q, kv, q_seg)
-
-    def earlier(q, kv, q_seg):  # all my queries see the first kv chunk
-      k, v, ks = kv
-      first = lambda x: None if x is None else _split(x, c)[0]
-      return fwd_block(ring.variant(L, c), q, (first(k), first(v), first(ks)),
-                       q_seg)
-
-    def later(q, kv, q_seg):  # my second q chunk sees both kv chunks
-      second = lambda x, a=1: None if x is None else _split(x, c, a)[1]
-      o, lse = fwd_block(ring.variant(c, L), second(q), kv, second(q_seg))
-      return _pad_front(o, c), _pad_front(lse, c, 2, NEG_INF)
-
-    return lax.cond(src < j, earlier, later, q, kv, q_seg)
-
-  def forward(q, k, v, *segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    kv = (k, v, kv_seg)
-    if n == 1:
-      res = fwd_block(step0_spec, q, kv, q_seg)
-    else:
-      nxt = _rotate(kv, axis, n)  # in flight while step 0 computes
-      res = fwd_block(step0_spec, q, kv, q_seg)
-
-      def body(s, carry):
-        kv, res = carry
-        nxt = _rotate(kv, axis, n)
-        return nxt, _merge(res, fwd_step(s, q, kv, q_seg))
-
-      kv, res = lax.fori_loop(1, n - 1, body, (nxt, res))
-      res = _merge(res, fwd_step(n - 1, q, kv, q_seg))
-    o, lse = res
-    return o.astype(q.dtype), lse.astype(_lse_dtype(q.dtype))
-
-  # ----- backward -------------------------------------------------------
-  def bwd_block(spec, q, kv, o, lse, do, delta, q_seg):
-    k, v, kv_seg = kv
-    grads = be.backward(spec, q, k, v, o, lse, do, delta, q_seg, kv_seg)
-    acc = _acc_dtype(q.dtype)
-    return tuple(g.astype(acc) for g in grads)
-
-  def bwd_step(s, q, kv, o, lse, do, delta, q_seg):
-    """(dq, dk, dv) of the local q vs the kv chunk of step s >= 1."""
-    args = (q, kv, o, lse, do, delta, q_seg)
-    if not ring.causal:
-      return bwd_block(full_spec, *args)
-    src, j = src_of(s)
-    acc = _acc_dtype(q.dtype)
-    if not ring.zigzag:
-      def empty(q, kv, *_):
-        # *_like: inside a user's shard_map the zeros must vary over the
-        # ring axis like the other branch's outputs (lax.cond checks it).
-        return (jnp.zeros_like(q, dtype=acc), jnp.zeros_like(kv[0], dtype=acc),
-                jnp.zeros_like(kv[1], dtype=acc))
-      return lax.cond(src < j, functools.partial(bwd_block, full_spec), empty,
-                      *args)
-
-    def earlier(q, kv, o, lse, do, delta, q_seg):
-      first = lambda x: None if x is None else _split(x, c)[0]
-      dq, dk, dv = bwd_block(ring.variant(L, c), q,
-                             tuple(first(x) for x in kv), o, lse, do, delta,
-                             q_seg)
-      return dq, _pad_back(dk, c), _pad_back(dv, c)
-
-    def later(q, kv, o, lse, do, delta, q_seg):
-      second = lambda x, a=1: None if x is None else _split(x, c, a)[1]
-      dq, dk, dv = bwd_block(ring.variant(c, L), second(q), kv, second(o),
-                             second(lse, 2), second(do), second(delta, 2),
-                             second(q_seg))
-      return _pad_front(dq, c), dk, dv
-
-    return lax.cond(src < j, earlier, later, *args)
-
-  def backward(q, k, v, o, lse, do, delta, segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    kv = (k, v, kv_seg)
-    dq, dk, dv = bwd_block(step0_spec, q, kv, o, lse, do, delta, q_seg)
-    if n > 1:
-      nxt = _rotate(kv, axis, n)
-      dkv = _rotate((dk, dv), axis, n)  # travels home with its kv chunk
-
-      def body(s, carry):
-        kv, dkv, dq = carry
-        nxt = _rotate(kv, axis, n)
-        g = bwd_step(s, q, kv, o, lse, do, delta, q_seg)
-        dkv = _rotate((dkv[0] + g[1], dkv[1] + g[2]), axis, n)
-        return nxt, dkv, dq + g[0]
-
-      kv, dkv, dq = lax.fori_loop(1, n - 1, body, (nxt, dkv, dq))
-      g = bwd_step(n - 1, q, kv, o, lse, do, delta, q_seg)
-      dq = dq + g[0]
-      dk, dv = _rotate((dkv[0] + g[1], dkv[1] + g[2]), axis, n)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-
-  return forward, backward
-
-
 @functools.lru_cache(maxsize=None)
 def _ring_fn(ring: _Ring):
-  """custom_vjp fn(q, k, v, *segs) -> (o, lse) over local shards."""
+  """fn(q, k, v, *segs) -> (o, lse) over local shards, differentiable."""
   be = backends.get(ring.backend)
-  forward, backward = (_band_ring if ring.banded else _full_ring)(ring, be)
+  steps = ring_plan.plan(ring.spec, ring.n, ring.zigzag)
+  run = functools.partial(ring_steps.forward, be, steps, ring.axis, ring.n)
+  run_bwd = functools.partial(ring_steps.backward, be, steps, ring.axis,
+                              ring.n)
 
-  @jax.custom_vjp
-  def ring_fn(q, k, v, *segs):
-    return forward(q, k, v, *segs)
+  def forward(q, k, v, *segs):
+    q_seg, kv_seg = segs if segs else (None, None)
+    o, lse = run(q, k, v, q_seg, kv_seg)
+    return o.astype(q.dtype), lse
 
-  def ring_fwd(q, k, v, *segs):
-    o, lse = forward(q, k, v, *segs)
-    return (o, lse), (q, k, v, o, lse, segs)
+  def backward(q, k, v, o, lse, do, delta, *segs):
+    q_seg, kv_seg = segs if segs else (None, None)
+    dq, dk, dv = run_bwd(q, k, v, o, lse, do, delta, q_seg, kv_seg)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
-  def ring_bwd(res, cts):
-    q, k, v, o, lse, segs = res
-    do, dlse = cts
-    acc = _acc_dtype(q.dtype)
-    delta = jnp.einsum("bthd,bthd->bht", do.astype(acc), o.astype(acc),
-                       precision=lax.Precision.HIGHEST) - dlse.astype(acc)
-    dq, dk, dv = backward(q, k, v, o, lse, do.astype(o.dtype), delta, segs)
-    return (dq, dk, dv) + tuple(None for _ in segs)
-
-  ring_fn.defvjp(ring_fwd, ring_bwd)
-  return ring_fn
-
-
-def _lse_dtype(dtype):
-  return jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+  return vjp.attention_vjp(forward, backward)
 
 
 # ---------------------------------------------------------------------------

@@ -1,13 +1,16 @@
-"""The static plan of a sliding-window ring: which steps, which kernel calls.
+"""The static plan of a ring: which steps, which kernel calls.
 
-A window makes most (device, step) pairs see nothing, and which ones is
-known at trace time: device j holds query chunks at fixed global positions
-(contiguous: chunk j of n; zigzag: chunks j and 2n-1-j of 2n), and at step s
-it holds the kv chunks of device (j - s) mod n. So every (q chunk, kv chunk)
-pair at every step has a static relative offset, hence a static
-`AttentionSpec` (`q_offset`), which `masking.simplify` reduces to None
-(nothing visible), a spec without window (fully visible), or a band. All of
-this is plain Python on ints; ring_band.py runs the plan.
+Which (device, step) pairs see anything is known at trace time: device j
+holds query chunks at fixed global positions (contiguous: chunk j of n;
+zigzag: chunks j and 2n-1-j of 2n), and at step s it holds the kv chunks of
+device (j - s) mod n. So every (q chunk, kv chunk) pair at every step has a
+static relative offset, hence a static `AttentionSpec` (`q_offset`), which
+`masking.simplify` reduces to None (nothing visible), a spec without window
+(fully visible), or a band. One plan serves every mask: without a window
+every pair is fully visible (one case, one call per step); causal attention
+has the diagonal at step 0 and per step one "kv chunk before me" and one
+"kv chunk after me" case; a sliding window drops the steps no device needs.
+All of this is plain Python on ints; ring_steps.py runs the plan.
 
   * `plan`: the steps in which some device sees a key, each with its
     distinct cases (a device's grid of pair specs) and a per-device table
@@ -15,7 +18,9 @@ this is plain Python on ints; ring_band.py runs the plan.
   * `runs`: consecutive steps with the same cases, so a long stretch of the
     ring (a wide window) becomes one loop instead of unrolled steps;
   * `calls`: a case's visible pairs grouped into as few kernel calls as the
-    zigzag layout allows (rows or columns of fully visible pairs go as one).
+    layout allows: the whole local block as one call when one spec on it
+    masks every pair alike (causal at step 0 of the zigzag layout is plain
+    causal in local order), else rows or columns of fully visible pairs.
 """
 
 from __future__ import annotations
@@ -48,6 +53,38 @@ class Call:
   spec: AttentionSpec
 
 
+def _simplify(spec: AttentionSpec) -> AttentionSpec | None:
+  """`masking.simplify`, with the bottom-right offset spelled None, so a
+  block aligned like the public API has the public API's spec."""
+  spec = masking.simplify(spec)
+  if spec is not None and spec.bottom_right:
+    spec = dataclasses.replace(spec, q_offset=None)
+  return spec
+
+
+def _pair_of_block(block: AttentionSpec, a: int, b: int,
+                   size: int) -> AttentionSpec | None:
+  """The spec of pair (a, b) (chunks of `size`) inside a spec on m x m."""
+  return _simplify(dataclasses.replace(
+      block, q_len=size, kv_len=size,
+      q_offset=block.kv_offset + (a - b) * size))
+
+
+def _one_block(case: Case, size: int) -> AttentionSpec | None:
+  """One spec on the whole local block that masks every pair as `case`
+  does (as if the local chunks were contiguous), or None."""
+  m = len(case)
+  first = case[0][0]
+  if first is None:
+    return None
+  block = dataclasses.replace(first, q_len=m * size, kv_len=m * size,
+                              q_offset=first.kv_offset)
+  if any(_pair_of_block(block, a, b, size) != case[a][b]
+         for a in range(m) for b in range(m)):
+    return None
+  return _simplify(block)
+
+
 def chunks_of(device: int, n: int, zigzag: bool) -> tuple[int, ...]:
   """Global chunk indices a device holds, in local order."""
   return (device, 2 * n - 1 - device) if zigzag else (device,)
@@ -62,7 +99,7 @@ def plan(spec: AttentionSpec, n: int, zigzag: bool) -> tuple[Step, ...]:
 
   @functools.lru_cache(maxsize=None)
   def pair(d: int):  # a q chunk d chunks after the kv chunk
-    return masking.simplify(dataclasses.replace(
+    return _simplify(dataclasses.replace(
         spec, q_len=size, kv_len=size, causal=False, q_offset=d * size))
 
   steps = []
@@ -111,8 +148,10 @@ def calls(case: Case) -> tuple[Call, ...]:
           if p is not None}
   full = lambda a, b: (a, b) in left and not left[a, b].has_window
   out = []
-  if m > 1 and all(full(a, b) for a in range(m) for b in range(m)):
-    return (Call(0, m, 0, m, _widen(left[0, 0], m, m)),)
+  if m > 1 and left:
+    block = _one_block(case, left[min(left)].q_len)
+    if block is not None:
+      return (Call(0, m, 0, m, block),)
   if m > 1:
     for a in range(m):
       if all(full(a, b) for b in range(m)):

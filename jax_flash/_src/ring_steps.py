@@ -1,17 +1,22 @@
-"""Ring attention with a sliding window: runs ring_plan.py's static plan.
+"""Runs ring_plan.py's static plan: the ring's forward and backward per device.
 
 Per device, inside shard_map. Steps the plan drops cost nothing, their
 communication included: kv jumps to the next useful step with one
 `ppermute` by the step difference (on NVLink/ICI a shift by s costs what a
 shift by 1 does), and dK/dV go home with one ppermute after the last step.
 Within a step a device picks its case with a `lax.switch` on the plan's
-table, indexed by `axis_index`. A run of steps with the same cases is a
-`fori_loop` (the table row indexed by the loop counter), so compile time
-does not grow with the ring size even for a window spanning the ring.
+table, indexed by `axis_index` (a step with one case calls it directly). A
+run of steps with the same cases is a `fori_loop` (the table row indexed by
+the loop counter), so compile time does not grow with the ring size, with
+or without a window.
 
-As in the full ring (ring.py), the next kv transfer is issued before the
-current step's compute, partial (o, lse) merge with the online-softmax ⊕ in
-float32/64, and the backward uses the global lse and delta at every step.
+The next kv transfer is issued before the current step's compute, so XLA can
+overlap communication with compute. Partial (o, lse) merge with the
+online-softmax ⊕ (`softmax.merge_partials`) in float32/64, and the backward
+runs the backend's backward kernel with the global lse and delta at every
+step: P = exp(S - lse_global) blockwise, so each block's dQ, dK, dV are
+exactly its share of the true gradients; dQ accumulates locally, dK/dV in
+buffers that travel with their kv chunk and go home at the end.
 """
 
 from __future__ import annotations
@@ -62,26 +67,34 @@ def _pad_rows(x, q0: int, q1: int, m: int, size: int, axis: int, value):
   return jnp.pad(x, widths, constant_values=value)
 
 
-def _walk(steps, axis: str, n: int, compute, kv, travel, home):
+def _walk(steps, axis: str, n: int, compute, kv):
   """Run `compute` over the plan; returns (travel, home).
 
-  kv travels with the ring (sent ahead before each compute); `travel`
-  travels with it but is updated by the compute (dK/dV) and is sent home at
-  the end; `home` stays. compute(cases, case_index, kv, travel, home) ->
-  (travel, home), with case_index a traced int32 or None (only one case).
+  kv travels with the ring (sent ahead before each compute). compute(cases,
+  case_index, kv, travel, home) -> (travel, home), with case_index a traced
+  int32 or None (only one case), and travel/home None at the first step
+  (which starts them, so nothing is added to zeros): `travel` travels with
+  kv, updated by each compute (dK/dV), and is sent home at the end; `home`
+  stays (the partial (o, lse), dQ).
   """
   me = lax.axis_index(axis)
 
   def case_index(table):
     return None if table is None else table[me]
 
-  todo = []  # ("loop", steps) or ("one", step)
+  # ("loop", steps) or ("one", step). The first step runs on its own: it
+  # starts travel/home, which a loop carry needs to exist already.
+  todo = []
   for run in ring_plan.runs(steps):
+    if not todo:
+      todo.append(("one", run[0]))
+      run = run[1:]
     if len(run) >= MIN_LOOP:
       todo += [("loop", run[:-1]), ("one", run[-1])]
     else:
       todo += [("one", step) for step in run]
 
+  travel = home = None
   for i, (kind, what) in enumerate(todo):
     if kind == "loop":
       cases = what[0].cases
@@ -113,6 +126,11 @@ def _walk(steps, axis: str, n: int, compute, kv, travel, home):
   return rotate(travel, axis, n, -steps[-1].shift), home
 
 
+def _add(a, b):
+  """a + b, leafwise; a None (nothing yet) gives b."""
+  return b if a is None else jax.tree.map(jnp.add, a, b)
+
+
 def _switch(cases, idx, fn, *args):
   if idx is None:
     return fn(cases[0], *args)
@@ -127,7 +145,7 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg):
 
   def one_case(case, q, kv, q_seg):
     k, v, kv_seg = kv
-    res = empty_partial(q, acc)
+    res = None
     for c in ring_plan.calls(case):
       o, lse = be.forward(c.spec, _span(q, c.q0, c.q1, size),
                           _span(k, c.k0, c.k1, size),
@@ -136,15 +154,14 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg):
                           _span(kv_seg, c.k0, c.k1, size))
       part = (_pad_rows(o.astype(acc), c.q0, c.q1, m, size, 1, 0.0),
               _pad_rows(lse.astype(acc), c.q0, c.q1, m, size, 2, NEG_INF))
-      res = softmax.merge_partials(res, part)
-    return res
+      res = part if res is None else softmax.merge_partials(res, part)
+    return empty_partial(q, acc) if res is None else res
 
   def compute(cases, idx, kv, travel, res):
     part = _switch(cases, idx, one_case, q, kv, q_seg)
-    return travel, softmax.merge_partials(res, part)
+    return travel, part if res is None else softmax.merge_partials(res, part)
 
-  _, res = _walk(steps, axis, n, compute, (k, v, kv_seg), None,
-                 empty_partial(q, acc))
+  _, res = _walk(steps, axis, n, compute, (k, v, kv_seg))
   return res
 
 
@@ -157,25 +174,23 @@ def backward(be, steps, axis: str, n: int, q, k, v, o, lse, do, delta, q_seg,
 
   def one_case(case, q, kv, o, lse, do, delta, q_seg):
     k, v, kv_seg = kv
-    # *_like: see empty_partial.
-    dq = jnp.zeros_like(q, dtype=acc)
-    dk = jnp.zeros_like(k, dtype=acc)
-    dv = jnp.zeros_like(v, dtype=acc)
+    grads = None
     for c in ring_plan.calls(case):
       rows = lambda x, axis=1: _span(x, c.q0, c.q1, size, axis)
       cols = lambda x: _span(x, c.k0, c.k1, size)
       g = be.backward(c.spec, rows(q), cols(k), cols(v), rows(o), rows(lse, 2),
                       rows(do), rows(delta, 2), rows(q_seg), cols(kv_seg))
-      dq = dq + _pad_rows(g[0].astype(acc), c.q0, c.q1, m, size, 1, 0.0)
-      dk = dk + _pad_rows(g[1].astype(acc), c.k0, c.k1, m, size, 1, 0.0)
-      dv = dv + _pad_rows(g[2].astype(acc), c.k0, c.k1, m, size, 1, 0.0)
-    return dq, dk, dv
+      grads = _add(grads, (
+          _pad_rows(g[0].astype(acc), c.q0, c.q1, m, size, 1, 0.0),
+          _pad_rows(g[1].astype(acc), c.k0, c.k1, m, size, 1, 0.0),
+          _pad_rows(g[2].astype(acc), c.k0, c.k1, m, size, 1, 0.0)))
+    if grads is None:  # *_like: see empty_partial
+      grads = tuple(jnp.zeros_like(x, dtype=acc) for x in (q, k, v))
+    return grads
 
   def compute(cases, idx, kv, dkv, dq):
     g = _switch(cases, idx, one_case, q, kv, o, lse, do, delta, q_seg)
-    return (dkv[0] + g[1], dkv[1] + g[2]), dq + g[0]
+    return _add(dkv, g[1:]), _add(dq, g[0])
 
-  zeros = lambda x: jnp.zeros_like(x, dtype=acc)
-  (dk, dv), dq = _walk(steps, axis, n, compute, (k, v, kv_seg),
-                       (zeros(k), zeros(v)), zeros(q))
+  (dk, dv), dq = _walk(steps, axis, n, compute, (k, v, kv_seg))
   return dq, dk, dv
