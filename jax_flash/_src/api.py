@@ -70,6 +70,8 @@ def attention(query, key, value, *, causal: bool = False,
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
   backend = backends.choose(spec, implementation, _platform(q))
+  if no_rows(batch_shape + (H,)):
+    return empty_result(q, return_lse)
 
   B = spec.batch
   fold = lambda x: x.reshape((B,) + x.shape[len(batch_shape):])
@@ -80,6 +82,26 @@ def attention(query, key, value, *, causal: bool = False,
   if not return_lse:
     return o
   return o, lse.reshape(batch_shape + lse.shape[1:])
+
+
+def no_rows(dims) -> bool:
+  """Whether a batch dim or the head count is 0: the outputs are empty.
+
+  Kernels are not launched for empty grids (a CUDA launch with a zero grid
+  dimension fails). Symbolic dims (export) are >= 1, so only ints count.
+  """
+  return any(isinstance(d, (int, np.integer)) and d == 0 for d in dims)
+
+
+def empty_result(q, return_lse):
+  """Outputs of an empty request. They do not depend on the inputs, so
+  their gradients are (empty) zeros, and no kernel runs forward or back."""
+  T, H = q.shape[-3], q.shape[-2]
+  o = jnp.zeros(q.shape, q.dtype)
+  if not return_lse:
+    return o
+  acc = jnp.float64 if q.dtype == jnp.float64 else jnp.float32
+  return o, jnp.full(q.shape[:-3] + (H, T), float("-inf"), acc)
 
 
 def _platform(x) -> str:

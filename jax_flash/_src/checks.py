@@ -49,7 +49,7 @@ def check_arrays(q, k, v):
     raise ValueError(f"head_dim {D} is out of range; supported: 1..."
                      f"{MAX_HEAD_DIM}")
   H, H_kv = q.shape[-2], k.shape[-2]
-  if H_kv == 0 or H % H_kv:
+  if (H % H_kv if H_kv else H):  # H = 0 (empty) is a multiple of any H_kv
     raise ValueError(f"query heads ({H}) must be a multiple of key/value "
                      f"heads ({H_kv}) (GQA/MQA)")
   if q.shape[-3] == 0 or k.shape[-3] == 0:

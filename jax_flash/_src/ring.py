@@ -68,7 +68,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jax_flash._src import backends, checks, ring_plan, ring_steps, vjp
+from jax_flash._src import api, backends, checks, ring_plan, ring_steps, vjp
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 LAYOUTS = ("zigzag", "contiguous", "zigzag_preordered")
@@ -190,6 +190,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
   backend = backends.choose(dataclasses.replace(local, causal=bool(causal)),
                             implementation, platform)
+  if api.no_rows((B, H)):
+    return api.empty_result(q, return_lse)
   ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag")
   segs = () if q_seg is None else (q_seg.astype(jnp.int32),
                                    kv_seg.astype(jnp.int32))
