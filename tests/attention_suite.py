@@ -23,14 +23,22 @@ is finite.
 Knobs for slow backends (Pallas interpret mode on CPU): `long_seq` (the
 "longer than one block" length; keep it above the backend's block size),
 `batch` (default leading batch), `cases` (a tuple of `Case`; filter it with
-`select_cases`), `dtypes`, `head_dims`; `check_backward = False` for a
-backend whose backward is not written yet. `skip_unsupported = True` turns a
-`jax_flash.Unsupported` raised for a case into a skip (a backend serving a
-subset); set it False to make such a refusal a failure.
+`select_cases`), `dtypes`, `head_dims`.
+
+Support matrix: every suite declares what its backend serves (`support`, a
+`Support`: dtypes, head dims, softcap, segment ids, windows, GQA, return_lse,
+deterministic, scale sign; XLA, PALLAS_CPU, PALLAS_GPU, CUDA_SM80, CUDA_SM90
+below, as each backend's `check` decides). A request inside it must run and
+match the reference; one outside it must raise `jax_flash.Unsupported` naming
+the implementation. Nothing is skipped. `BackendSuite` adds probes for the
+dimensions the cases do not walk (each dtype, head dims 4/16/36, softcap, a
+negative scale), so every declared flag is checked both ways; each backend's
+test module has one `BackendSuite`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -113,6 +121,65 @@ CASES = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class Support:
+  """What one backend serves when asked for explicitly (`implementation=`).
+
+  Declared here from the backend's `check` (jax_flash/_src/xla.py,
+  pallas/backend.py, cuda_backend.py); the probes of `BackendSuite` fail
+  when the declaration and the backend disagree, either way.
+  """
+  dtypes: tuple = ("bfloat16", "float16", "float32", "float64")
+  head_dim_range: tuple = (1, 256)  # what jax_flash.attention accepts
+  head_dim_multiple: int = 1
+  supports_softcap: bool = True
+  supports_segment_ids: bool = True
+  supports_window: bool = True  # sliding windows and causal
+  supports_gqa: bool = True  # H_kv < H (GQA/MQA)
+  supports_return_lse: bool = True
+  supports_deterministic: bool = True
+  supports_nonpositive_scale: bool = True
+
+  def supports_dtype(self, dtype) -> bool:
+    return jnp.dtype(dtype).name in self.dtypes
+
+  def supports_head_dim(self, d: int) -> bool:
+    lo, hi = self.head_dim_range
+    return lo <= d <= hi and d % self.head_dim_multiple == 0
+
+  def refusal(self, case: Case, dtype, head_dim: int, *,
+              deterministic: bool = False) -> str | None:
+    """Why the backend refuses this request, or None when it serves it."""
+    reasons = [
+        (not self.supports_dtype(dtype), f"dtype {jnp.dtype(dtype).name}"),
+        (not self.supports_head_dim(head_dim), f"head_dim {head_dim}"),
+        (case.softcap is not None and not self.supports_softcap, "softcap"),
+        (case.segments is not None and not self.supports_segment_ids,
+         "segment_ids"),
+        ((case.causal or case.window is not None) and
+         not self.supports_window, "window/causal"),
+        ((case.Hk or case.H) < case.H and not self.supports_gqa, "GQA"),
+        (not self.supports_return_lse, "return_lse"),  # the suite asks lse
+        (deterministic and not self.supports_deterministic, "deterministic"),
+        (case.scale is not None and case.scale <= 0 and
+         not self.supports_nonpositive_scale, "scale <= 0"),
+    ]
+    refused = [why for bad, why in reasons if bad]
+    return ", ".join(refused) if refused else None
+
+
+# The backends as they behave (each one's `check`).
+XLA = Support()
+PALLAS_CPU = Support(head_dim_range=(32, 256))  # interpret mode: float64 too
+PALLAS_GPU = Support(dtypes=("bfloat16", "float16", "float32"),
+                     head_dim_range=(32, 256))
+# 16-byte row loads: head_dim % 8 == 0. The sm90 family hands what its own
+# kernels do not serve to the sm80 kernels, so from Python both look alike.
+CUDA_SM80 = Support(dtypes=("bfloat16", "float16"), head_dim_range=(8, 256),
+                    head_dim_multiple=8, supports_nonpositive_scale=False)
+CUDA_SM90 = CUDA_SM80
+
+
 def select_cases(*names, exclude=()):
   """A subset of CASES by name (all when no names are given)."""
   known = {c.name for c in CASES}
@@ -171,8 +238,7 @@ class AttentionSuite:
   batch: int = 2          # leading batch of cases that do not fix one
   factor: float = 2.0     # err <= factor * err(dense XLA) + atol
   atol: float = 1e-5
-  skip_unsupported: bool = True
-  check_backward: bool = True  # off for a backend whose backward is not ready
+  support: Support = XLA  # what `implementation` serves (see Support)
   # float32 tests (implementation and baseline) run under
   # jax.default_matmul_precision(this). On GPU, XLA's default float32 matmul
   # is TF32 for some shapes and IEEE for others (its algorithm choice), so at
@@ -196,7 +262,7 @@ class AttentionSuite:
   def _require_implementation(self):
     impl = self.implementation
     if impl is not None and impl not in jax_flash.available_implementations():
-      pytest.skip(f"implementation {impl!r} is not registered (available: "
+      pytest.fail(f"implementation {impl!r} is not registered (available: "
                   f"{jax_flash.available_implementations()})")
 
   @pytest.fixture(autouse=True)
@@ -254,13 +320,20 @@ class AttentionSuite:
     return jax_flash.attention(q, k, v, implementation=self.implementation,
                                **kwargs)
 
-  def _run(self, fn, *args):
-    try:
-      return fn(*args)
-    except jax_flash.Unsupported as e:
-      if self.skip_unsupported:
-        pytest.skip(f"{self.implementation} declines: {e}")
-      raise
+  def refused(self, fn, *args, case: Case, dtype, head_dim: int,
+              deterministic: bool = False) -> bool:
+    """True (after checking that fn(*args) raises Unsupported) when the
+    declared support matrix excludes this request; False when it must run."""
+    why = self.support.refusal(case, dtype, head_dim,
+                               deterministic=deterministic)
+    if why is None:
+      return False
+    assert self.implementation is not None, (
+        "default dispatch serves every request (xla is always there)")
+    with pytest.raises(jax_flash.Unsupported,
+                       match=f"implementation='{self.implementation}'"):
+      fn(*args)
+    return True
 
   def check(self, name, actual, ref64, baseline):
     assert_close_to_reference(name, actual, ref64, baseline,
@@ -269,26 +342,26 @@ class AttentionSuite:
   # -- tests -----------------------------------------------------------------
 
   def test_attention(self, case, dtype, rng):
-    """o, lse and (unless check_backward is off) dq, dk, dv vs the reference.
+    """o, lse, dq, dk, dv vs the reference (or the declared refusal).
 
     Forward and backward share one compiled function (jax.vjp), which halves
     the compile time that dominates this suite on CPU.
     """
     p = self.make_problem(case, dtype, rng)
-    self.check_problem(p, rng, with_dlse=case.dlse)
+    self.check_problem(p, rng, with_dlse=case.dlse, case=case)
 
   def test_head_dims(self, head_dim, dtype, rng):
     """Every head dim in head_dims (odd T, T < S over several blocks, GQA,
     causal, a dLSE cotangent)."""
     case = Case("head_dim", T=37, S=LONG, H=4, Hk=2, causal=True, dlse=True)
     p = self.make_problem(case, dtype, rng, head_dim=head_dim)
-    self.check_problem(p, rng, with_dlse=True)
+    self.check_problem(p, rng, with_dlse=True, case=case)
 
   def test_return_lse_false(self, rng):
     """return_lse=False: same o; grad of sum(o * do) equals the vjp with a
     zero lse cotangent (the symbolic-zero path of the custom_vjp)."""
-    p = self.make_problem(Case("x", T=37, S=53, H=4, Hk=2, d="small",
-                               causal=True), self.dtypes[0], rng)
+    case = Case("x", T=37, S=53, H=4, Hk=2, d="small", causal=True)
+    p = self.make_problem(case, self.dtypes[0], rng)
     do = jnp.asarray(rng.standard_normal(p.q.shape, np.float32), p.q.dtype)
 
     def without_lse(q, k, v):
@@ -303,22 +376,22 @@ class AttentionSuite:
       (o, lse), vjp = jax.vjp(f, q, k, v)
       return o, vjp((do, jnp.zeros_like(lse)))
 
-    o1, g1 = self._run(jax.jit(without_lse), p.q, p.k, p.v)
+    if self.refused(jax.jit(without_lse), p.q, p.k, p.v, case=case,
+                    dtype=p.q.dtype, head_dim=p.q.shape[-1]):
+      return
+    o1, g1 = jax.jit(without_lse)(p.q, p.k, p.v)
     o2, g2 = jax.jit(with_lse)(p.q, p.k, p.v)
     assert not isinstance(o1, tuple) and o1.shape == p.q.shape
     np.testing.assert_array_equal(np.asarray(o1, np.float32),
                                   np.asarray(o2, np.float32))
-    if self.check_backward:
-      for a, b in zip(g1, g2):  # two programs: equal up to reassociation
-        np.testing.assert_allclose(np.asarray(a, np.float32),
-                                   np.asarray(b, np.float32), rtol=1e-5,
-                                   atol=1e-5)
+    for a, b in zip(g1, g2):  # two programs: equal up to reassociation
+      np.testing.assert_allclose(np.asarray(a, np.float32),
+                                 np.asarray(b, np.float32), rtol=1e-5,
+                                 atol=1e-5)
 
   def test_deterministic_backward_is_reproducible(self, rng):
-    if not self.check_backward:
-      pytest.skip("check_backward is off for this backend")
-    p = self.make_problem(Case("x", T=LONG, H=4, Hk=2, d="small", causal=True),
-                          self.dtypes[0], rng)
+    case = Case("x", T=LONG, H=4, Hk=2, d="small", causal=True)
+    p = self.make_problem(case, self.dtypes[0], rng)
     do = jnp.asarray(rng.standard_normal(p.q.shape, np.float32), p.q.dtype)
 
     def loss(q, k, v):
@@ -326,7 +399,10 @@ class AttentionSuite:
       return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    g1 = self._run(grad, p.q, p.k, p.v)
+    if self.refused(grad, p.q, p.k, p.v, case=case, dtype=p.q.dtype,
+                    head_dim=p.q.shape[-1], deterministic=True):
+      return
+    g1 = grad(p.q, p.k, p.v)
     g2 = grad(p.q, p.k, p.v)
     for a, b in zip(g1, g2):
       np.testing.assert_array_equal(np.asarray(a, np.float32),
@@ -334,42 +410,44 @@ class AttentionSuite:
 
   # -- the check shared by the tests -----------------------------------------
 
-  def check_problem(self, p: Problem, rng, *, with_dlse: bool):
+  def check_problem(self, p: Problem, rng, *, with_dlse: bool, case: Case):
+    """Forward and backward vs the reference, or the refusal the support
+    matrix declares."""
     H, T = p.q.shape[-2], p.q.shape[-3]
     do = jnp.asarray(rng.standard_normal(p.q.shape, np.float32), p.q.dtype)
-    dlse = jnp.zeros(p.batch_shape + (H, T), jnp.float32)
+    lse_dtype = jnp.float64 if p.q.dtype == jnp.float64 else jnp.float32
+    dlse = jnp.zeros(p.batch_shape + (H, T), lse_dtype)
     if with_dlse:
       # A cotangent for lse too (also on fully masked rows: must not NaN).
-      dlse = jnp.asarray(rng.standard_normal(dlse.shape, np.float32))
-    backward = self.check_backward
+      dlse = jnp.asarray(rng.standard_normal(dlse.shape, np.float32),
+                         lse_dtype)
 
     def run(q, k, v, *segs):
       f = lambda q, k, v: self.attention(q, k, v, *segs, return_lse=True,
                                          **p.kwargs)
-      if not backward:
-        return f(q, k, v), None
       out, vjp = jax.vjp(f, q, k, v)
       return out, vjp((do, dlse))
 
-    (o, lse), grads = self._run(jax.jit(run), p.q, p.k, p.v, *p.segs)
+    if self.refused(jax.jit(run), p.q, p.k, p.v, *p.segs, case=case,
+                    dtype=p.q.dtype, head_dim=p.q.shape[-1],
+                    deterministic=p.kwargs.get("deterministic", False)):
+      return
+    (o, lse), grads = jax.jit(run)(p.q, p.k, p.v, *p.segs)
 
     # Shapes and dtypes.
     assert o.shape == p.q.shape and o.dtype == p.q.dtype, (o.shape, o.dtype)
     assert lse.shape == p.batch_shape + (H, T), lse.shape
     assert lse.dtype == jnp.float32 or (p.q.dtype == jnp.float64 and
                                         lse.dtype == jnp.float64), lse.dtype
-    if backward:
-      for name, g, x in zip(("dq", "dk", "dv"), grads, (p.q, p.k, p.v)):
-        assert g.shape == x.shape and g.dtype == x.dtype, (name, g.shape,
-                                                           g.dtype)
+    for name, g, x in zip(("dq", "dk", "dv"), grads, (p.q, p.k, p.v)):
+      assert g.shape == x.shape and g.dtype == x.dtype, (name, g.shape,
+                                                         g.dtype)
 
     # The same-dtype dense XLA baseline, forward and backward in one jit.
     canon = lambda x: x.reshape((-1,) + x.shape[-3:])
 
     def dense(q, k, v, do, dlse):
       f = functools.partial(reference.dense_attention_jax, **p.ref_kwargs)
-      if not backward:
-        return f(q, k, v), None
       out, vjp = jax.vjp(f, q, k, v)
       return out, vjp((do, dlse))
 
@@ -389,10 +467,54 @@ class AttentionSuite:
       assert np.all(lse_c[empty] == -np.inf)
 
     # Backward (assert_close_to_reference also demands finite gradients).
-    if backward:
-      do64 = p.canon(do, 3)
-      dlse64 = p.canon(dlse, 2) if with_dlse else None
-      ref = reference.attention_vjp(p.q64, p.k64, p.v64, do64, dlse=dlse64,
-                                    **p.ref_kwargs)
-      for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref, base_grads):
-        self.check(name, p.canon(g, 3), r, p.canon(b, 3))
+    do64 = p.canon(do, 3)
+    dlse64 = p.canon(dlse, 2) if with_dlse else None
+    ref = reference.attention_vjp(p.q64, p.k64, p.v64, do64, dlse=dlse64,
+                                  **p.ref_kwargs)
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref, base_grads):
+      self.check(name, p.canon(g, 3), r, p.canon(b, 3))
+
+
+# One dimension of the support matrix at a time, from a small base request
+# (MHA, no mask, the suite's first dtype and smallest head dim): the
+# dimensions the suite's own cases do not walk. Windows, causal, segment ids
+# and GQA are in every suite's cases (CPU subsets included), and
+# `deterministic` has its own test; those consult the same matrix.
+PROBE_BASE = Case("probe", T=13, S=21, H=2, Hk=2, d="small")
+PROBES = (
+    tuple(("dtype", d, {}) for d in ("bfloat16", "float16", "float32",
+                                     "float64")) +
+    tuple(("head_dim", d, {}) for d in (4, 16, 36)) + (
+        ("softcap", None, dict(softcap=2.0)),
+        ("scale_negative", None, dict(scale=-0.3)),
+    ))
+
+
+class BackendSuite(AttentionSuite):
+  """The suite plus its support-matrix probes (one such class per backend)."""
+
+  def pytest_generate_tests(self, metafunc):
+    super().pytest_generate_tests(metafunc)
+    if "probe" in metafunc.fixturenames:
+      # The suite's own dtypes are probed by its cases already.
+      probes = [p for p in PROBES
+                if not (p[0] == "dtype" and p[1] in self.dtypes)]
+      metafunc.parametrize(
+          "probe", probes,
+          ids=[n if v is None else f"{n}_{v}" for n, v, _ in probes])
+
+  def test_support_matrix(self, probe, rng):
+    """Served: matches the reference; declared unsupported: raises."""
+    name, value, changes = probe
+    case = dataclasses.replace(PROBE_BASE, **changes)
+    dtype = value if name == "dtype" else self.dtypes[0]
+    head_dim = value if name == "head_dim" else self.head_dims[0]
+    with contextlib.ExitStack() as stack:
+      if jnp.dtype(dtype) == jnp.float64:
+        stack.enter_context(reference.enable_x64())
+      if (jnp.dtype(dtype) == jnp.float32 and
+          self.float32_matmul_precision is not None):
+        stack.enter_context(
+            jax.default_matmul_precision(self.float32_matmul_precision))
+      p = self.make_problem(case, dtype, rng, head_dim=head_dim)
+      self.check_problem(p, rng, with_dlse=True, case=case)

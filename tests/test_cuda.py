@@ -15,7 +15,7 @@ import pytest
 
 import jax_flash
 import reference
-from attention_suite import AttentionSuite
+from attention_suite import CUDA_SM80, CUDA_SM90, BackendSuite
 from jax_flash._src import backends, cuda_backend, ffi
 from reference import assert_close_to_reference
 
@@ -29,12 +29,13 @@ pytestmark = [
 ]
 
 
-class TestCudaSuite(AttentionSuite):
+class TestCudaSuite(BackendSuite):
   implementation = "cuda"
+  support = (CUDA_SM90 if ON_GPU and cuda_backend._compute_capability() ==
+             (9, 0) else CUDA_SM80)
   dtypes = ("bfloat16", "float16")
   head_dims = (64, 96, 128, 256)
   long_seq = 300  # > two 128-row tiles
-  skip_unsupported = False  # every suite case must run on the kernels
 
 
 @pytest.mark.parametrize("head_dim", [40, 80, 200])

@@ -20,7 +20,8 @@ from jax.test_util import check_grads
 
 import jax_flash
 import reference
-from attention_suite import AttentionSuite, select_cases
+from attention_suite import (PALLAS_CPU, PALLAS_GPU, AttentionSuite,
+                             BackendSuite, select_cases)
 from jax_flash._src import backends, masking
 from jax_flash._src.pallas import backend as pallas_backend
 from jax_flash._src.pallas import common
@@ -31,8 +32,9 @@ from reference import assert_close_to_reference
 ON_GPU = jax.default_backend() == "gpu"
 
 
-class TestPallasSuite(AttentionSuite):
+class TestPallasSuite(BackendSuite):
   implementation = "pallas"
+  support = PALLAS_GPU if ON_GPU else PALLAS_CPU
   if ON_GPU:
     # Every case in bf16; head dims small/mid/large = 32/96/256.
     dtypes = ("bfloat16",)
@@ -55,6 +57,7 @@ if ON_GPU:
   class TestPallasSuiteOtherDtypes(AttentionSuite):
     """float16 and float32 (smaller tiles: they must fit shared memory)."""
     implementation = "pallas"
+    support = PALLAS_GPU
     dtypes = ("float16", "float32")
     head_dims = (64, 128, 256)
     long_seq = 300

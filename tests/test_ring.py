@@ -15,6 +15,7 @@ tiny shape (interpret mode on CPU); argument errors.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 
 import jax
@@ -25,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
-from jax_flash._src import ring, ring_plan
+from jax_flash._src import masking, ring, ring_plan
 from jax_flash._src.spec import AttentionSpec
 
 # B, T, H, H_kv, D: GQA; T divisible by 2 * 8 (zigzag over 8 devices).
@@ -221,6 +222,37 @@ def test_plan_without_window_is_one_call_per_step(window, zigzag):
   expected = ({(L, L)} if window[1] == -1 else
               {(c, L), (L, c)} if zigzag else {(L, L)})
   assert sizes == expected
+
+
+def test_plan_calls_cover_exactly_the_visible_pairs():
+  """Brute force over windows, ring sizes and layouts: at every step, the
+  kernel calls of each device's case see exactly the (query, key) pairs the
+  global window allows, each once, and the plan drops only steps in which no
+  device sees a key."""
+  size = 3
+  for (wl, wr), n, zigzag in itertools.product(
+      ((-1, -1), (-1, 0), (4, 0), (2, 5), (0, 0), (7, -1), (-1, 3), (9, 9)),
+      (1, 2, 3, 4), (False, True)):
+    m = 2 if zigzag else 1
+    spec = AttentionSpec(scale=1.0, q_len=m * size, kv_len=m * size,
+                         window_left=wl, window_right=wr)
+    steps = {s.shift: s for s in ring_plan.plan(spec, n, zigzag)}
+    for shift, j in itertools.product(range(n), range(n)):
+      pos = lambda dev: np.concatenate([
+          np.arange(ch * size, (ch + 1) * size)
+          for ch in ring_plan.chunks_of(dev, n, zigzag)])
+      qp, kp = pos(j)[:, None], pos((j - shift) % n)[None, :]
+      want = ((wl == -1) | (kp >= qp - wl)) & ((wr == -1) | (kp <= qp + wr))
+      seen = np.zeros(want.shape, int)
+      if shift in steps:
+        step = steps[shift]
+        for c in ring_plan.calls(step.cases[step.table[j]]):
+          rows = np.arange(c.q1 * size - c.q0 * size)[:, None]
+          cols = np.arange(c.k1 * size - c.k0 * size)[None, :]
+          seen[c.q0 * size:c.q1 * size, c.k0 * size:c.k1 * size] += np.asarray(
+              masking.visible(c.spec, rows, cols))
+      np.testing.assert_array_equal(seen, want.astype(int),
+                                    err_msg=f"{(wl, wr, n, zigzag, shift, j)}")
 
 
 def test_window_skipped_steps_move_no_data(rng):

@@ -10,12 +10,13 @@ from jax.test_util import check_grads
 
 import jax_flash
 import reference
-from attention_suite import AttentionSuite, Case, select_cases
+from attention_suite import XLA, AttentionSuite, BackendSuite, Case, select_cases
 from jax_flash._src import xla as xla_backend
 
 
-class TestXlaSuite(AttentionSuite):
+class TestXlaSuite(BackendSuite):
   implementation = "xla"
+  support = XLA
   # The XLA backend's blocks are 512 long: "longer than one block" is 600.
   long_seq = 600
 
