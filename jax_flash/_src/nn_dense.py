@@ -134,8 +134,8 @@ def attention(q, k, v, bias, mask, *, scale, is_causal, window, q_len, kv_len,
 
     @jax.checkpoint
     def one_chunk(c):
-      b = c.get("bias", shared["bias"])
-      m = c.get("mask", shared["mask"])
+      b = c["bias"] if "bias" in c else shared["bias"]
+      m = c["mask"] if "mask" in c else shared["mask"]
       return _rows(c["q"], k, v, b, m, c["pos"], **kw)
 
     out, lse = lax.map(one_chunk, xs)
