@@ -27,9 +27,8 @@ def inputs(spec, k, v, kv_seq_lengths, segment_ids, batch_shape):
         "them give keys at positions >= length a kv segment id that no query "
         "has")
   lengths = jnp.asarray(kv_seq_lengths)
-  if not jnp.issubdtype(lengths.dtype, jnp.integer) or lengths.ndim > len(
-      batch_shape) or jnp.broadcast_shapes(lengths.shape, batch_shape) != tuple(
-          batch_shape):
+  if not (jnp.issubdtype(lengths.dtype, jnp.integer) and
+          _broadcasts_to(lengths.shape, tuple(batch_shape))):
     raise ValueError(
         f"kv_seq_lengths must be an integer array of shape {tuple(batch_shape)}"
         f" (the batch dims) or broadcastable to it; got shape "
@@ -52,3 +51,9 @@ def inputs(spec, k, v, kv_seq_lengths, segment_ids, batch_shape):
   kv_ids = jnp.where(valid, VALID, PADDING).astype(jnp.int32)
   q_ids = jnp.full(tuple(batch_shape) + (T,), VALID, jnp.int32)
   return k, v, (q_ids, kv_ids)
+
+
+def _broadcasts_to(shape, target) -> bool:
+  if len(shape) > len(target):
+    return False
+  return all(a in (1, b) for a, b in zip(shape[::-1], target[::-1]))
