@@ -239,7 +239,11 @@ def _params(cases, dtypes, implementations):
 
 @pytest.mark.parametrize(
     "case,dtype,implementation",
-    _params(BLOCKWISE, (F32, F64, BF16), ("xla", "pallas")) +
+    _params(BLOCKWISE, (F32, F64, BF16), ("xla",)) +
+    _params(BLOCKWISE, (F32,), ("pallas",)) +
+    # Pallas in float64/bfloat16: the masking-heavy cases (the kernels'
+    # own dtype coverage is test_pallas.py's).
+    _params(BLOCKWISE[4:7] + BLOCKWISE[9:10], (F64, BF16), ("pallas",)) +
     _params(DENSE, (F32, F64, BF16), (None,)))
 def test_matches_jax_nn(case, dtype, implementation, rng, x64):
   _check(_BY_ID[case], dtype, implementation, rng)
