@@ -5,6 +5,7 @@ from jax_flash._src import xla as _xla  # registers the "xla" backend
 from jax_flash._src.api import attention
 from jax_flash._src.backends import Unsupported
 from jax_flash._src.backends import names as available_implementations
+from jax_flash._src.nn import dot_product_attention
 from jax_flash._src.ring import ring_attention
 
 try:  # Pallas is part of jax, but keep the package importable without it.
@@ -13,5 +14,6 @@ except ImportError:  # pragma: no cover
   _pallas = None
 
 __version__ = "0.1.0"
-__all__ = ["attention", "ring_attention", "Unsupported",
+__all__ = ["attention", "dot_product_attention", "ring_attention",
+           "Unsupported",
            "available_implementations", "__version__"]

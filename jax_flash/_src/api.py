@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._src import backends, sharding
+from jax_flash._src import backends, jax_nn_names, kv_lengths, sharding
 from jax_flash._src.checks import (check_arrays, check_scale,
                                    check_segment_ids, check_softcap,
                                    window_fields)
@@ -18,12 +18,13 @@ from jax_flash._src.spec import AttentionSpec
 from jax_flash._src.vjp import attention_fn
 
 
-def attention(query, key, value, *, causal: bool = False,
+def attention(query, key, value, *jax_nn_args, causal: bool = False,
               scale: float | None = None,
               window: tuple[int, int] | None = None,
               softcap: float | None = None, segment_ids=None,
+              kv_seq_lengths=None,
               return_lse: bool = False, implementation: str | None = None,
-              deterministic: bool = False):
+              deterministic: bool = False, **jax_nn_kwargs):
   """Exact attention softmax(scale * q k^T + mask) v, computed blockwise.
 
   Args:
@@ -40,6 +41,10 @@ def attention(query, key, value, *, causal: bool = False,
     softcap: if set, scores become softcap * tanh(scores / softcap).
     segment_ids: (q_ids [..., T], kv_ids [..., S]) integer arrays, or one
       array [..., T] when T == S; attention only within equal ids (packing).
+    kv_seq_lengths: integer array of the batch dims' shape: keys at positions
+      >= length are padding (a preallocated KV cache). The queries are then
+      the last T of the valid keys: causal/window align to the length, not S
+      (kv_lengths.py). Not together with segment_ids.
     return_lse: also return the natural-log logsumexp [..., H, T] (float32,
       float64 for float64 inputs; -inf for rows that see no key).
     implementation: "cuda", "pallas", "xla", or None for the best available.
@@ -49,7 +54,12 @@ def attention(query, key, value, *, causal: bool = False,
   Returns:
     out [..., T, H, D] in query.dtype, or (out, lse) if return_lse. Rows that
     see no key give zeros.
+
+  jax.nn.dot_product_attention's argument names raise an error naming the
+  equivalent here; jax_flash.dot_product_attention is the exact drop-in.
   """
+  if jax_nn_args or jax_nn_kwargs or implementation == "cudnn":
+    jax_nn_names.refuse(jax_nn_args, jax_nn_kwargs, implementation)
   q, k, v = query, key, value
   check_arrays(q, k, v)
   batch_shape = q.shape[:-3]
@@ -60,12 +70,16 @@ def attention(query, key, value, *, causal: bool = False,
       causal=bool(causal),
       **window_fields(window, causal),
       softcap=check_softcap(softcap),
-      has_segment_ids=segment_ids is not None,
+      has_segment_ids=segment_ids is not None or kv_seq_lengths is not None,
       batch=int(np.prod(batch_shape, dtype=np.int64)),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv, head_dim=D,
       dtype=jnp.dtype(q.dtype).name,
       deterministic=bool(deterministic))
-  segs = check_segment_ids(segment_ids, batch_shape, T, S)
+  if kv_seq_lengths is None:
+    segs = check_segment_ids(segment_ids, batch_shape, T, S)
+  else:
+    k, v, segs = kv_lengths.inputs(spec, k, v, kv_seq_lengths, segment_ids,
+                                   batch_shape)
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
