@@ -108,7 +108,6 @@ static FwdParams make_params(const Case& c, const Tensor& q, const Tensor& k, co
   fp.softcap = c.softcap;
   fp.window_left = c.wl;
   fp.window_right = c.causal ? (c.wr < 0 ? 0 : std::min(c.wr, 0)) : c.wr;
-  fp.causal = c.causal;
   fp.q_segment = d_qs;
   fp.kv_segment = d_ks;
   fp.dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
