@@ -6,7 +6,8 @@ random geometries (T != S, windows, causal, empty ranges, block starts that
 are not block multiples), that both give the same block ranges, that the
 C++ "does this block need the element mask" test is the complement of the
 Python full-block ranges, and that the C++ row / key bounds are exactly the
-visible intervals of `masking.visible`.
+visible intervals of `masking.visible`. It also checks the workspace rules
+that jax_flash/_src/cuda_backend.py mirrors (head-dim bucket, semaphores).
 """
 
 from __future__ import annotations
@@ -186,3 +187,44 @@ def test_cpp_block_info_matches_masking_py(block_info_cli, seed):
       assert klo > khi, f"key_bounds not empty at {where}"
   # The random geometries reach the edge cases this test is about.
   assert empty_kv > 0 and empty_q > 0
+
+
+# The host rules that Python mirrors to size the CUDA workspaces
+# (cuda_backend.py): the head-dim bucket of dq_accum's pitch and the sm90
+# deterministic backward's semaphore count. One output line per query:
+# rounded_head_dim(d) sm90_head_dim_bucket(d) sm90_bwd_semaphore_ints(b, h, t).
+RULES_PROGRAM = r"""
+#include <cstdio>
+#include "jax_flash/head_dim.h"
+#include "jax_flash/params.h"
+int main() {
+  int d, b, h, t;
+  while (std::scanf("%d %d %d %d", &d, &b, &h, &t) == 4)
+    std::printf("%d %d %lld\n", jax_flash::rounded_head_dim(d), jax_flash::sm90_head_dim_bucket(d),
+                (long long)jax_flash::sm90_bwd_semaphore_ints(b, h, t));
+  return 0;
+}
+"""
+
+
+def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
+  from jax_flash._src import cuda_backend
+  cxx = _compiler()
+  if cxx is None:
+    pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to build the "
+                "head_dim.h check program")
+  src, exe = tmp_path / "rules.cpp", tmp_path / "rules"
+  src.write_text(RULES_PROGRAM)
+  subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", f"-I{INCLUDE}", str(src),
+                  "-o", str(exe)], check=True, capture_output=True, timeout=300)
+  rng = np.random.default_rng(7)
+  queries = [(d, int(rng.integers(0, 9)), int(rng.integers(1, 33)),
+              int(rng.integers(0, 3000))) for d in range(1, 257)]
+  out = subprocess.run([str(exe)], input="".join(" ".join(map(str, q)) + "\n"
+                                                for q in queries),
+                       capture_output=True, text=True, check=True, timeout=60)
+  for (d, b, h, t), line in zip(queries, out.stdout.splitlines(), strict=True):
+    pitch, bucket90, sems = (int(x) for x in line.split())
+    assert pitch == cuda_backend.rounded_head_dim(d), d
+    assert bucket90 in (64, 128, 256) and bucket90 >= d and pitch <= bucket90, d
+    assert sems == cuda_backend.sm90_bwd_semaphore_ints(b, h, t), (b, h, t)

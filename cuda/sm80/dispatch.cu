@@ -1,9 +1,12 @@
 // run_fwd / run_bwd: validate the request, pick the (dtype, head-dim bucket)
 // instantiation. Buckets switched off at build time (JAX_FLASH_DISABLE_*)
-// answer cudaErrorNotSupported instead of failing to link.
+// answer cudaErrorNotSupported instead of failing to link
+// (jax_flash/dispatch.h).
 #include <cstdint>
 
 #include "instantiations.h"
+#include "jax_flash/dispatch.h"
+#include "jax_flash/head_dim.h"
 #include "jax_flash/support.h"
 #include "launch.h"
 
@@ -26,44 +29,18 @@ cudaError_t validate(const FwdParams& p) {
   return cudaSuccess;
 }
 
+// The sm80 buckets (rounded_head_dim); the backward's is the dq_accum pitch.
 template <typename Element>
 cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
-  const int d = rounded_head_dim(p.head_dim);
-  switch (d) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return run_fwd_hdim<Element, 64>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM96
-    case 96: return run_fwd_hdim<Element, 96>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return run_fwd_hdim<Element, 128>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return run_fwd_hdim<Element, 256>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_head_dim<64, 96, 128, 256>(
+      rounded_head_dim(p.head_dim), [&](auto d) { return run_fwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
 
 #ifndef JAX_FLASH_DISABLE_BACKWARD
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
-  switch (p.head_dim_rounded) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return run_bwd_hdim<Element, 64>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM96
-    case 96: return run_bwd_hdim<Element, 96>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return run_bwd_hdim<Element, 128>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return run_bwd_hdim<Element, 256>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_head_dim<64, 96, 128, 256>(
+      p.head_dim_rounded, [&](auto d) { return run_bwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
 #endif
 
@@ -74,21 +51,13 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if (p.lse == nullptr) return cudaErrorInvalidValue;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;  // nothing to write
-  switch (p.dtype) {
-    case DType::kBFloat16: return fwd_dtype<__nv_bfloat16>(p, stream);
-#ifndef JAX_FLASH_DISABLE_FP16
-    case DType::kFloat16: return fwd_dtype<__half>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_dtype(p.dtype, [&](auto e) { return fwd_dtype<typename decltype(e)::type>(p, stream); });
 }
 
-cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
 #ifdef JAX_FLASH_DISABLE_BACKWARD
-  (void)p;
-  (void)stream;
-  return cudaErrorNotSupported;
+cudaError_t run_bwd(const BwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
 #else
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   cudaError_t err = validate(p);
   if (err != cudaSuccess) return err;
   if (!bwd_buffers_ok(p)) return cudaErrorInvalidValue;
@@ -97,14 +66,8 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   // Deterministic mode makes dQ in its own kernel, without the workspace.
   if (!p.deterministic && !dq_accum_ok(p)) return cudaErrorInvalidValue;
   if (p.batch == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kBFloat16: return bwd_dtype<__nv_bfloat16>(p, stream);
-#ifndef JAX_FLASH_DISABLE_FP16
-    case DType::kFloat16: return bwd_dtype<__half>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
-#endif
+  return dispatch_dtype(p.dtype, [&](auto e) { return bwd_dtype<typename decltype(e)::type>(p, stream); });
 }
+#endif
 
 }  // namespace jax_flash::sm80

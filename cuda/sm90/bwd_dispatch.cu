@@ -9,6 +9,7 @@
 #include "bwd_instantiations.h"
 #include "bwd_policy.h"
 #include "device_info.h"
+#include "jax_flash/dispatch.h"
 #include "jax_flash/head_dim.h"
 #include "jax_flash/mask_info.h"
 #include "jax_flash/support.h"
@@ -20,46 +21,29 @@ namespace {
 
 // The shared memory of the tile bwd_default_tile picks (bwd_launch_templates.cuh).
 bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, BwdTileChoice tile) {
-  switch (sm90_head_dim_bucket(p.head_dim)) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return BwdConfigFor<64>::type::kSmemAlloc <= dev.smem_optin;
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128:
-      return (tile == BwdTileChoice::kBlockM80 ? BwdConfigHd128Bm80::kSmemAlloc
-                                         : BwdConfigFor<128>::type::kSmemAlloc) <= dev.smem_optin;
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return BwdConfigFor<256>::type::kSmemAlloc <= dev.smem_optin;
-#endif
-    default: return false;
-  }
+  const int bucket = sm90_head_dim_bucket(p.head_dim);
+  if (!head_dim_bucket_compiled(bucket)) return false;
+  const int smem = bucket == 64    ? BwdConfigFor<64>::type::kSmemAlloc
+                   : bucket == 256 ? BwdConfigFor<256>::type::kSmemAlloc
+                   : tile == BwdTileChoice::kBlockM80 ? BwdConfigHd128Bm80::kSmemAlloc
+                                                      : BwdConfigFor<128>::type::kSmemAlloc;
+  return smem <= dev.smem_optin;
 }
 
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
-  switch (sm90_head_dim_bucket(p.head_dim)) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return run_bwd_hdim<Element, 64>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return run_bwd_hdim<Element, 128>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return run_bwd_hdim<Element, 256>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_head_dim<64, 128, 256>(sm90_head_dim_bucket(p.head_dim), [&](auto d) {
+    return run_bwd_hdim<Element, decltype(d)::value>(p, stream);
+  });
 }
 
 }  // namespace
 #endif  // !JAX_FLASH_DISABLE_BACKWARD
 
-bool bwd_supported(const BwdParams& p) {
 #ifdef JAX_FLASH_DISABLE_BACKWARD
-  (void)p;
-  return false;
+bool bwd_supported(const BwdParams&) { return false; }
 #else
+bool bwd_supported(const BwdParams& p) {
   // Deterministic (fixed dQ order through semaphores, bwd_mainloop.cuh): needs
   // the semaphore workspace (and runs the bucket's tile, bwd_default_tile).
   if (p.deterministic &&
@@ -97,25 +81,17 @@ bool bwd_supported(const BwdParams& p) {
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
   return bucket_compiled_and_ok(p, dev, tile);
-#endif
 }
+#endif
 
-cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
 #ifdef JAX_FLASH_DISABLE_BACKWARD
-  (void)p;
-  (void)stream;
-  return cudaErrorNotSupported;
+cudaError_t run_bwd(const BwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
 #else
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!bwd_supported(p)) return cudaErrorNotSupported;
   if (p.batch == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kBFloat16: return bwd_dtype<__nv_bfloat16>(p, stream);
-#ifndef JAX_FLASH_DISABLE_FP16
-    case DType::kFloat16: return bwd_dtype<__half>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
-#endif
+  return dispatch_dtype(p.dtype, [&](auto e) { return bwd_dtype<typename decltype(e)::type>(p, stream); });
 }
+#endif
 
 }  // namespace jax_flash::sm90
