@@ -415,7 +415,6 @@ static void bench(int launches, int rows) {
     p.scale = float(1.0 / std::sqrt(double(sh.D)));
     p.window_left = -1;
     p.window_right = sh.causal ? 0 : -1;
-    p.causal = sh.causal;
     p.dtype = DType::kBFloat16;
     CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
     p.sm90_tile_counter = tile_counter();  // one stream: launches never overlap
