@@ -5,11 +5,10 @@
 #                                   filter; "det" rows: deterministic mode, 3 runs
 #                                   compared bitwise), --bench: TF/s next to the sm80
 #                                   backward, incl. the deterministic mode
-# Built with -DJAX_FLASH_SM90_ABLATION (BwdParams::sm90_bwd_variant 1, dQ by
-# row bulk reductions, selectable next to the variants of every build: 2,
-# hdim 128 with kBlockM 80 (dQ_swapAB), the default for masks without a
-# causal / local bound: the BM=80 rows of the ptxas report; 3, the bucket's
-# own tile).
+# With the backward's tuning table (cuda/tests/sm90_bwd_tuning.cu, bf16):
+# variant 1, dQ by row bulk reductions (the dq_tensor=0 rows of the ptxas
+# report); 2, hdim 128 with kBlockM 80 (dQ_swapAB), the default for masks
+# without a causal / local bound (the BM=80 rows); 3, the bucket's own tile.
 # Links the sm90 backward (bwd_dispatch.cu + bwd_*_sm90.cu) and the whole sm80
 # family (its forward gives the benchmark's LSE, its backward the comparison),
 # all compiled for sm_90a. Also prints the ptxas register/spill report of the
@@ -27,9 +26,9 @@ OBJ=build/obj_sm90_bwd_tests  # objects and ptxas logs (git-ignored, not carried
 mkdir -p "$OBJ" "$OUTDIR"
 NVCC=${NVCC:-nvcc}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
-       -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda -Xptxas -v
-       -DJAX_FLASH_SM90_ABLATION)
-SOURCES=(cuda/tests/selftest_sm90_bwd.cu cuda/sm90/bwd_dispatch.cu cuda/instantiations/bwd_*_sm90.cu
+       -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda -Xptxas -v)
+SOURCES=(cuda/tests/selftest_sm90_bwd.cu cuda/tests/sm90_bwd_tuning.cu cuda/sm90/bwd_dispatch.cu
+         cuda/instantiations/bwd_*_sm90.cu
          cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu cuda/instantiations/bwd_*_sm80.cu)
 
 compile() {  # src -> obj, ptxas report kept next to it
@@ -68,7 +67,7 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"$CUDA_INC
 # then gives the consumers 240), spills, stack; C75xx notes (wgmma
 # serialisation, injected warpgroup.arrive) would be performance bugs.
 echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions, deterministic):"
-for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log; do
+for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log "$OBJ"/cuda_tests_sm90_bwd_tuning.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
     sed -nE "/Compiling entry/s/.*bwd_kernelI([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8 det=\9/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
     paste -d' ' - - -

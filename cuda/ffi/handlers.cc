@@ -68,7 +68,10 @@ ffi::Error CheckQkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   if (qd[0] != kd[0]) return Invalid("batch of q and k differ");
   if (qd[3] != kd[3]) return Invalid("head_dim of q and k differ");
   if (qd[3] < 1 || qd[3] > 256) return Invalid("head_dim must be in 1..256, got " + std::to_string(qd[3]));
-  if (kd[2] < 1 || qd[2] % kd[2] != 0) {
+  // Zero heads (an empty call) only on both sides: q heads without kv heads
+  // have nothing to attend to, and kv heads without q heads would still owe
+  // their (zero) gradients.
+  if (kd[2] < 1 ? qd[2] != 0 : qd[2] % kd[2] != 0) {
     return Invalid("q heads must be a multiple of kv heads");
   }
   return ffi::Error::Success();
@@ -100,7 +103,7 @@ void FillShapes(FwdParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
 }
 
 ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
-                       int32_t window_left, int32_t window_right, bool causal,
+                       int32_t window_left, int32_t window_right,
                        bool has_segment_ids, const ffi::AnyBuffer& q_seg,
                        const ffi::AnyBuffer& kv_seg) {
   if (!std::isfinite(scale)) return Invalid("scale must be finite");
@@ -110,7 +113,6 @@ ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
   p.softcap = softcap;
   p.window_left = window_left;
   p.window_right = window_right;
-  p.causal = causal;
   p.q_segment = nullptr;
   p.kv_segment = nullptr;
   if (has_segment_ids) {
@@ -193,7 +195,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::Result<ffi::Buffer<ffi::F32>> lse,
                    ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool causal, bool has_segment_ids, int32_t kernel_family) {
+                   bool has_segment_ids, int32_t kernel_family) {
   FwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
@@ -202,7 +204,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return Invalid("lse must be [batch, heads, seqlen_q] float32");
   }
   if (auto err = FillOptions(p, scale, softcap, window_left, window_right,
-                             causal, has_segment_ids, q_seg, kv_seg);
+                             has_segment_ids, q_seg, kv_seg);
       err.failure()) {
     return err;
   }
@@ -212,6 +214,9 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // launcher on the stream when a schedule needs it; unused otherwise).
   if (tile_counter->element_count() < 1) return Invalid("tile_counter workspace must hold one int32");
   p.sm90_tile_counter = tile_counter->typed_data();
+  // Empty batch, zero heads or no query rows: no element to write, and the
+  // kernels' grids would have a zero dimension (an invalid launch).
+  if (lse->element_count() == 0) return ffi::Error::Success();
   Poison(p.o, o->size_bytes(), stream);
   Poison(p.lse, lse->size_bytes(), stream);
   return LaunchForward(p, kernel_family, stream);
@@ -228,7 +233,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::Result<ffi::Buffer<ffi::F32>> dv_accum,
                    ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool causal, bool has_segment_ids, bool deterministic,
+                   bool has_segment_ids, bool deterministic,
                    int32_t kernel_family) {
   BwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
@@ -244,7 +249,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
     return Invalid("lse and delta must be [batch, heads, seqlen_q] float32");
   }
   if (auto err = FillOptions(p, scale, softcap, window_left, window_right,
-                             causal, has_segment_ids, q_seg, kv_seg);
+                             has_segment_ids, q_seg, kv_seg);
       err.failure()) {
     return err;
   }
@@ -282,6 +287,12 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                            sm90_bwd_semaphore_ints(p.batch, p.num_heads, p.seqlen_q)
           ? dq_semaphore->typed_data()
           : nullptr;
+  // Empty batch or zero heads: no gradient element to write (dK / dV of keys
+  // that no query sees are zeros written by the kernels, so only all three
+  // empty skips the launch).
+  if (dq->element_count() == 0 && dk->element_count() == 0 && dv->element_count() == 0) {
+    return ffi::Error::Success();
+  }
   Poison(p.dq, dq->size_bytes(), stream);
   Poison(p.dk, dk->size_bytes(), stream);
   Poison(p.dv, dv->size_bytes(), stream);
@@ -307,7 +318,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<float>("softcap")
         .Attr<int32_t>("window_left")
         .Attr<int32_t>("window_right")
-        .Attr<bool>("causal")
         .Attr<bool>("has_segment_ids")
         .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});
@@ -336,7 +346,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<float>("softcap")
         .Attr<int32_t>("window_left")
         .Attr<int32_t>("window_right")
-        .Attr<bool>("causal")
         .Attr<bool>("has_segment_ids")
         .Attr<bool>("deterministic")
         .Attr<int32_t>("kernel_family"),

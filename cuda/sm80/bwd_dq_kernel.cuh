@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
   }
 
   // dQ = scale * sum_n dS K  -> 16-bit -> shared (the Q tile) -> global.
-  const float scale = args.sm.scale;
+  const float scale = args.p.scale;
 #pragma unroll
   for (int i = 0; i < Cfg::kMT; ++i)
 #pragma unroll

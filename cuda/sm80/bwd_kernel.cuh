@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   if constexpr (kBulkDq)
     if (fused_dq && iters > 0)
       issue_dq_rows<Cfg>(dq_accum_ptr(staged_hq, staged_m0), sdQ, p.seqlen_q - staged_m0, tid);
-  const float scale = args.sm.scale;
+  const float scale = args.p.scale;
 #pragma unroll
   for (int i = 0; i < Cfg::kMT_KV; ++i)
 #pragma unroll

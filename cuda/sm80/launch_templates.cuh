@@ -7,9 +7,9 @@
 
 #include "bwd_dq_kernel.cuh"
 #include "bwd_kernel.cuh"
-#include "bwd_postprocess.cuh"
 #include "fwd_kernel.cuh"
 #include "jax_flash/device_attribute.h"
+#include "jax_flash/dq_convert.cuh"
 #include "instantiations.h"
 #include "kernel_traits.cuh"
 
@@ -91,10 +91,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     const dim3 grid((p.seqlen_q + DqCfg::kBlockM - 1) / DqCfg::kBlockM, p.num_heads, p.batch);
     JF_LAUNCH(kernel, grid, DqCfg::kThreads, DqCfg::kSmemBytes, stream)(args);
   } else {  // dq = scale * dq_accum
-    const int64_t chunks = int64_t(p.seqlen_q) * (kHeadDim / 8);
-    const dim3 grid(unsigned((chunks + kConvertThreads - 1) / kConvertThreads), p.num_heads, p.batch);
     auto kernel = dq_convert_kernel<Element, kHeadDim>;
-    JF_LAUNCH(kernel, grid, kConvertThreads, 0, stream)(args);
+    JF_LAUNCH(kernel, dq_convert_grid(p, kHeadDim), kDqConvertThreads, 0, stream)(DqConvertArgs{p});
   }
   return cudaGetLastError();
 }

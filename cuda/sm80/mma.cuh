@@ -22,12 +22,14 @@
 #include <cuda_fp16.h>
 #include <cstdint>
 
+#include "jax_flash/pack.cuh"
+
 // Host emulation (cuda/tests/emu): the same kernel source compiled by a host
 // C++ compiler, with the PTX below replaced by a warp-level interpreter, so
-// that the kernels can be run and checked on a machine without a GPU.
-#ifdef JAX_FLASH_HOST_EMULATION
-#include "emu_device.h"
-#else
+// that the kernels can be run and checked on a machine without a GPU. Its
+// build force-includes the replacements (g++ -include emu_device.h), so no
+// kernel header depends on the test code.
+#ifndef JAX_FLASH_HOST_EMULATION
 #include "jax_flash/fast_math.cuh"
 // Dynamic shared memory (1 KB aligned: the swizzle address arithmetic of
 // warp_gemm.cuh XORs address bits 4-6 and relies on tiles starting on 1 KB).
@@ -57,11 +59,7 @@ struct Mma<__nv_bfloat16> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
   // Pack two floats into one b32 holding (lo, hi) as bf16, round to nearest.
-  JF_DEVICE static uint32_t pack(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
+  JF_DEVICE static uint32_t pack(float lo, float hi) { return Pack<__nv_bfloat16>::pack(lo, hi); }
 };
 
 template <>
@@ -73,11 +71,7 @@ struct Mma<__half> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-  JF_DEVICE static uint32_t pack(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
+  JF_DEVICE static uint32_t pack(float lo, float hi) { return Pack<__half>::pack(lo, hi); }
 };
 
 // ---------------------------------------------------------------- ldmatrix

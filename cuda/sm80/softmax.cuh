@@ -11,11 +11,11 @@
 
 #include <cmath>
 
+#include "jax_flash/softmax_scale.h"
 #include "mma.cuh"
 
 namespace jax_flash::sm80 {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Softcap: s <- tanh(s * pre), pre = scale / softcap. Then scale_eff = softcap.
@@ -188,28 +188,6 @@ JF_DEVICE void load_row_stats(float (&lse_log2)[kMT][2], float (&delta)[kMT][2],
       lse_log2[i][h] = l;
       delta[i][h] = d;
     }
-}
-
-// Launch-wide softmax constants.
-struct SoftmaxScale {
-  float scale_log2;  // scale_eff * log2(e)
-  float scale_eff;   // scale, or softcap when softcap is on
-  float softcap_pre; // scale / softcap (0 = softcap off)
-  float scale;       // q.k multiplier (for dQ, dK)
-};
-
-inline SoftmaxScale make_softmax_scale(float scale, float softcap) {
-  SoftmaxScale s;
-  s.scale = scale;
-  if (softcap > 0.f) {
-    s.softcap_pre = scale / softcap;
-    s.scale_eff = softcap;
-  } else {
-    s.softcap_pre = 0.f;
-    s.scale_eff = scale;
-  }
-  s.scale_log2 = s.scale_eff * kLog2e;
-  return s;
 }
 
 }  // namespace jax_flash::sm80

@@ -15,8 +15,8 @@
 // warpgroups, 2 stages of Q / dO and of dS. dQ = dS K (kBlockM x D per step)
 // is split over the two warpgroups into 64 x 64 tiles: along the head dim for
 // kBlockM = 64 (hdim 128: FA3 AtomLayoutMdQ = 1), along the rows for
-// kBlockM = 128 (hdim 64: AtomLayoutMdQ = 2). Tuning variant 2 (hdim 128,
-// no causal / local bound; FA3's non-causal tile): kBlockM = 80, S^T / dP^T
+// kBlockM = 128 (hdim 64: AtomLayoutMdQ = 2). The kBlockM 80 tile (hdim 128,
+// no causal / local bound, bwd_policy.h; FA3's non-causal tile): kBlockM = 80, S^T / dP^T
 // 64 x 80 per WG, dV / dK RS GEMMs of 5 k-steps, and dQ_swapAB: dQ^T = K^T
 // dS^T, 64 head-dim columns x 80 queries per WG (see kDqSwapAB below).
 //
@@ -48,7 +48,8 @@
 //   dQ            2 x 16 or 18 KB fp32          one staging tile per consumer WG:
 //                   kDqTensor (default): [2][64][32] 128B-swizzled (two TMA boxes
 //                   of 32 columns, added into dq_accum by cp.reduce.async.bulk.tensor);
-//                   rows (ablation): [64][kDqPitch], one cp.reduce.async.bulk per row;
+//                   rows (kept for measurements, cuda/tests/sm90_bwd_tuning.h):
+//                   [64][kDqPitch], one cp.reduce.async.bulk per row;
 //                   dQ_swapAB (kBlockM 80): [2][80][32] swizzled only (20 KB)
 //   LSE           kStages x [kBlockM] fp32      log2-unit LSE (+inf for empty
 //                                               rows / rows past seqlen_q)
@@ -62,7 +63,6 @@
 
 #include <cstdint>
 
-#include "bwd_instantiations.h"
 #include "mask.cuh"
 #include "ptx/common.cuh"
 #include "smem_layout.cuh"
@@ -107,8 +107,8 @@ struct BwdConfig {
   static constexpr int kDqRows = kDqSwapAB ? kBlockM : 64;  // rows of a WG's dQ tile
   static_assert(kDqSlices * kDqCols == kDqWGCols && (kSdpSwapAB ? kDqSlices == 1 : kDqSlices == 2),
                 "each WG's dQ staging tile is 64 x 64 (one wgmma N=64, one K column block)");
-  // Row pitch of a dQ staging tile (floats) in the row-reduction ablation
-  // variant: +8 makes the float2 fragment stores conflict-free (rows g and
+  // Row pitch of a dQ staging tile (floats) with row reductions (kept for
+  // measurements; the plan reserves its size in every build): +8 makes the float2 fragment stores conflict-free (rows g and
   // g+4 land 32 banks apart) and keeps every row 16-byte aligned for the bulk
   // copy engine. hdim 256: no padding (the plan has no 4 KB to spare; the
   // default tensor-reduction layout does not use the pitch).
@@ -120,8 +120,7 @@ struct BwdConfig {
   static constexpr int kPBytes = kSdpSwapAB ? 0 : 2 * kDsBytes;  // P^T stays in registers there
   // One WG's dQ staging tile: the larger of the two layouts (64 x kDqPitch
   // rows, 64 x 64 swizzled boxes), a multiple of 1 KB. dQ_swapAB: only the
-  // swizzled layout (two kDqRows x 32 boxes; the row-reduction variant is
-  // not built for it).
+  // swizzled layout (two kDqRows x 32 boxes; no row reductions).
   static constexpr int kDqWGBytes = kDqSwapAB ? kDqRows * kDqCols * 4 : 64 * kDqPitch * 4;
   static_assert(kDqWGBytes >= kDqRows * kDqCols * 4 && kDqWGBytes % 1024 == 0, "dQ staging tile");
   static constexpr int kStatBytes = kBlockM * 4;          // one stage of LSE (or delta)
@@ -178,12 +177,6 @@ template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, fa
 // and dO 2 x 20 KB each, dS 2 x 20 KB, dQ staging 2 x 20 KB, LSE / delta 2 x
 // 320 B each: 230728 B + 1 KB slack (of 232448).
 using BwdConfigHd128Bm80 = BwdConfig<128, 80>;
-
-// Variant 0 resolved for a case (bwd_instantiations.h).
-inline int resolved_bwd_variant(const BwdParams& p, int hdim_bucket) {
-  const MaskInfo mi = make_mask_info(p);
-  return resolved_bwd_variant(p.sm90_bwd_variant, hdim_bucket, mi.wl >= 0 || mi.wr >= 0, p.deterministic);
-}
 
 // Named barrier ids of the backward (0 is __syncthreads).
 constexpr int kBwdBarDqFull = 1;   // + WG: the WG's dQ tile is staged (128 consumer + 32 writer threads)

@@ -2,104 +2,67 @@
 // (dtype, head-dim bucket) instantiation. Anything not served here answers
 // cudaErrorNotSupported so that the caller runs jax_flash::sm80::run_bwd:
 // deterministic mode without its workspace (BwdParams::sm90_dq_semaphore),
-// schedule variants that do not apply to the case (bwd_config.cuh), head dims
-// above 256, non-sm_90 devices, TMA-incompatible layouts.
+// head dims above 256, non-sm_90 devices, TMA-incompatible layouts.
 #include <cstdint>
 
 #include "bwd_config.cuh"
 #include "bwd_instantiations.h"
+#include "bwd_policy.h"
 #include "device_info.h"
+#include "jax_flash/dispatch.h"
+#include "jax_flash/head_dim.h"
+#include "jax_flash/mask_info.h"
+#include "jax_flash/support.h"
 #include "launch.h"
 
 namespace jax_flash::sm90 {
 #ifndef JAX_FLASH_DISABLE_BACKWARD
 namespace {
 
-// The sm90 backward buckets: 64, 128 (65..128, incl. 96, zero-padded) and
-// 256 (129..256, zero-padded).
-int bwd_bucket(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0; }
-
-// `variant`: the resolved BwdParams::sm90_bwd_variant (its tile's smem).
-bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, int variant) {
-  switch (bwd_bucket(p.head_dim)) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return BwdConfigFor<64>::type::kSmemAlloc <= dev.smem_optin;
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128:
-      return (variant == kBwdVarBm80 ? BwdConfigHd128Bm80::kSmemAlloc : BwdConfigFor<128>::type::kSmemAlloc) <=
-             dev.smem_optin;
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return BwdConfigFor<256>::type::kSmemAlloc <= dev.smem_optin;
-#endif
-    default: return false;
-  }
+// The shared memory of the tile bwd_default_tile picks (bwd_launch_templates.cuh).
+bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, BwdTileChoice tile) {
+  const int bucket = sm90_head_dim_bucket(p.head_dim);
+  if (!head_dim_bucket_compiled(bucket)) return false;
+  const int smem = bucket == 64    ? BwdConfigFor<64>::type::kSmemAlloc
+                   : bucket == 256 ? BwdConfigFor<256>::type::kSmemAlloc
+                   : tile == BwdTileChoice::kBlockM80 ? BwdConfigHd128Bm80::kSmemAlloc
+                                                      : BwdConfigFor<128>::type::kSmemAlloc;
+  return smem <= dev.smem_optin;
 }
 
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
-  switch (bwd_bucket(p.head_dim)) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return run_bwd_hdim<Element, 64>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return run_bwd_hdim<Element, 128>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return run_bwd_hdim<Element, 256>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_head_dim<64, 128, 256>(sm90_head_dim_bucket(p.head_dim), [&](auto d) {
+    return run_bwd_hdim<Element, decltype(d)::value>(p, stream);
+  });
 }
 
 }  // namespace
 #endif  // !JAX_FLASH_DISABLE_BACKWARD
 
-bool bwd_supported(const BwdParams& p) {
 #ifdef JAX_FLASH_DISABLE_BACKWARD
-  (void)p;
-  return false;
+bool bwd_supported(const BwdParams&) { return false; }
 #else
+bool bwd_supported(const BwdParams& p) {
   // Deterministic (fixed dQ order through semaphores, bwd_mainloop.cuh): needs
-  // the semaphore workspace and the tensor-reduction schedule of the bucket's
-  // tile (variant 0 resolves to it, bwd_config.cuh).
+  // the semaphore workspace (and runs the bucket's tile, bwd_default_tile).
   if (p.deterministic &&
       (p.sm90_dq_semaphore == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_dq_semaphore) & 3) != 0))
     return false;
-  if (p.sm90_bwd_variant < 0 || p.sm90_bwd_variant >= kBwdNumVariants) return false;
-  const MaskInfo mi = make_mask_info(p);
-  const bool mask_bounded = mi.wl >= 0 || mi.wr >= 0;
-  const int variant =
-      resolved_bwd_variant(p.sm90_bwd_variant, bwd_bucket(p.head_dim), mask_bounded, p.deterministic);
-  if (p.deterministic && variant != kBwdVarTensor) return false;
-#ifndef JAX_FLASH_SM90_ABLATION
-  if (variant == kBwdVarRowReduce) return false;
-#endif
-  // Variant 2 (kBlockM 80, BwdConfigHd128Bm80): the hdim-128 bucket without a
-  // causal / local bound; unavailable elsewhere.
-  if (variant == kBwdVarBm80 && (bwd_bucket(p.head_dim) != 128 || mask_bounded)) return false;
-  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
-    return false;
-  if (p.num_heads % p.num_heads_k != 0) return false;
-  if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
-  if (p.head_dim_rounded != rounded_head_dim(p.head_dim)) return false;  // dq_accum pitch
-  if (p.lse == nullptr || p.delta == nullptr) return false;
-  if (p.dq_accum == nullptr || !aligned16(p.dq_accum) || p.seqlen_q_rounded < p.seqlen_q) return false;
+  if (!problem_ok(p) || !bwd_buffers_ok(p) || !dq_accum_ok(p)) return false;
   if (p.dq == nullptr || !aligned16(p.dq)) return false;
-  if ((p.q_segment == nullptr) != (p.kv_segment == nullptr)) return false;
-  if (!(p.scale > 0.f) || !(p.softcap >= 0.f)) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;
 #else
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
 #endif
-  // Grid (KV blocks x kv heads x batch) and the dq_convert grid fit.
-  const int64_t block_n = bwd_bucket(p.head_dim) == 256 ? BwdConfigFor<256>::type::kBlockN : 128;
+  const int bucket = sm90_head_dim_bucket(p.head_dim);
+  const BwdTileChoice tile = bwd_default_tile(bucket, make_mask_info(p).bounded(), p.deterministic);
+  // Grid (KV blocks x kv heads x batch) fits.
+  const int64_t block_n = bucket == 256 ? BwdConfigFor<256>::type::kBlockN : 128;
   if (int64_t(p.batch) * p.num_heads_k * ((int64_t(p.seqlen_k) + block_n - 1) / block_n) >=
       (int64_t(1) << 31))
     return false;
-  if (p.num_heads > 65535 || p.batch > 65535) return false;
   // dq (written by dq_convert with 16-byte stores) has q's strides; dK / dV
   // K's / V's; dO O's. All are read / written by TMA except dq.
   if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
@@ -117,26 +80,18 @@ bool bwd_supported(const BwdParams& p) {
     return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
-  return bucket_compiled_and_ok(p, dev, variant);
-#endif
+  return bucket_compiled_and_ok(p, dev, tile);
 }
+#endif
 
-cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
 #ifdef JAX_FLASH_DISABLE_BACKWARD
-  (void)p;
-  (void)stream;
-  return cudaErrorNotSupported;
+cudaError_t run_bwd(const BwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
 #else
+cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!bwd_supported(p)) return cudaErrorNotSupported;
   if (p.batch == 0) return cudaSuccess;
-  switch (p.dtype) {
-    case DType::kBFloat16: return bwd_dtype<__nv_bfloat16>(p, stream);
-#ifndef JAX_FLASH_DISABLE_FP16
-    case DType::kFloat16: return bwd_dtype<__half>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
-#endif
+  return dispatch_dtype(p.dtype, [&](auto e) { return bwd_dtype<typename decltype(e)::type>(p, stream); });
 }
+#endif
 
 }  // namespace jax_flash::sm90

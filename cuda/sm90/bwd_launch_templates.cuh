@@ -1,6 +1,7 @@
 // Host side of the sm90 backward: TMA descriptors, kernel arguments, the
-// dq_accum zeroing, the main kernel and the dq_convert post-pass (the sm80
-// one, cuda/sm80/bwd_postprocess.cuh: dq = scale * dq_accum -> input dtype).
+// dq_accum zeroing, the main kernel and the dq_convert post-pass shared with
+// the sm80 family (jax_flash/dq_convert.cuh: dq = scale * dq_accum -> input
+// dtype).
 // Included only by the generated files cuda/instantiations/bwd_*_sm90.cu.
 #pragma once
 
@@ -12,19 +13,17 @@
 
 #include "bwd_instantiations.h"
 #include "bwd_kernel.cuh"
+#include "bwd_policy.h"
 #include "launch_templates.cuh"  // encode_bshd (tensor maps of the forward)
-#include "sm80/bwd_postprocess.cuh"
+#include "jax_flash/dq_convert.cuh"
 
 namespace jax_flash::sm90 {
 
 // dq = scale * dq_accum ([b, h, seqlen_q_rounded, kPitch] fp32) in q's layout.
 template <typename Element, int kPitch>
 cudaError_t launch_dq_convert(const BwdParams& p, cudaStream_t stream) {
-  const sm80::BwdKernelArgs args{p, sm80::make_mask_info(p), sm80::make_softmax_scale(p.scale, p.softcap)};
-  const int64_t chunks = int64_t(p.seqlen_q) * (kPitch / 8);
-  const dim3 grid(unsigned((chunks + sm80::kConvertThreads - 1) / sm80::kConvertThreads), p.num_heads,
-                  p.batch);
-  sm80::dq_convert_kernel<Element, kPitch><<<grid, sm80::kConvertThreads, 0, stream>>>(args);
+  dq_convert_kernel<Element, kPitch><<<dq_convert_grid(p, kPitch), kDqConvertThreads, 0, stream>>>(
+      DqConvertArgs{p});
   return cudaGetLastError();
 }
 
@@ -49,12 +48,14 @@ inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seql
   return r == CUDA_SUCCESS;
 }
 
-// dq_tensor: dQ added by TMA tensor reductions (false: one bulk reduction
-// per row, the ablation variant 1).
-template <typename Element, typename Cfg>
-cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, bool dq_tensor) {
+// One tile: the config Cfg, and how dQ reaches dq_accum: kDqTensor, by TMA
+// tensor reductions of each staged tile (production); else by one bulk
+// reduction per row (kept for measurements only, cuda/tests/sm90_bwd_tuning.h).
+template <typename Element, typename Cfg, bool kDqTensor = true>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  static_assert(kDqTensor || !Cfg::kDqSwapAB, "dQ_swapAB: tensor reductions only");
   // Deterministic kernels: tensor reductions only, with the semaphore workspace.
-  if (p.deterministic && (!dq_tensor || p.sm90_dq_semaphore == nullptr)) return cudaErrorNotSupported;
+  if (p.deterministic && (!kDqTensor || p.sm90_dq_semaphore == nullptr)) return cudaErrorNotSupported;
   BwdKernelArgs args;
   std::memset(&args, 0, sizeof(args));
   const int hd = p.head_dim;
@@ -76,9 +77,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, bool dq_tensor) 
     return cudaErrorNotSupported;
   args.mask = make_mask_info(p);
   // kBlockM 80 (FA3's non-causal tile) only without a causal / local bound.
-  if (Cfg::kDqSwapAB && (args.mask.wl >= 0 || args.mask.wr >= 0)) return cudaErrorNotSupported;
+  if (Cfg::kDqSwapAB && args.mask.bounded()) return cudaErrorNotSupported;
   args.sm = make_softmax_scale(p.scale, p.softcap);
-  const bool causal_like = args.mask.wr >= 0 && args.mask.wl < 0;
+  const bool causal_like = args.mask.causal_like();
   const int group = p.num_heads / p.num_heads_k;
   args.sched = make_bwd_scheduler(p.batch, p.num_heads_k, group, p.seqlen_q, p.seqlen_k,
                                   Cfg::kHeadDim, Cfg::kBlockN, causal_like);
@@ -110,10 +111,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, bool dq_tensor) 
     if (err != cudaSuccess) return err;
   }
   if (args.sched.total > 0) {  // every KV block, also those no query sees (dK = dV = 0)
-    auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true> : bwd_kernel<Element, Cfg, false, true>;
-    // Deterministic kernels only for the default tiles (tensor reductions,
-    // variant 0: bwd_supported); the dQ_swapAB tuning tile has none.
-    if constexpr (!Cfg::kDqSwapAB) {
+    auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, kDqTensor>
+                                  : bwd_kernel<Element, Cfg, false, kDqTensor>;
+    // Deterministic kernels only for the bucket tiles with tensor reductions
+    // (bwd_default_tile); the dQ_swapAB tile has none.
+    if constexpr (!Cfg::kDqSwapAB && kDqTensor) {
       if (det) {
         err = cudaMemsetAsync(p.sm90_dq_semaphore, 0, size_t(sem_ints) * sizeof(int32_t), stream);
         if (err != cudaSuccess) return err;
@@ -123,14 +125,6 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, bool dq_tensor) 
     } else {
       if (det) return cudaErrorNotSupported;
     }
-#ifdef JAX_FLASH_SM90_ABLATION
-    if constexpr (!Cfg::kDqSwapAB) {  // dQ_swapAB: tensor reductions only
-      if (!dq_tensor)
-        kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, false> : bwd_kernel<Element, Cfg, false, false>;
-    }
-#else
-    (void)dq_tensor;
-#endif
     err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
     if (err != cudaSuccess) return err;
@@ -154,17 +148,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream, bool dq_tensor) 
 
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
-  using Cfg = typename BwdConfigFor<kHeadDim>::type;
-  switch (resolved_bwd_variant(p, kHeadDim)) {
-    case kBwdVarTensor: return launch_bwd<Element, Cfg>(p, stream, true);
-    case kBwdVarBm80:
-      if constexpr (kHeadDim == 128) return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream, true);
-      return cudaErrorNotSupported;
-#ifdef JAX_FLASH_SM90_ABLATION
-    case kBwdVarRowReduce: return launch_bwd<Element, Cfg>(p, stream, false);
-#endif
-    default: return cudaErrorNotSupported;
+  if constexpr (kHeadDim == 128) {
+    if (bwd_default_tile(kHeadDim, make_mask_info(p).bounded(), p.deterministic) == BwdTileChoice::kBlockM80)
+      return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream);
   }
+  return launch_bwd<Element, typename BwdConfigFor<kHeadDim>::type>(p, stream);
 }
 
 }  // namespace jax_flash::sm90

@@ -68,7 +68,7 @@ template <typename Cfg, bool kDet = false>
 JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, int t) {
   BwdTile w;
   a.sched.template decode<kDet>(t, w.n_block, w.head_k, w.batch);
-  q_block_range(a.mask, w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
+  a.mask.q_block_range(w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
   w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
   return w;
 }

@@ -1,6 +1,7 @@
 // Masking for the sm90 backward, on the transposed score tile S^T (keys x
-// queries) that the consumer warpgroups hold (SdP_swapAB). Same rules as
-// mask.cuh (bottom-right aligned):
+// queries) that the consumer warpgroups hold (SdP_swapAB), from the key
+// bounds of the shared BlockInfo (jax_flash/block_info.h; its q_block_range
+// gives each KV block's query blocks). Same rules (bottom-right aligned):
 //   query i sees key k iff k < seqlen_k
 //                       && (wl < 0 || k >= i + off - wl)    <=> i <= k - off + wl
 //                       && (wr < 0 || k <= i + off + wr)    <=> i >= k - off - wr
@@ -15,34 +16,17 @@
 
 namespace jax_flash::sm90 {
 
-// [first, last) query blocks (of bm rows) whose rows see a key of
-// [n0, n0 + bn) (keys clamped to seqlen_k).
-JF_DEVICE void q_block_range(const MaskInfo& mi, int n0, int bn, int bm, int& first, int& last) {
-  const int m_blocks = (mi.seqlen_q + bm - 1) / bm;
-  first = 0;
-  last = m_blocks;
-  if (mi.wr >= 0) {
-    const int64_t lo = int64_t(n0) - mi.off - mi.wr;  // first row that sees key n0
-    first = lo <= 0 ? 0 : int(min64(lo / bm, m_blocks));
-  }
-  if (mi.wl >= 0) {
-    const int64_t hi = int64_t(min(n0 + bn, mi.seqlen_k) - 1) - mi.off + mi.wl;  // last row
-    last = hi < 0 ? 0 : int(min64(hi / bm + 1, m_blocks));
-  }
-  if (last < first) last = first;
-}
-
 // Deterministic dQ order (bwd_dq_writer): the KV blocks whose query-block
 // ranges hold query block m add into its dQ tile in descending block order.
-// They form an interval of blocks: first(n) and last(n) above are
-// non-decreasing in n, so {n : first(n) <= m} is a prefix, {n : last(n) > m}
+// They form an interval of blocks: first(n) and last(n) of
+// BlockInfo::q_block_range are non-decreasing in n, so {n : first(n) <= m} is a prefix, {n : last(n) > m}
 // a suffix. So the block that adds just before block n is n + 1 when m is in
 // n + 1's range, else n is the first. Returns n + 1's range (empty when n is
 // the last block).
 JF_DEVICE void dq_pred_range(const MaskInfo& mi, int n_block, int num_n_blocks, int bn, int bm,
                              int& first, int& last) {
   first = last = 0;
-  if (n_block + 1 < num_n_blocks) q_block_range(mi, (n_block + 1) * bn, bn, bm, first, last);
+  if (n_block + 1 < num_n_blocks) mi.q_block_range((n_block + 1) * bn, bn, bm, first, last);
 }
 
 // Masks a warpgroup's S^T fragment (64 keys x NQ queries, wgmma layout,
@@ -62,10 +46,8 @@ JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int k
     // Visible queries of this key: [lo, hi] (absolute), then relative to q0,
     // clamped to [-1, 2 NR] (the column offsets d are in [0, 2 NR)) so that the
     // compare below is on small ints.
-    const int64_t k64 = key;
-    int64_t lo = mi.wr >= 0 ? k64 - mi.off - mi.wr : INT64_MIN / 2;
-    int64_t hi = mi.wl >= 0 ? k64 - mi.off + mi.wl : INT64_MAX / 2;
-    if (key >= mi.seqlen_k) hi = lo - 1;  // keys past the end: nothing visible
+    int64_t lo, hi;
+    mi.key_bounds(key, lo, hi);
     const int rlo = int(max64(min64(lo - q0, 2 * NR), -1));
     const int rhi = int(max64(min64(hi - q0, 2 * NR), -1));
 #pragma unroll

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "jax_flash/support.h"  // aligned16
+
 namespace jax_flash::sm90 {
 
 struct DeviceInfo {
@@ -35,8 +37,6 @@ inline DeviceInfo device_info() {
   }
   return cache[dev];
 }
-
-inline bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 // TMA: strides are multiples of 16 bytes and below 2^40 bytes. A dimension
 // with a single index may have any stride (the launcher substitutes one).

@@ -26,6 +26,7 @@
 #include <cmath>
 
 #include "jax_flash/fast_math.cuh"
+#include "jax_flash/softmax_scale.h"
 #include "ptx/common.cuh"
 
 namespace jax_flash::sm90 {
@@ -173,26 +174,6 @@ JF_DEVICE void rescale_rows(float (&o)[NR], const float (&f)[2]) {
     o[4 * j + 2] *= f[1];
     o[4 * j + 3] *= f[1];
   }
-}
-
-// Launch-wide constants.
-struct SoftmaxScale {
-  float scale_log2;   // scale_eff * log2(e)
-  float scale_eff;    // scale, or softcap when softcap is on
-  float softcap_pre;  // scale / softcap (0 = off)
-};
-
-inline SoftmaxScale make_softmax_scale(float scale, float softcap) {
-  SoftmaxScale s;
-  if (softcap > 0.f) {
-    s.softcap_pre = scale / softcap;
-    s.scale_eff = softcap;
-  } else {
-    s.softcap_pre = 0.f;
-    s.scale_eff = scale;
-  }
-  s.scale_log2 = s.scale_eff * kLog2e;
-  return s;
 }
 
 }  // namespace jax_flash::sm90

@@ -103,7 +103,6 @@ static void run_shape(const Shape& s, bool once, std::mt19937& rng) {
   p.scale = 1.f / std::sqrt(float(s.D));
   p.window_left = -1;
   p.window_right = s.causal ? 0 : -1;
-  p.causal = s.causal;
   p.dtype = DType::kBFloat16;
   CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
   p.dout = dout, p.delta = delta, p.dq = dq, p.dk = dk, p.dv = dv;

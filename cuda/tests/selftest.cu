@@ -153,7 +153,6 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   fp.softcap = c.softcap;
   fp.window_left = c.wl;
   fp.window_right = c.causal ? (c.wr < 0 ? 0 : std::min(c.wr, 0)) : c.wr;
-  fp.causal = c.causal;
   fp.q_segment = d_qs;
   fp.kv_segment = d_ks;
   fp.dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;

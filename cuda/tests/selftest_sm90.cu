@@ -108,7 +108,6 @@ static FwdParams make_params(const Case& c, const Tensor& q, const Tensor& k, co
   fp.softcap = c.softcap;
   fp.window_left = c.wl;
   fp.window_right = c.causal ? (c.wr < 0 ? 0 : std::min(c.wr, 0)) : c.wr;
-  fp.causal = c.causal;
   fp.q_segment = d_qs;
   fp.kv_segment = d_ks;
   fp.dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
@@ -416,7 +415,6 @@ static void bench(int launches, int rows) {
     p.scale = float(1.0 / std::sqrt(double(sh.D)));
     p.window_left = -1;
     p.window_right = sh.causal ? 0 : -1;
-    p.causal = sh.causal;
     p.dtype = DType::kBFloat16;
     CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
     p.sm90_tile_counter = tile_counter();  // one stream: launches never overlap

@@ -22,17 +22,17 @@
 // and "(nondet: differs)" noted when its dq_accum bits changed. Head dims: the buckets 64,
 // 128 (incl. 96, 80) and 256 (incl. 200, 136, 160: zero-padded columns, a
 // whole padding column block for 136 and 160). Builds with
-// Every case runs BwdParams::sm90_bwd_variant 0 (the default) and the explicit
-// variants that apply (cuda/sm90/bwd_config.cuh): 2 (kBlockM 80, dQ_swapAB;
-// hdim-128 bucket, no causal / local bound; the default there), 3 (the
-// bucket's tile with dQ tensor reductions; the default elsewhere) and, in
-// -DJAX_FLASH_SM90_ABLATION builds, 1 (dQ by row bulk reductions);
-// "#v" counts the variants run and a failing row names the failing ones.
+// Every case runs variant 0 (the default, sm90::run_bwd) and the explicit
+// variants of the tuning table that apply (sm90_bwd_tuning.h; bf16 only):
+// 1 (dQ by row bulk reductions), 2 (kBlockM 80, dQ_swapAB; hdim-128 bucket,
+// no causal / local bound; the default there), 3 (the bucket's tile with dQ
+// tensor reductions; the default elsewhere); "#v" counts the variants run
+// and a failing row names the failing ones.
 // Exit code 1 on a failure.
 //
 // Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16),
 // (D=64, H=32) and (D=256, H=8), causal and not: sm90 run_bwd (default, and variants 1, 2, 3
-// where compiled and applicable: "-" elsewhere) and the sm90 deterministic mode ("sm90 det",
+// where applicable: "-" elsewhere) and the sm90 deterministic mode ("sm90 det",
 // incl. its semaphore memset; "bits": three runs, one next to an SM-hogging kernel, bitwise
 // equal) next to sm80 run_bwd (fast mode), each including its dq_accum memset and dq_convert
 // pass; 10 back-to-back calls between two events, median of 5 repeats; FLOPs = 2.5 x the
@@ -65,8 +65,8 @@
 
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
-#include "sm90/bwd_instantiations.h"  // the variant numbers
 #include "sm90/launch.h"
+#include "sm90_bwd_tuning.h"
 #include "gpu_wait.h"
 #include "selftest_common.h"
 
@@ -146,8 +146,8 @@ static bool padding_untouched(const std::vector<uint16_t>& got, const Tensor& la
 }
 
 static int g_only_variant = -1;  // --variant=N
-// BwdParams::sm90_bwd_variant values (0 default, 2, 3; 1 with -DJAX_FLASH_SM90_ABLATION).
-constexpr int kNumVariants = jax_flash::sm90::kBwdNumVariants;
+// The tuning table's variants (0 = the default).
+constexpr int kNumVariants = jax_flash::sm90::tuning::kNumVariants;
 
 // Holds SMs for a while (a backward CTA needs a whole SM's registers, so it
 // cannot start next to one of these): each block spins for a pseudo-random
@@ -276,7 +276,6 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   bp.softcap = c.softcap;
   bp.window_left = c.wl;
   bp.window_right = c.causal ? (c.wr < 0 ? 0 : std::min(c.wr, 0)) : c.wr;
-  bp.causal = c.causal;
   bp.q_segment = d_qs;
   bp.kv_segment = d_ks;
   bp.dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
@@ -310,13 +309,12 @@ static Row run_case(const Case& c, std::mt19937& rng) {
                                                   d_delta, d_acc, d_qs, d_ks, d_sem})
       if (ptr) CHECK_CUDA(cudaFree(ptr));
   };
-  // --variant=N runs only BwdParams::sm90_bwd_variant N (e.g. 1 when the
-  // default tensor-reduction path hangs or fails).
-  const int v_first = g_only_variant > 0 ? g_only_variant : 0;
+  // --variant=N runs only variant N (e.g. 1 when the default
+  // tensor-reduction path hangs or fails).
+  const int v_first = g_only_variant > 0 && !c.expect_ns ? g_only_variant : 0;
   const int v_end = g_only_variant >= 0 ? v_first + 1 : kNumVariants;
-  bp.sm90_bwd_variant = c.expect_ns ? 0 : v_first;
   const bool supported = jax_flash::sm90::bwd_supported(bp);
-  cudaError_t err = jax_flash::sm90::run_bwd(bp, 0);
+  cudaError_t err = jax_flash::sm90::tuning::run_variant(bp, v_first, 0);
   if (c.expect_ns) {
     // Must decline without touching anything (the caller then runs sm80).
     CHECK_CUDA(cudaDeviceSynchronize());
@@ -344,14 +342,13 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(a.data(), d_acc, nacc * 4, cudaMemcpyDeviceToHost));
     return a;
   };
-  // Variant 0 (default), then the explicit variants where they apply (1 in
-  // -DJAX_FLASH_SM90_ABLATION builds only); the row keeps the worst errors.
+  // Variant 0 (default), then the explicit variants where they apply; the
+  // row keeps the worst errors.
   for (int variant = v_first; variant < v_end; ++variant) {
     if (variant > v_first) {
-      bp.sm90_bwd_variant = variant;
-      if (!jax_flash::sm90::bwd_supported(bp)) continue;  // not compiled in, or not for this case
+      if (!jax_flash::sm90::tuning::variant_applies(bp, variant)) continue;  // not for this case
       poison();
-      err = jax_flash::sm90::run_bwd(bp, 0);
+      err = jax_flash::sm90::tuning::run_variant(bp, variant, 0);
     }
     CHECK_CUDA(err);
     sync_or_die(c.name + " (variant " + std::to_string(variant) + ")");
@@ -402,7 +399,6 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     // Two more runs with other CTA start orders / timings (the hog kernel
     // next to them); bitwise identical gradients; the workspace's claim
     // counter and semaphores sane.
-    bp.sm90_bwd_variant = 0;
     const int kv_block = hd_round == 256 ? 64 : 128;
     const int q_block = hd_round == 64 ? 128 : 64;
     const int n_blocks = (c.S + kv_block - 1) / kv_block;
@@ -745,7 +741,6 @@ static void bench() {
       p.scale = float(1.0 / std::sqrt(double(sh.D)));
       p.window_left = -1;
       p.window_right = causal ? 0 : -1;
-      p.causal = causal;
       p.dtype = DType::kBFloat16;
       CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
       CHECK_CUDA(jax_flash::sm80::run_fwd(p, 0));  // LSE (and O, unused)
@@ -776,8 +771,7 @@ static void bench() {
         CHECK_CUDA(cudaGetLastError());
         return flops / (median(reps) * 1e-3) / 1e12;
       };
-      // Timed in the order sm90 variant 1 (row dQ reductions; ablation
-      // builds), 2 (kBlockM 80), 3 (the bucket's tile), sm80, sm90 default
+      // Timed in the order sm90 variant 1 (row dQ reductions), 2 (kBlockM 80), 3 (the bucket's tile), sm80, sm90 default
       // (last), where they apply. Gradients: g[0] sm90 (v1, v3, then the
       // default over them), g[1] sm80, g[2] sm90 v2. tf[]: default, v1, v2,
       // v3, sm80 (-1: not run).
@@ -788,12 +782,11 @@ static void bench() {
         pi.dq = g[gi][0];
         pi.dk = g[gi][1];
         pi.dv = g[gi][2];
-        pi.sm90_bwd_variant = impl == 4 ? 0 : impl;
         if (impl == 4)
           tf[impl] = time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); });
         else
-          tf[impl] = jax_flash::sm90::bwd_supported(pi)
-                         ? time_it([&] { return jax_flash::sm90::run_bwd(pi, 0); })
+          tf[impl] = jax_flash::sm90::tuning::variant_applies(pi, impl)
+                         ? time_it([&] { return jax_flash::sm90::tuning::run_variant(pi, impl, 0); })
                          : -1;
       }
       // Deterministic mode (its own outputs and semaphores), then two more

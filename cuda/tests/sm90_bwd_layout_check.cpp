@@ -62,6 +62,7 @@ inline float __fdividef(float a, float b) { return a / b; }
 #include "sm90/bwd_consumer_hd256.cuh"
 #include "sm90/bwd_mainloop.cuh"
 
+using namespace jax_flash;
 using namespace jax_flash::sm90;
 
 static int g_fail = 0;
@@ -625,7 +626,7 @@ static void check_masks() {
             const int nb = (S + 127) / 128;
             for (int n = 0; n < nb; ++n) {
               int first, last;
-              q_block_range(mi, n * 128, 128, kBM, first, last);
+              mi.q_block_range(n * 128, 128, kBM, first, last);
               // every query block with a visible pair in this KV block is in range
               for (int i = 0; i < T; ++i)
                 for (int k = n * 128; k < std::min(S, n * 128 + 128); ++k)
@@ -698,7 +699,7 @@ static void check_masks_hd256() {
             const int nb = (S + kBN - 1) / kBN;
             for (int n = 0; n < nb; ++n) {
               int first, last;
-              q_block_range(mi, n * kBN, kBN, kBM, first, last);
+              mi.q_block_range(n * kBN, kBN, kBM, first, last);
               for (int i = 0; i < T; ++i)
                 for (int k = n * kBN; k < std::min(S, n * kBN + kBN); ++k)
                   if (visible_ref(mi, i, k, nullptr, nullptr) && !(i / kBM >= first && i / kBM < last)) {
@@ -792,7 +793,7 @@ static bool simulate_det(const MaskInfo& mi, const BwdTileScheduler& s, int grou
     else
       s.decode<false>(next, c.n, c.hk, c.b);
     ++next;
-    q_block_range(mi, c.n * bn, bn, bm, c.mf, c.ml);
+    mi.q_block_range(c.n * bn, bn, bm, c.mf, c.ml);
     c.iters = (c.ml - c.mf) * group;
     c.step = 0;
     dq_pred_range(mi, c.n, N, bn, bm, c.pf, c.pl);
@@ -857,7 +858,7 @@ static void check_det_order() {
               int lo = -1, hi = -1, count = 0;
               for (int n = 0; n < N; ++n) {
                 int f, l;
-                q_block_range(mi, n * bl.bn, bl.bn, bl.bm, f, l);
+                mi.q_block_range(n * bl.bn, bl.bn, bl.bm, f, l);
                 if (m >= f && m < l) {
                   if (lo < 0) lo = n;
                   hi = n;

@@ -25,7 +25,8 @@ def _round_up(x: int, m: int) -> int:
 
 
 def rounded_head_dim(d: int) -> int:
-  """Same rule as cuda/include/jax_flash/params.h."""
+  """Same rule as cuda/include/jax_flash/head_dim.h (tests/test_block_info.py
+  checks that they agree)."""
   return 64 if d <= 64 else 96 if d <= 96 else 128 if d <= 128 else 256
 
 

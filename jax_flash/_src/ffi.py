@@ -81,7 +81,6 @@ def mask_attrs(spec) -> dict:
       softcap=np.float32(spec.softcap or 0.0),
       window_left=np.int32(spec.window_left),
       window_right=np.int32(spec.window_right),
-      causal=bool(spec.causal),
       has_segment_ids=bool(spec.has_segment_ids),
   )
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "jax_flash/head_dim.h"  // rounded_head_dim: BwdParams::head_dim_rounded
+
 namespace jax_flash {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
@@ -15,8 +17,9 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 //   key j visible iff (window_left  < 0 || j >= i + off - window_left)
 //                  && (window_right < 0 || j <= i + off + window_right)
 //                  && (!q_segment || q_segment[b, i] == kv_segment[b, j]).
-// causal is already folded into window_right = 0 (the flag stays for kernels
-// that specialise on it). Fully masked rows: O = 0, LSE = -inf.
+// Causal is window_right = 0 (folded in Python); kernels that specialise on
+// it derive it from the window (BlockInfo::causal_like). Fully masked rows:
+// O = 0, LSE = -inf.
 struct FwdParams {
   const void* q;
   const void* k;
@@ -40,7 +43,6 @@ struct FwdParams {
   float softcap;     // 0 = off; else scores = softcap * tanh(scale*qk/softcap)
   int window_left;   // -1 = unbounded
   int window_right;  // -1 = unbounded
-  bool causal;
 
   const int32_t* q_segment;   // [batch, seqlen_q] or nullptr
   const int32_t* kv_segment;  // [batch, seqlen_k] or nullptr
@@ -72,7 +74,7 @@ struct BwdParams : FwdParams {
   void* dk;             // k layout
   void* dv;             // v layout
   // Workspaces, allocated by XLA as extra outputs (sizes computed in Python):
-  // Rounded sizes (see rounded_seqlen / rounded_head_dim below; Python uses the
+  // Rounded sizes (rounded_seqlen below, rounded_head_dim in head_dim.h; Python uses the
   // same rule in jax_flash/_src/cuda_backend.py to size the workspaces).
   int seqlen_q_rounded;   // round_up(seqlen_q, 128)
   int seqlen_k_rounded;   // round_up(seqlen_k, 128)
@@ -82,13 +84,6 @@ struct BwdParams : FwdParams {
   float* dk_accum;  // [batch, heads_k, seqlen_k_rounded, head_dim_rounded] fp32,
   float* dv_accum;  // only when num_heads != num_heads_k (GQA sums); else nullptr
   bool deterministic;   // fixed dQ accumulation order
-  // sm90 backward schedule (jax_flash::sm90::run_bwd only; keep 0 outside
-  // benchmarks): 0 = the default for the case, 1 = one bulk dQ reduction per
-  // row (only with -DJAX_FLASH_SM90_ABLATION), 2 = kBlockM 80 (hdim 65..128
-  // without a causal / local bound, not deterministic), 3 = the head-dim
-  // bucket's own tile; cuda/sm90/bwd_instantiations.h. Not applicable:
-  // cudaErrorNotSupported.
-  int sm90_bwd_variant = 0;
   // sm90 deterministic-mode workspace (jax_flash::sm90::run_bwd with
   // deterministic only): device pointer to sm90_bwd_semaphore_ints(batch,
   // num_heads, seqlen_q) int32 (4-byte aligned), contents undefined on entry;
@@ -108,10 +103,5 @@ inline int64_t sm90_bwd_semaphore_ints(int batch, int num_heads, int seqlen_q) {
   return int64_t(batch) * num_heads * ((int64_t(seqlen_q) + 63) / 64) + 1;
 }
 inline int rounded_seqlen(int n) { return round_up(n, 128); }
-// Head dims are served by the next bucket; padding columns are zero-filled by
-// the kernels' loads, so they do not change the result.
-inline int rounded_head_dim(int d) {
-  return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 256;
-}
 
 }  // namespace jax_flash

@@ -8,12 +8,16 @@ ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 OUT=${1:-$ROOT/build/emu}
 CUDA_INC=${CUDA_INC:-$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/../include}
 mkdir -p "$OUT"
+# The emulator's device replacements come first in every kernel source
+# (-include): the kernel headers skip their PTX wrappers under
+# JAX_FLASH_HOST_EMULATION and never include test code themselves.
 FLAGS=(-std=c++17 -O2 -g -DJAX_FLASH_HOST_EMULATION -I"$ROOT/cuda/include" -I"$ROOT/cuda"
        -I"$ROOT/cuda/tests/emu" -I"$CUDA_INC" -I/usr/local/cuda/include)
+KFLAGS=("${FLAGS[@]}" -include emu_device.h)
 SRCS=("$ROOT"/cuda/instantiations/*_sm80.cu "$ROOT/cuda/sm80/dispatch.cu" "$ROOT/cuda/tests/selftest.cu")
 pids=()
 for f in "${SRCS[@]}"; do
-  g++ "${FLAGS[@]}" -x c++ -c "$f" -o "$OUT/$(basename "$f" .cu).o" &
+  g++ "${KFLAGS[@]}" -x c++ -c "$f" -o "$OUT/$(basename "$f" .cu).o" &
   pids+=($!)
   if (( ${#pids[@]} >= $(nproc) )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
 done

@@ -8,8 +8,9 @@
 //   - shared memory is a 1 KB-aligned host buffer filled with NaN bytes.
 // Fragment layouts follow the PTX ISA, written independently of the kernels'
 // own description, so a layout mistake in the kernels shows up as wrong
-// numbers here. Included by cuda/sm80/mma.cuh when JAX_FLASH_HOST_EMULATION is
-// defined. Not for speed: ~1e5 collectives per second.
+// numbers here. Force-included before every kernel source by build_emu.sh
+// (g++ -include), with JAX_FLASH_HOST_EMULATION defined. Not for speed: ~1e5
+// collectives per second.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -85,15 +86,13 @@ inline float __logf(float x) { return std::log(x); }
 using std::max;
 using std::min;
 
-namespace jax_flash::sm80 {
+namespace jax_flash {
 
+// jax_flash/pack.cuh
 template <typename Element>
-struct Mma;
+struct Pack;
 template <>
-struct Mma<__nv_bfloat16> {
-  static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    jf_emu::mma(c, a, b0, b1, false);
-  }
+struct Pack<__nv_bfloat16> {
   static uint32_t pack(float lo, float hi) {
     __nv_bfloat16 l = __float2bfloat16_rn(lo), h = __float2bfloat16_rn(hi);
     uint16_t lb, hb;
@@ -103,10 +102,7 @@ struct Mma<__nv_bfloat16> {
   }
 };
 template <>
-struct Mma<__half> {
-  static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    jf_emu::mma(c, a, b0, b1, true);
-  }
+struct Pack<__half> {
   static uint32_t pack(float lo, float hi) {
     __half l = __float2half_rn(lo), h = __float2half_rn(hi);
     uint16_t lb, hb;
@@ -114,6 +110,27 @@ struct Mma<__half> {
     std::memcpy(&hb, &h, 2);
     return uint32_t(lb) | (uint32_t(hb) << 16);
   }
+};
+
+}  // namespace jax_flash
+
+namespace jax_flash::sm80 {
+
+template <typename Element>
+struct Mma;
+template <>
+struct Mma<__nv_bfloat16> {
+  static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    jf_emu::mma(c, a, b0, b1, false);
+  }
+  static uint32_t pack(float lo, float hi) { return Pack<__nv_bfloat16>::pack(lo, hi); }
+};
+template <>
+struct Mma<__half> {
+  static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    jf_emu::mma(c, a, b0, b1, true);
+  }
+  static uint32_t pack(float lo, float hi) { return Pack<__half>::pack(lo, hi); }
 };
 
 inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { jf_emu::ldmatrix(r, addr, false); }

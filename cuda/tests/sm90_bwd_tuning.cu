@@ -1,0 +1,68 @@
+// The tuning table of the sm90 backward (sm90_bwd_tuning.h): each variant is
+// a typed tile choice (config + dQ reduction) launched through the production
+// launcher, launch_bwd in cuda/sm90/bwd_launch_templates.cuh.
+#include "sm90_bwd_tuning.h"
+
+#include "jax_flash/head_dim.h"
+#include "jax_flash/mask_info.h"
+#include "sm90/bwd_launch_templates.cuh"
+#include "sm90/launch.h"
+
+namespace jax_flash::sm90::tuning {
+namespace {
+
+// A tile: the shared-memory / work-split config and how dQ reaches dq_accum.
+template <typename Cfg_, bool kDqTensor_>
+struct BwdTuning {
+  using Cfg = Cfg_;
+  static constexpr bool kDqTensor = kDqTensor_;
+};
+template <int kHeadDim>
+using BucketTile = BwdTuning<typename BwdConfigFor<kHeadDim>::type, true>;
+template <int kHeadDim>
+using RowReduceTile = BwdTuning<typename BwdConfigFor<kHeadDim>::type, false>;
+template <int kHeadDim>
+using BlockM80Tile = BwdTuning<BwdConfigHd128Bm80, true>;  // kHeadDim == 128 only
+
+template <typename T>
+cudaError_t launch(const BwdParams& p, cudaStream_t stream) {
+  return launch_bwd<__nv_bfloat16, typename T::Cfg, T::kDqTensor>(p, stream);
+}
+
+template <template <int> class Tile>
+cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
+  switch (sm90_head_dim_bucket(p.head_dim)) {
+    case 64: return launch<Tile<64>>(p, stream);
+    case 128: return launch<Tile<128>>(p, stream);
+    case 256: return launch<Tile<256>>(p, stream);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace
+
+bool variant_applies(const BwdParams& p, int variant) {
+  if (!bwd_supported(p)) return false;
+  if (variant == kDefault) return true;
+  if (p.dtype != DType::kBFloat16) return false;
+  switch (variant) {
+    case kRowReduce: return !p.deterministic;
+    case kBlockM80:
+      return sm90_head_dim_bucket(p.head_dim) == 128 && !make_mask_info(p).bounded() && !p.deterministic;
+    case kBucket: return true;
+    default: return false;
+  }
+}
+
+cudaError_t run_variant(const BwdParams& p, int variant, cudaStream_t stream) {
+  if (!variant_applies(p, variant)) return cudaErrorNotSupported;
+  switch (variant) {
+    case kDefault: return run_bwd(p, stream);
+    case kRowReduce: return launch_bucket<RowReduceTile>(p, stream);
+    case kBlockM80: return launch<BlockM80Tile<128>>(p, stream);
+    case kBucket: return launch_bucket<BucketTile>(p, stream);
+    default: return cudaErrorNotSupported;
+  }
+}
+
+}  // namespace jax_flash::sm90::tuning
