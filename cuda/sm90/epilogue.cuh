@@ -76,9 +76,9 @@ struct FwdEpilogue {
   struct Params {
     CUtensorMap tm_o;  // box {kRowElems, 64, 1, 1} (one consumer warpgroup's rows)
     float* lse;
+    float scale_eff;
     int num_heads;
     int seqlen_q;
-    float scale_eff;
   };
   static bool to_params(const Arguments& a, Params& p) {
     if (!encode_bshd(&p.tm_o, tma_element<Element>(), a.o, 64)) return false;
