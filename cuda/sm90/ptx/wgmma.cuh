@@ -37,7 +37,7 @@
 //   the rows), 128B swizzle: LBO = rows * 128 (next 64 columns of N),
 //   SBO = 1024 (next 8 k-rows); k-step kk starts at kk * 16 * 128 bytes.
 // A K-major tile can also feed wgmma RS: load_a_sw128 reads its A fragments
-// with ldmatrix (the forward's kFlagQInRegs, its hdim-128 default).
+// with ldmatrix (the forward's FwdTuning::q_in_regs, its hdim-128 default).
 #pragma once
 
 #include "common.cuh"
