@@ -32,8 +32,8 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const typename Kernel::Arguments args{
       {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv},
       {fwd_o(p), p.lse, sm},
-      {{p.batch, p.num_heads, heads_per_kv, p.seqlen_q, p.seqlen_k, kHeadDim, Mainloop::kBlockM,
-        fwd_causal_like(mask.wl, mask.wr)},
+      {{p.batch, p.num_heads, heads_per_kv, p.seqlen_q, p.seqlen_k, kHeadDim,
+        Mainloop::Traits::kBytes, Mainloop::kBlockM, fwd_causal_like(mask.wl, mask.wr)},
        p.sm90_tile_counter}};
   if (Scheduler::kNeedsWorkspace && p.sm90_tile_counter == nullptr) return cudaErrorNotSupported;
   typename Kernel::Params params;

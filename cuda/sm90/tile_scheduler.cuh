@@ -122,7 +122,8 @@ struct TileOrder {
     int seqlen;     // rows the blocks cover (forward: seqlen_q)
     int seqlen_kv;  // keys per head (sizes the L2 sections)
     int head_dim;
-    int block;      // rows per block
+    int elem_bytes;  // of K and V
+    int block;       // rows per block
     bool causal_like;
   };
 
@@ -135,7 +136,7 @@ struct TileOrder {
     o.heads_per_section = 0;
     o.section_tiles = 0;
     if (a.causal_like) {
-      const long long kv_head_bytes = 2LL * a.seqlen_kv * a.head_dim * 2;  // K + V of one KV head
+      const long long kv_head_bytes = 2LL * a.seqlen_kv * a.head_dim * a.elem_bytes;  // K + V of one KV head
       const long long l2_budget = 32LL << 20;
       int sec = 1;
       while (2LL * sec * kv_head_bytes <= l2_budget) sec *= 2;

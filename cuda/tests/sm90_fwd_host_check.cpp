@@ -55,7 +55,7 @@ int main() {
             for (bool causal : {false, true}) {
               if (heads % heads_per_kv != 0) continue;
               ++cases;
-              TileOrder::Arguments a{batch, heads, heads_per_kv, seqlen, seqlen_kv, 128, 128, causal};
+              TileOrder::Arguments a{batch, heads, heads_per_kv, seqlen, seqlen_kv, 128, 2, 128, causal};
               const TileOrder o = TileOrder::make(a);
               CHECK(o.total == o.num_blocks * batch * heads, "total %d", o.total);
               std::set<std::tuple<int, int, int>> seen;

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "sm90/fwd_named_barriers.h"  // the pingpong test uses the forward's barrier ids
 #include "sm90/tma_desc.h"  // encode_bshd, tensor_map_encoder
 #include "sm90/ptx/barrier.cuh"
 #include "sm90/ptx/mbarrier.cuh"
