@@ -54,8 +54,8 @@ python3 tools/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
 echo "sm90 fwd_kernel ptxas report:"
 for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log "$OBJ"/cuda_tests_fwd_ablation_*_sm90.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010fwd_kernel" "$log" |
-    sed -nE "/Compiling entry/s/.*FwdMainloopI(6__half|13__nv_bfloat16)Li([0-9]+)ENS0_([0-9]+)(DefaultFwdTuning|AblationTuning)IL[ib]([0-9]+)EL[ib]([0-9]+)E(Lb([01])E)?.*/  \1 D=\2 \4<\5,\6,\8>/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
-    paste -d' ' - - -
+    sed -nE "/Compiling entry/s/.*FwdMainloopI(6__half|13__nv_bfloat16)Li([0-9]+)EN.*(DefaultFwdTuning|AblationTuning)I((L[ib][0-9]+E)+)E.*(Static|Dynamic)PersistentTileScheduler.*/  \1 D=\2 \3<\4> \6/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    sed -E 's/L[ib]([0-9]+)E/\1,/g; s/,>/>/; s/^  [0-9]+(__half|__nv_bfloat16)/  \1/' | paste -d' ' - - -
 done
 
 # The sm90 backward self-test / benchmark (build_carry/selftest_sm90_bwd).

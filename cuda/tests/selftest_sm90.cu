@@ -378,7 +378,7 @@ static void bench(int launches, int rows) {
   std::printf("bench: T=S bf16, TF/s (FLOPs 4 B H T S D, halved when causal); each cell the median of\n"
               "%d rounds x %d back-to-back launches, the configurations of a row interleaved round by\n"
               "round (clock/power drift hits all alike); '-' = the ablation does not exist there (it would\n"
-              "equal the default, or does not apply; --list). best = fastest sm90 configuration / default;\n"
+              "equal the default or an earlier column; --list). best = fastest sm90 configuration / default;\n"
               "max|dO| = worst max|O_c - O_default| over the configurations and sm80, rerun\n"
               "after the timing with O poisoned (inf/nan = a tile not written).\n",
               kRounds, kLaunches);
@@ -521,7 +521,7 @@ static void bench(int launches, int rows) {
 // The ablations and the (bucket, mask) where each exists.
 static void list_ablations() {
   std::printf("sm90 forward configurations (cuda/tests/sm90_fwd_ablation.h), bf16; x = compiled,\n"
-              "- = equal to the default there (not compiled twice). Columns: head-dim bucket, mask\n"
+              "- = equal to the default or to an earlier row there (not compiled twice). Columns: head-dim bucket, mask\n"
               "(plain = no causal-like bound, causal = right bound without a left one).\n");
   std::printf("%-8s  d64:plain causal  d128:plain causal  d256:plain causal  what\n", "name");
   for (int a = 0; a < abl::kNumFwdAblations; ++a) {

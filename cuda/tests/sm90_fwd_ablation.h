@@ -84,7 +84,7 @@ constexpr bool same_tuning(const FwdTuning& a, const FwdTuning& b) {
 }
 
 // The launchers of one bucket: [ablation][causal_like], nullptr where the
-// ablation is the default. Defined in fwd_ablation_hdim<d>_sm90.cu, one
+// ablation is the default or repeats an earlier one. Defined in fwd_ablation_hdim<d>_sm90.cu, one
 // object per bucket (bf16 only: the schedule does not depend on the 16-bit
 // type).
 struct FwdAblationBucket {

@@ -17,11 +17,21 @@ struct AblationTuning {
       kFwdAblations[kAblation].modify(fwd_default_tuning(kHeadDim, kCausalLike), kHeadDim);
 };
 
+// Whether ablation kAblation gives the configuration of an earlier one (index
+// 0: the default), e.g. "neither" at hdim 256, which has no pingpong anyway.
+template <int kAblation, int kHeadDim, bool kCausalLike, int... kEarlier>
+constexpr bool repeats_earlier(std::integer_sequence<int, kEarlier...>) {
+  return (same_tuning(AblationTuning<kAblation, kHeadDim, kCausalLike>::value,
+                      AblationTuning<kEarlier, kHeadDim, kCausalLike>::value) ||
+          ...);
+}
+
 template <int kAblation, int kHeadDim, bool kCausalLike>
 FwdLaunch ablation_launcher() {
   using T = AblationTuning<kAblation, kHeadDim, kCausalLike>;
-  if constexpr (kAblation == 0 || same_tuning(T::value, fwd_default_tuning(kHeadDim, kCausalLike))) {
-    return nullptr;  // index 0 is run_fwd; an unchanged configuration is not compiled twice
+  if constexpr (kAblation == 0 || repeats_earlier<kAblation, kHeadDim, kCausalLike>(
+                                      std::make_integer_sequence<int, kAblation>{})) {
+    return nullptr;  // index 0 is run_fwd; a configuration is compiled once
   } else {
     return &launch_fwd<__nv_bfloat16, kHeadDim, T>;
   }
