@@ -3,11 +3,13 @@
 # be carried to an H100/H200 and run there:
 #   build_carry/sm90_primitives   unit tests of TMA / wgmma / mbarrier / pingpong
 #   build_carry/selftest_sm90     forward vs float64 reference (--quick, filter),
-#                                 --bench: TF/s per schedule variant and sm80
-# The sm90 sources are built with -DJAX_FLASH_SM90_ABLATION (all four
-# pingpong/overlap schedules and the bf16 tuning variants selectable through
-# FwdParams::sm90_variant, see cuda/sm90/instantiations.h) and
-# the sm80 forward (for the benchmark comparison) without its backward.
+#                                 --bench: TF/s of the production kernel, every
+#                                 ablation and sm80; --list: the ablations
+# selftest_sm90 is the forward's tuning / ablation target: besides the
+# production instantiations (cuda/instantiations/fwd_*_sm90.cu) it compiles the
+# ablation configurations of cuda/tests/sm90_fwd_ablation.h (one object per
+# head-dim bucket, cuda/tests/fwd_ablation_hdim*_sm90.cu), and the sm80
+# forward (for the benchmark comparison) without its backward.
 # Usage: tools/build_sm90_tests.sh [-j N]   (from anywhere; ~3-6 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +21,9 @@ mkdir -p "$OBJ" "$OUTDIR"
 NVCC=${NVCC:-nvcc}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
        -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda
-       -DJAX_FLASH_SM90_ABLATION -DJAX_FLASH_DISABLE_BACKWARD -Xptxas -v)
+       -DJAX_FLASH_DISABLE_BACKWARD -Xptxas -v)
 SOURCES=(cuda/tests/selftest_sm90.cu cuda/sm90/dispatch.cu cuda/instantiations/fwd_*_sm90.cu
-         cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu)
+         cuda/tests/fwd_ablation_hdim*_sm90.cu cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu)
 
 compile() {  # src -> obj, ptxas report kept next to it
   local src=$1 obj
@@ -38,7 +40,7 @@ printf '%s\n' "${SOURCES[@]}" | xargs -P "$JOBS" -I{} bash -c 'FLAGS=($FLAGS_STR
 "$NVCC" "${FLAGS[@]}" cuda/tests/sm90_primitives.cu -o "$OUTDIR/sm90_primitives" >"$OBJ/sm90_primitives.log" 2>&1 \
   || { cat "$OBJ/sm90_primitives.log"; exit 1; }
 echo "built $OUTDIR/selftest_sm90 and $OUTDIR/sm90_primitives in $((SECONDS - t0)) s"
-# CPU-only checks of the forward's host-side choices (grid size, variant resolution).
+# CPU-only checks of the forward's host-side choices (tile order, policy).
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"${CUDA_INC:-/usr/local/cuda/include}" \
   cuda/tests/sm90_fwd_host_check.cpp -o "$OBJ/sm90_fwd_host_check"
 "$OBJ/sm90_fwd_host_check"
@@ -46,13 +48,14 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"${CUDA_IN
 python3 tools/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
 
 # ptxas summary of the sm90 forward kernels: registers (at entry; setmaxnreg
-# then moves them between the roles), spills, stack.
-echo "sm90 fwd_kernel ptxas report (D, kBlockN, consumer WGs, O in V ring, schedule flags:"
-echo "1 pingpong, 2 overlap, 4 dynamic scheduler, 8 eager rescale, ablation):"
-for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log; do
+# then moves them between the roles), spills, stack. Kernel names:
+# <element, head dim, tuning>; DefaultFwdTuning<d, causal-like> is production,
+# AblationTuning<i, d, causal-like> is row i of selftest_sm90 --list.
+echo "sm90 fwd_kernel ptxas report:"
+for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log "$OBJ"/cuda_tests_fwd_ablation_*_sm90.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010fwd_kernel" "$log" |
-    sed -nE "/Compiling entry/s/.*fwd_kernelI([^N]*)NS0_9FwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9])ELi([0-9])ELb([01])EEELi([0-9]+)EEE.*/  \1 D=\2 BN=\3 WGs=\4 OinV=\6 flags=\7/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
-    paste -d' ' - - -
+    sed -nE "/Compiling entry/s/.*FwdMainloopI(6__half|13__nv_bfloat16)Li([0-9]+)EN.*(DefaultFwdTuning|AblationTuning)I((L[ib][0-9]+E)+)E.*(Static|Dynamic)PersistentTileScheduler.*/  \1 D=\2 \3<\4> \6/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    sed -E 's/L[ib]([0-9]+)E/\1,/g; s/,>/>/; s/^  [0-9]+(__half|__nv_bfloat16)/  \1/' | paste -d' ' - - -
 done
 
 # The sm90 backward self-test / benchmark (build_carry/selftest_sm90_bwd).

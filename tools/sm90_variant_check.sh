@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Runs a candidate sm90 forward variant's test binaries on the H200, in the
-# order that stops early on a broken kernel, and measures it at the power cap:
-#   tools/sm90_variant_check.sh DIR [VARIANT]
-# DIR holds sm90_primitives and selftest_sm90 built from the candidate branch
-# (tools/build_sm90_tests.sh there, copied into an ignored build_carry_* dir of
-# this checkout and carried with the device call). Logs go to $OUT (or ./gpu_out).
+# Runs the sm90 forward's test binaries on the H200, in the order that stops
+# early on a broken kernel, and measures the ablation table at the power cap:
+#   tools/sm90_variant_check.sh DIR [CONFIG]
+# DIR holds sm90_primitives and selftest_sm90 built by tools/build_sm90_tests.sh
+# (e.g. build_carry, or a candidate branch's binaries copied into an ignored
+# build_carry_* dir of this checkout and carried with the device call). CONFIG
+# is the column to compare with "default" (a name of selftest_sm90 --list, or
+# of a candidate configuration added to cuda/tests/sm90_fwd_ablation.h).
+# Logs go to $OUT (or ./gpu_out).
 #   1. sm90_primitives               unit tests of the PTX building blocks (exact)
-#   2. selftest_sm90 --quick, then the full self-test: every variant of every
-#      case against the float64 reference, outputs NaN-poisoned
+#   2. selftest_sm90 --quick, then the full self-test: the production kernel
+#      and every ablation of every case against the float64 reference,
+#      outputs NaN-poisoned
 #   3. compute-sanitizer racecheck + synccheck on one small persistent case
 #      ($SAN_CASE: another self-test case filter; NO_BENCH=1 skips step 4)
 #   4. selftest_sm90 --bench --launches=300 --rows=2: the D=128 rows with the
-#      GPU at its power cap (as a sustained JAX run is), variants interleaved;
+#      GPU at its power cap (as a sustained JAX run is), configurations
+#      interleaved: the ablation table of cuda/sm90/README.md;
 #      then --rows=2 with the default 10 launches (below the cap)
 # A step that fails skips the benchmark; the summary is printed last.
 set -uo pipefail
-DIR=${1:?usage: tools/sm90_variant_check.sh DIR [VARIANT]}
-VARIANT=${2:-12}
+DIR=${1:?usage: tools/sm90_variant_check.sh DIR [CONFIG]}
+CONFIG=${2:-default}
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 declare -a SUMMARY=()
@@ -47,9 +52,9 @@ if [[ $ok == 1 && -z ${NO_BENCH:-} ]]; then
   step bench_burst 120 "$DIR/selftest_sm90" --bench --rows=2
   kill $smi
   for b in bench_capped bench_burst; do
-    echo "-- $b"; grep -E "^(D |128 )|^variants" "$OUT/$b.log"
+    echo "-- $b"; grep -E "^(D |128 )" "$OUT/$b.log"
   done
-  echo "(v$VARIANT is the candidate; compare with v0 non-causal, v1 causal: v0 resolves to the dynamic scheduler there)"
+  echo "(column $CONFIG is the candidate; compare with the default column, row by row)"
 fi
 echo; echo "==== summary"; printf '%s\n' "${SUMMARY[@]}"
 [[ $ok == 1 ]]

@@ -4,6 +4,8 @@
 #include <cstdint>
 
 #include "device_info.h"
+#include "fwd_tuning.h"
+#include "fwd_kernel.cuh"  // FwdKernelFor: the shared-memory sizes (no kernel is instantiated here)
 #include "instantiations.h"
 #include "launch.h"
 #include "mask.cuh"
@@ -12,13 +14,16 @@
 namespace jax_flash::sm90 {
 namespace {
 
+// The shared memory of the configuration that serves the call (both 16-bit
+// types have the same plan).
 template <int kHeadDim>
 bool bucket_ok(const FwdParams& p, const DeviceInfo& dev) {
-  using Cfg = typename FwdConfigFor<kHeadDim>::type;
-  // Every tile shape (tuning variants included) fits the 227 KB of sm_90.
-  return Cfg::kSmemAlloc <= dev.smem_optin &&
-         variant_available(p.sm90_variant, kHeadDim, p.dtype == DType::kBFloat16,
-                           Cfg::kDefaultFlags);
+  const MaskInfo mi = make_mask_info(p);
+  const int alloc =
+      fwd_causal_like(mi.wl, mi.wr)
+          ? FwdKernelFor<__nv_bfloat16, kHeadDim, DefaultFwdTuning<kHeadDim, true>>::type::kSmemAlloc
+          : FwdKernelFor<__nv_bfloat16, kHeadDim, DefaultFwdTuning<kHeadDim, false>>::type::kSmemAlloc;
+  return alloc <= dev.smem_optin;
 }
 
 bool bucket_compiled_and_ok(const FwdParams& p, const DeviceInfo& dev) {
@@ -90,30 +95,8 @@ bool fwd_supported(const FwdParams& p) {
 
 bool fwd_needs_tile_counter(const FwdParams& p) {
   const MaskInfo mi = make_mask_info(p);
-  return variant_uses_dynamic(p.sm90_variant, sm90_rounded_head_dim(p.head_dim),
-                              mi.wr >= 0 && mi.wl < 0);
-}
-
-int num_variants() { return kNumVariants; }
-
-const char* variant_name(int variant) {
-  switch (variant) {
-    case 0: return "v0 default";
-    case 1: return "v1 pp+ov";
-    case 2: return "v2 ov";
-    case 3: return "v3 pp";
-    case 4: return "v4 none";
-    case kVarDynamic: return "v5 dyn";
-    case kVarOInV: return "v6 OinV";
-    case kVarDynamicOInV: return "v7 dyn+OinV";
-    case kVarN176: return "v8 n176";
-    case kVarN192: return "v9 n192";
-    case kVarN192Q: return "v10 n192Q";
-    case kVarEager: return "v11 eager";
-    case kVarQSmem: return "v12 Qsmem";
-    case kVarBalancedGrid: return "v13 balgrid";
-    default: return "?";
-  }
+  return fwd_default_tuning(sm90_rounded_head_dim(p.head_dim), fwd_causal_like(mi.wl, mi.wr))
+      .dynamic_scheduler;
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {

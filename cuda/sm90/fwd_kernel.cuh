@@ -1,113 +1,187 @@
-// FlashAttention-3 style forward for Hopper (sm_90a).
+// The sm90 forward kernel, composed as Mainloop x Epilogue x TileScheduler
+// (the pattern of FA3's hopper/flash_fwd_kernel_sm90.h):
+//   FwdMainloop   (mainloop.cuh)       TMA producer + consumer GEMM/softmax pipeline
+//   FwdEpilogue   (epilogue.cuh)       O / LSE store, where O is staged
+//   TileScheduler (tile_scheduler.cuh) the persistent sequence of work tiles
+// Each part has host Arguments -> device Params (to_params) and its own
+// shared memory (tiles and/or mbarriers); FwdKernel composes the Params and
+// the SharedStorage and runs the roles.
 //
 // CTA = 1 producer warpgroup + kConsumerWGs consumer warpgroups, persistent
-// over tiles (scheduler.cuh). Roles split once, at the top:
-//   producer (setmaxnreg.dec): one thread issues TMA loads of Q and of the K/V
-//     ring (mainloop.cuh) and never touches a register-heavy fragment;
+// over tiles. Roles split once, at the top:
+//   producer (setmaxnreg.dec): one thread issues the TMA loads and decides the
+//     tile sequence; it never touches a register-heavy fragment;
 //   consumers (setmaxnreg.inc): wgmma + online softmax on 64 query rows each,
-//     then the epilogue (epilogue.cuh).
+//     then the epilogue.
 // Synchronisation: mbarriers for data (full_q/empty_q, full/empty per K and V
-// stage), named barriers for the pingpong turns and the per-WG epilogue.
+// stage, the scheduler's hand-off, o_free), named barriers for the pingpong
+// turns and the per-WG epilogue (fwd_named_barriers.h).
 #pragma once
 
+#include <type_traits>
+
 #include "epilogue.cuh"
+#include "fwd_tuning.h"
 #include "mainloop.cuh"
+#include "tile_scheduler.cuh"
 
 namespace jax_flash::sm90 {
 
-template <typename Element, typename Cfg, int kFlags>
-JF_DEVICE void consumer_loop(const FwdKernelArgs& a, const SmemPlan<Cfg>& sm, int wg) {
-  constexpr bool kDynamic = (kFlags & kFlagDynamic) != 0;
-  const int tid_wg = threadIdx.x % 128;
-  const int warp = tid_wg / 32, lane = tid_wg % 32;
-  ptx::PipeState<Cfg::kStages> kst, vst;
-  using Mainloop = ConsumerMainloop<Element, Cfg, kFlags>;
-  const Mainloop ml{a, sm, wg, warp, lane, kst, vst};
-  if constexpr (Mainloop::kPingpong) {
-    if (wg == 0) ptx::named_bar_arrive(kBarSched + 0, 256);  // the first turn is WG 0's
-  }
-  uint32_t it = 0;
-  for (int tile = blockIdx.x; tile < a.sched.total; ++it) {
-    int m_block, head, batch;
-    a.sched.decode(tile, m_block, head, batch);
-    const int m0 = m_block * Cfg::kBlockM;
-    int n_first, n_last;
-    a.mask.kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+template <typename Mainloop_, typename Epilogue_, typename Scheduler_>
+struct FwdKernel {
+  using Mainloop = Mainloop_;
+  using Epilogue = Epilogue_;
+  using Scheduler = Scheduler_;
+  static constexpr int kConsumerWGs = Mainloop::kConsumerWGs;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  // Register budgets after setmaxnreg (FA3: 24/240 with 2 consumer WGs,
+  // 32/160 with 3); 128 * (producer + WGs * consumer) <= 64K.
+  static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
+  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
 
-    float o[Cfg::kHeadDim / 2];
+  // ---------------------------------------------------------------- shared memory
+  // [mainloop tiles][epilogue tile][mainloop barriers][epilogue barriers]
+  // [scheduler barriers][scheduler data], from a 1 KB aligned base.
+  struct SharedStorage {
+    static constexpr int kOffMainloop = 0;
+    static constexpr int kOffEpilogue = kOffMainloop + Mainloop::kTileBytes;
+    static constexpr int kOffMainloopBars = kOffEpilogue + Epilogue::kTileBytes;
+    static constexpr int kOffEpilogueBars = kOffMainloopBars + 8 * Mainloop::kNumBarriers;
+    static constexpr int kOffSchedulerBars = kOffEpilogueBars + 8 * Epilogue::kNumBarriers;
+    static constexpr int kOffSchedulerData = kOffSchedulerBars + 8 * Scheduler::kNumBarriers;
+    static constexpr int kBytes = kOffSchedulerData + Scheduler::kDataBytes;
+    static constexpr int kAlloc = kBytes + 1024;  // + slack to align the base to 1 KB
+    static_assert(kOffEpilogue % 1024 == 0, "128B-swizzled tiles must start 1 KB aligned");
+    static_assert(kBytes <= kFwdSmemLimit + 256, "shared memory plan too large");
+
+    uint32_t base;  // 1 KB-aligned shared-window address
+
+    JF_DEVICE typename Mainloop::Smem mainloop() const {
+      return {base + kOffMainloop, base + kOffMainloopBars, base + kOffEpilogueBars};
+    }
+    JF_DEVICE typename Epilogue::Smem epilogue() const {
+      const typename Mainloop::Smem ml = mainloop();
+      const uint32_t o = Epilogue::kOStage == Epilogue::kInV  ? ml.v(0)
+                         : Epilogue::kOStage == Epilogue::kInQ ? ml.q()
+                                                               : base + kOffEpilogue;
+      return {o, base + kOffEpilogueBars, ml.empty_q()};
+    }
+    JF_DEVICE typename Scheduler::Smem scheduler() const {
+      return {base + kOffSchedulerBars, base + kOffSchedulerData};
+    }
+  };
+  static constexpr int kSmemAlloc = SharedStorage::kAlloc;
+
+  // ---------------------------------------------------------------- host -> device
+  struct Arguments {
+    typename Mainloop::Arguments mainloop;
+    typename Epilogue::Arguments epilogue;
+    typename Scheduler::Arguments scheduler;
+  };
+  struct Params {
+    typename Mainloop::Params mainloop;
+    typename Epilogue::Params epilogue;
+    typename Scheduler::Params scheduler;
+  };
+  static bool to_params(const Arguments& a, Params& p) {
+    if (!Mainloop::to_params(a.mainloop, p.mainloop)) return false;
+    if (!Epilogue::to_params(a.epilogue, p.epilogue)) return false;
+    p.scheduler = Scheduler::to_params(a.scheduler);
+    return true;
+  }
+
+  // ---------------------------------------------------------------- device
+  JF_DEVICE static void producer(const Params& p, const SharedStorage& ss) {
+    const typename Mainloop::Smem sm = ss.mainloop();
+    const typename Scheduler::Smem sched = ss.scheduler();
+    ptx::PipeState<Mainloop::kStages> kst, vst;
+    uint32_t it = 0;
+    for (WorkTile work = Scheduler::initial_work(p.scheduler); Scheduler::valid(p.scheduler, work);
+         ++it) {
+      const WorkTile next = Scheduler::prefetch_next(p.scheduler, work);  // used after the loads
+      const TileCoord c = Scheduler::coord(p.scheduler, work);
+      Mainloop::load(p.mainloop, sm, kst, vst, c, it);
+      Scheduler::publish_next(sched, it, next);
+      work = next;
+    }
+  }
+
+  JF_DEVICE static void consumer(const Params& p, const SharedStorage& ss, int wg) {
+    const int tid_wg = threadIdx.x % 128;
+    const int warp = tid_wg / 32, lane = tid_wg % 32;
+    const typename Mainloop::Smem sm = ss.mainloop();
+    const typename Epilogue::Smem esm = ss.epilogue();
+    const typename Scheduler::Smem sched = ss.scheduler();
+    ptx::PipeState<Mainloop::kStages> kst, vst;
+    const typename Mainloop::Consumer ml{p.mainloop, sm, wg, warp, lane, kst, vst};
+    ml.start();
+    uint32_t it = 0;
+    for (WorkTile work = Scheduler::initial_work(p.scheduler); Scheduler::valid(p.scheduler, work);
+         ++it) {
+      const TileCoord c = Scheduler::coord(p.scheduler, work);
+      const int m0 = c.block * Mainloop::kBlockM;
+      int n_first, n_last;
+      Mainloop::kv_block_range(p.mainloop, m0, n_first, n_last);
+
+      float o[Mainloop::kOR];
 #pragma unroll
-    for (int i = 0; i < Cfg::kHeadDim / 2; ++i) o[i] = 0.f;
-    OnlineSoftmax smx;
-    smx.init();
-    ml.wait_full(sm.full_q(), it & 1u);
-    const typename Mainloop::QOperand q = ml.load_q();
-    // kQInRegs: the warp's only reads of Q's buffer are the ldmatrix above;
-    // the arrive (after __syncwarp, release semantics) orders them before the
-    // producer's empty_q wait and so before the next tile's TMA write. The
-    // proxy fence orders these generic-proxy reads before that async-proxy
-    // write, as CUTLASS's TMA epilogue does before releasing smem it read into
-    // registers. The next tile's Q then loads during this mainloop.
-    if constexpr (Mainloop::kQInRegs) {
-      ptx::fence_proxy_async_smem();
-      ml.release(sm.empty_q());
+      for (int i = 0; i < Mainloop::kOR; ++i) o[i] = 0.f;
+      OnlineSoftmax smx;
+      smx.init();
+      ml.template mma<Epilogue::kReleasesQ>(o, smx, m0, c.batch, n_first, n_last, it);
+      // Before the epilogue, as FA3: the producer is ahead anyway.
+      const WorkTile next = Scheduler::consumer_next(p.scheduler, sched, it, work);
+      Epilogue::store(p.epilogue, esm, wg, warp, lane, o, smx, m0, c.head, c.batch);
+      work = next;
     }
-    if (n_last > n_first) ml.run(o, smx, q, m0 + 64 * wg, batch, n_first, n_last);
-    if constexpr (!Mainloop::kQInRegs && !Cfg::kOAliasQ)
-      ml.release(sm.empty_q());  // all QK^T of this warp are done
-    int next = tile + int(gridDim.x);
-    if constexpr (kDynamic) {  // before the epilogue, as FA3: the producer is ahead anyway
-      ptx::mbar_wait(sm.tile_full(), it & 1u);
-      next = ld_shared_s32(sm.tile_slot());
-      ptx::mbar_arrive(sm.tile_empty());  // every thread, after its own read
-    }
-    epilogue_store<Element, Cfg>(a, sm, wg, warp, lane, o, smx, m0, head, batch);
-    tile = next;
+    if (tid_wg == 0) ptx::bulk_wait<0>();  // stores done before the CTA's smem goes away
   }
-  if (tid_wg == 0) ptx::bulk_wait<0>();  // stores done before the CTA's smem goes away
-}
 
-template <typename Element, typename Cfg, int kFlags>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
-    fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
+  JF_DEVICE static void run(const Params& p, char* smem_raw) {
+    SharedStorage ss;
+    ss.base = (ptx::smem_u32(smem_raw) + 1023u) & ~1023u;
+    const int warp = ptx::warp_id_uniform();
+    if (threadIdx.x == 0) {
+      Mainloop::template init_barriers<Epilogue::kQEmptyArrivals>(ss.mainloop());
+      Epilogue::init_barriers(ss.epilogue());
+      Scheduler::template init_barriers<128 * kConsumerWGs>(ss.scheduler());
+      ptx::mbar_fence_init();
+      Mainloop::prefetch_descriptors(p.mainloop);
+      Epilogue::prefetch_descriptors(p.epilogue);
+    }
+    __syncthreads();
+
+    if (warp < 4) {  // producer warpgroup
+      ptx::setmaxnreg_dec<kProducerRegs>();
+      if (warp == 0 && ptx::lane_id() == 0) producer(p, ss);
+    } else {
+      ptx::setmaxnreg_inc<kConsumerRegs>();
+      consumer(p, ss, warp / 4 - 1);
+    }
+  }
+};
+
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    fwd_kernel(const __grid_constant__ typename Kernel::Params params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem_raw[];
-  SmemPlan<Cfg> sm;
-  sm.base = (ptx::smem_u32(smem_raw) + 1023u) & ~1023u;
-
-  const int warp = ptx::warp_id_uniform();
-  if (threadIdx.x == 0) {
-    ptx::mbar_init(sm.full_q(), 1);
-    ptx::mbar_init(sm.empty_q(), Cfg::kQEmptyArrivals);
-#pragma unroll
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(sm.full_k(s), 1);
-      ptx::mbar_init(sm.empty_k(s), Cfg::kKVEmptyArrivals);
-      ptx::mbar_init(sm.full_v(s), 1);
-      ptx::mbar_init(sm.empty_v(s), Cfg::kKVEmptyArrivals);
-    }
-    ptx::mbar_init(sm.o_free(), Cfg::kOFreeArrivals);
-    ptx::mbar_init(sm.tile_full(), 1);
-    ptx::mbar_init(sm.tile_empty(), 128 * Cfg::kConsumerWGs);
-    ptx::mbar_fence_init();
-    ptx::prefetch_tmap(&args.tm_q);
-    ptx::prefetch_tmap(&args.tm_k);
-    ptx::prefetch_tmap(&args.tm_v);
-    ptx::prefetch_tmap(&args.tm_o);
-  }
-  __syncthreads();
-
-  if (warp < 4) {  // producer warpgroup
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == 0 && ptx::lane_id() == 0)
-      producer_loop<Cfg, kFlags>(args, sm);
-  } else {
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consumer_loop<Element, Cfg, kFlags>(args, sm, warp / 4 - 1);
-  }
+  Kernel::run(params, smem_raw);
 #else
   // Built for another target: this kernel needs sm_90a (wgmma, setmaxnreg).
   __trap();
 #endif
 }
+
+// The kernel of one (element type, head-dim bucket, tuning) configuration.
+template <typename Element, int kHeadDim, typename Tuning>
+struct FwdKernelFor {
+  using Mainloop = FwdMainloop<Element, kHeadDim, Tuning>;
+  using Epilogue = FwdEpilogue<Mainloop>;
+  using Scheduler = std::conditional_t<Tuning::value.dynamic_scheduler, DynamicPersistentTileScheduler,
+                                       StaticPersistentTileScheduler>;
+  using type = FwdKernel<Mainloop, Epilogue, Scheduler>;
+};
 
 }  // namespace jax_flash::sm90

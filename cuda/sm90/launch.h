@@ -11,7 +11,8 @@ namespace jax_flash::sm90 {
 // (the code is built for sm_90a), bf16/fp16 (if compiled), head_dim a multiple
 // of 8 up to 256 (buckets 64 / 128 / 256, zero-padded), 16-byte aligned base
 // pointers, strides that are multiples of 8 elements (TMA: 16-byte strides),
-// enough opt-in shared memory, a compiled sm90_variant. Everything else
+// enough opt-in shared memory, the tile counter workspace where the
+// configuration needs one (fwd_needs_tile_counter). Everything else
 // (causal, windows, GQA/MQA, segment ids, softcap, any seqlen) is supported.
 bool fwd_supported(const FwdParams& params);
 
@@ -19,10 +20,10 @@ bool fwd_supported(const FwdParams& params);
 // (callers fall back to jax_flash::sm80::run_fwd), else the launch error.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// Whether `params` (its sm90_variant, resolved for the mask) selects the
-// dynamic tile scheduler, which needs params.sm90_tile_counter: a device
-// workspace of kFwdTileCounterBytes per call, zeroed by run_fwd on the stream
-// (fwd_supported is false without it). Only ablation-build variants do today.
+// Whether the configuration that serves `params` (fwd_tuning.h, per head-dim
+// bucket and mask: causal-like masks) uses the dynamic tile scheduler, which
+// needs params.sm90_tile_counter: a device workspace of kFwdTileCounterBytes
+// per call, zeroed by run_fwd on the stream (fwd_supported is false without it).
 constexpr size_t kFwdTileCounterBytes = 4;
 bool fwd_needs_tile_counter(const FwdParams& params);
 
@@ -40,11 +41,5 @@ bool bwd_supported(const BwdParams& params);
 // the dq_convert pass); cudaErrorNotSupported when !bwd_supported(params)
 // (callers fall back to jax_flash::sm80::run_bwd), else the launch error.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
-
-// FwdParams::sm90_variant values: [0, num_variants()), short names for tables
-// (instantiations.h has the meaning of each; most exist only in builds with
-// -DJAX_FLASH_SM90_ABLATION, see fwd_supported).
-int num_variants();
-const char* variant_name(int variant);
 
 }  // namespace jax_flash::sm90

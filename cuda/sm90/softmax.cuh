@@ -11,16 +11,17 @@
 // The row sum l is kept per thread (the quad reduction is deferred to the
 // end: rescaling is linear), and O is divided by l once, at the end.
 //
-// Lazy (conditional) rescaling (update_lazy, FA4-style; the forward's softmax,
-// update() is kept for the kFlagEagerRescale ablation): the running max m is raised only when a block's row max
-// exceeds it by more than kLazyRescaleLog2 in the scaled log2 domain, so
+// Lazy (conditional) rescaling (update_lazy, FA4-style; the forward's softmax;
+// update() is the eager form, FwdTuning::lazy_rescale = false, an ablation):
+// the running max m is raised only when a block's row max exceeds it by more
+// than kLazyRescaleLog2 in the scaled log2 domain, so
 // p = 2^(s * scale_log2 - m * scale_log2) <= 2^kLazyRescaleLog2 = 256 (safe
 // in the fp32 sums and in bf16/fp16 P); otherwise alpha = 1 and the rescale
 // of O is skipped for the whole warp when none of its rows moved its max. l
 // and O always share the same (possibly stale) m, so O / l and
 // LSE = m * scale_eff + log(l) stay exact. Why: at the power cap (sustained
-// runs) fewer instructions per FLOP is higher clocks; selftest_sm90 --bench
-// --launches=300 measured +6.5% at hdim 128 (benchmarks/NOTES.md).
+// runs) fewer instructions per FLOP is higher clocks: +6.5% at hdim 128
+// (selftest_sm90 --bench --launches=300, benchmarks/NOTES.md).
 #pragma once
 
 #include <cmath>

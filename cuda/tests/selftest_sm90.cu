@@ -1,31 +1,33 @@
 // Standalone GPU self-test and benchmark of the sm90 (Hopper, FA3-style)
-// forward, jax_flash::sm90::run_fwd. No JAX needed.
+// forward. No JAX needed.
 //
 // Test mode: for each case, random 16-bit Q, K, V; O and LSE poisoned with
-// NaN before every launch; run_fwd for the default schedule and, in builds
-// with -DJAX_FLASH_SM90_ABLATION, for the four explicit schedules
-// (sm90_variant 1..4: pingpong+overlap, overlap, pingpong, neither) and the
-// tuning variants (5.., bf16 only: dynamic scheduler, O in the V ring, hdim-128
-// tiles 128 x 176 / 192, eager rescaling, Q in registers; sm90/instantiations.h); a float64
-// CPU reference from the same rounded inputs. One row per case: the worst O
-// error over the variants (relative to the largest |O|, floored at 0.05), the
-// worst LSE error (absolute; -inf must match exactly) and the variants that
+// NaN before every launch; the production forward (jax_flash::sm90::run_fwd)
+// and every ablation of the tuning target that exists for the case
+// (sm90_fwd_ablation.h: without pingpong, without the intra-warpgroup
+// overlap, without both, Q in shared memory, eager rescaling, the static
+// scheduler, O staging toggled; bf16 only) against a float64 CPU reference
+// from the same rounded inputs. One row per case: the worst O error over the
+// configurations (relative to the largest |O|, floored at 0.05), the worst
+// LSE error (absolute; -inf must match exactly) and the configurations that
 // failed. Exit code 1 if any case fails.
 //
 // Bench mode (--bench): TF/s of B=2, T=S=8192 at (D=128, H=16), (D=64, H=32),
-// (D=256, H=8), causal and not, plus short causal shapes (B*T = 16k), for
-// every compiled variant (schedule ablation 1..4, tuning variants 5.., see
-// sm90/instantiations.h) and for the sm80 kernel (jax_flash::sm80::run_fwd):
-// the configurations of a row are timed interleaved, round by round (10
-// back-to-back launches between two events, median of 7 rounds), because a
-// fixed order showed up to 10% drift between identical kernels; FLOPs =
-// 4 B H T S D (halved when causal). Also prints the worst max |O_v - O_v0|
-// over the variants and sm80, rerun after the timing with O poisoned.
+// (D=256, H=8), causal and not, plus short causal shapes (B*T = 16k), for the
+// production kernel, every ablation and the sm80 kernel
+// (jax_flash::sm80::run_fwd): the configurations of a row are timed
+// interleaved, round by round (10 back-to-back launches between two events,
+// median of 7 rounds), because a fixed order showed up to 10% drift between
+// identical kernels; FLOPs = 4 B H T S D (halved when causal). Also prints the
+// worst max |O_c - O_default| over the configurations and sm80, rerun after
+// the timing with O poisoned.
 //
 // Build: tools/build_sm90_tests.sh (see cuda/tests/README.md).
-// Options: ./selftest_sm90 [filter-substring] [--quick] [--bench [--launches=N] [--rows=N]]
-// (--launches=300 --rows=2: the D=128 rows with the GPU at its power cap, as in a
-// sustained JAX run; the default 10 launches per round stay below it.)
+// Options: ./selftest_sm90 [filter-substring] [--quick] [--list]
+//                          [--bench [--launches=N] [--rows=N]]
+// (--list: the ablations and the (bucket, mask) where each exists;
+// --launches=300 --rows=2: the D=128 rows with the GPU at its power cap, as in
+// a sustained JAX run; the default 10 launches per round stay below it.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -45,9 +47,11 @@
 #include "sm90/launch.h"
 #include "gpu_wait.h"
 #include "selftest_common.h"
+#include "sm90_fwd_ablation.h"
 
 using jax_flash::DType;
 using jax_flash::FwdParams;
+namespace abl = jax_flash::sm90::ablation;
 
 struct Case {
   std::string name;
@@ -62,8 +66,8 @@ struct Case {
   int sms = 0;        // > 0: pretend the GPU has this many SMs (many tiles per CTA)
   // > 0: K row s scaled by 1 + k_ramp * (S - 1 - s) / (S - 1), so the scores
   // grow in the order the kernels visit the KV blocks (highest first): the
-  // running row max keeps rising, and the lazy rescaling (every variant but
-  // 11) must rescale O mid-row (a numpy model of the hdim-128 cases: about half
+  // running row max keeps rising, and the lazy rescaling (every configuration
+  // but "eager") must rescale O mid-row (a numpy model of the hdim-128 cases: about half
   // (x4, scale 1) / nearly all (x8, scale 2) of the warp x block steps
   // rescale; skipping those rescales gives O errors > 100x the tolerance).
   float k_ramp = 0.f;
@@ -119,8 +123,8 @@ static FwdParams make_params(const Case& c, const Tensor& q, const Tensor& k, co
 
 struct Row {
   double o = 0, lse = 0;
-  std::string failed_variants;
-  int variants_run = 0;
+  std::string failed;  // names of the configurations that failed
+  int configs_run = 0;
   bool pass = true;
   bool skipped = false;
 };
@@ -180,23 +184,23 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   std::vector<uint16_t> o_bits(q.count());
   std::vector<float> lse(nstat);
   const double tol_o = fp16 ? 4e-3 : 2e-2, tol_lse = 2e-3;
-  for (int variant = 0; variant < jax_flash::sm90::num_variants(); ++variant) {
-    fp.sm90_variant = variant;
-    if (!jax_flash::sm90::fwd_supported(fp)) {
-      if (variant == 0) {
+  for (int a = 0; a < abl::kNumFwdAblations; ++a) {
+    if (!abl::fwd_ablation_available(a, fp)) {
+      if (a == 0) {
         row.skipped = true;
         break;
       }
-      continue;  // variant not compiled in this build
+      continue;  // this ablation does not exist for the case's bucket / mask / dtype
     }
+    const char* name = abl::kFwdAblations[a].name;
     CHECK_CUDA(cudaMemset(d_o, 0xFF, q.count() * 2));
     CHECK_CUDA(cudaMemset(d_lse, 0xFF, nstat * 4));
-    CHECK_CUDA(cudaMemset(fp.sm90_tile_counter, 0x55, 4));  // run_fwd zeroes it when it needs it
-    CHECK_CUDA(jax_flash::sm90::run_fwd(fp, 0));
-    sync_or_die(c.name + " v" + std::to_string(variant));
+    CHECK_CUDA(cudaMemset(fp.sm90_tile_counter, 0x55, 4));  // the launcher zeroes it when it needs it
+    CHECK_CUDA(abl::fwd_ablation_run(a, fp, 0));
+    sync_or_die(c.name + " " + name);
     CHECK_CUDA(cudaMemcpy(o_bits.data(), d_o, q.count() * 2, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(lse.data(), d_lse, nstat * 4, cudaMemcpyDeviceToHost));
-    ++row.variants_run;
+    ++row.configs_run;
 
     double e = 0, rm = 0;
     for (int b = 0; b < c.B; ++b)
@@ -229,7 +233,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     row.lse = std::max(row.lse, lerr);
     if (!(oerr <= tol_o && lerr <= tol_lse)) {
       row.pass = false;
-      row.failed_variants += (row.failed_variants.empty() ? "v" : ",v") + std::to_string(variant);
+      row.failed += (row.failed.empty() ? "" : ",") + std::string(name);
     }
   }
   for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_lse, d_qs, d_ks})
@@ -367,20 +371,18 @@ static void bench(int launches, int rows) {
       {64, 32, 2, 8192, true},   {256, 8, 2, 8192, false}, {256, 8, 2, 8192, true},
       {64, 32, 16, 1024, true},  {128, 16, 16, 1024, true}, {256, 8, 16, 1024, true},
       {128, 16, 8, 2048, true},  {256, 8, 8, 2048, true}};
-  const int nv = jax_flash::sm90::num_variants();
+  const int nv = abl::kNumFwdAblations;
   constexpr int kRounds = 7;
   const int kLaunches = launches;
   std::printf("bench: T=S bf16, TF/s (FLOPs 4 B H T S D, halved when causal); each cell the median of\n"
               "%d rounds x %d back-to-back launches, the configurations of a row interleaved round by\n"
-              "round (clock/power drift hits all alike); '-' = variant not compiled for that head dim.\n"
-              "best = fastest sm90 variant / v0; max|dO| = worst max|O_v - O_v0| over the variants, rerun\n"
+              "round (clock/power drift hits all alike); '-' = the ablation does not exist there (it would\n"
+              "equal the default or an earlier column; --list). best = fastest sm90 configuration / default;\n"
+              "max|dO| = worst max|O_c - O_default| over the configurations and sm80, rerun\n"
               "after the timing with O poisoned (inf/nan = a tile not written).\n",
               kRounds, kLaunches);
   std::printf("%-4s %-3s %-2s %-5s %-3s", "D", "H", "B", "T", "cau");
-  for (int v = 0; v < nv; ++v) {
-    std::string name = jax_flash::sm90::variant_name(v);
-    std::printf(" %7s", name.substr(0, name.find(' ')).c_str());
-  }
+  for (int v = 0; v < nv; ++v) std::printf(" %7s", abl::kFwdAblations[v].name);
   std::printf(" %7s  %-14s %s\n", "sm80", "best", "max|dO|");
   std::mt19937 rng(7);
   int row = 0;
@@ -420,21 +422,19 @@ static void bench(int launches, int rows) {
     p.sm90_tile_counter = tile_counter();  // one stream: launches never overlap
     const double flops = 4.0 * B * sh.H * double(T) * S * sh.D * (sh.causal ? 0.5 : 1.0);
 
-    // Configurations: sm90 variants 0..nv-1 (those available), then sm80.
-    std::vector<FwdParams> cfg;
+    // Configurations: the sm90 ablations 0..nv-1 (those that exist here), then sm80.
+    std::vector<int> cfg;  // ablation index of each configuration
     std::vector<int> idx(nv + 1, -1);
     for (int v = 0; v < nv; ++v) {
-      FwdParams pv = p;
-      pv.sm90_variant = v;
-      if (jax_flash::sm90::fwd_supported(pv)) {
+      if (abl::fwd_ablation_available(v, p)) {
         idx[v] = int(cfg.size());
-        cfg.push_back(pv);
+        cfg.push_back(v);
       }
     }
     FwdParams p80 = p;
     p80.o = d_o80;
     auto launch = [&](int c) {
-      return c == int(cfg.size()) ? jax_flash::sm80::run_fwd(p80, 0) : jax_flash::sm90::run_fwd(cfg[c], 0);
+      return c == int(cfg.size()) ? jax_flash::sm80::run_fwd(p80, 0) : abl::fwd_ablation_run(cfg[c], p, 0);
     };
     const int ncfg = int(cfg.size()) + 1;
     idx[nv] = ncfg - 1;
@@ -467,8 +467,9 @@ static void bench(int launches, int rows) {
     for (int c = 0; c < ncfg; ++c)
       if (ok[c]) tf[c] = flops / (median(ms[c]) * 1e-3) / 1e12;
 
-    // O of every variant (after the timing: the dynamic scheduler's counter
-    // has been zeroed and reused many times) against v0's, and v0's against sm80's.
+    // O of every configuration (after the timing: the dynamic scheduler's
+    // counter has been zeroed and reused many times) against the default's,
+    // and the default's against sm80's.
     double worst = 0;
     std::vector<uint16_t> ref(n), got(n);
     auto run_poisoned = [&](int c, uint16_t* out, std::vector<uint16_t>& host) {
@@ -506,19 +507,41 @@ static void bench(int launches, int rows) {
     }
     char best_s[32] = "-";
     if (best >= 0 && idx[0] >= 0 && tf[idx[0]] > 0)
-      std::snprintf(best_s, sizeof(best_s), "v%d %.3fx", best, tf[idx[best]] / tf[idx[0]]);
+      std::snprintf(best_s, sizeof(best_s), "%s %.3fx", abl::kFwdAblations[best].name,
+                    tf[idx[best]] / tf[idx[0]]);
     std::printf("  %-14s %.3g\n", best_s, worst);
     std::fflush(stdout);
     for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_o80, d_lse}) CHECK_CUDA(cudaFree(ptr));
   }
-  std::printf("variants:");
-  for (int v = 0; v < nv; ++v) std::printf("%s %s", v ? "," : "", jax_flash::sm90::variant_name(v));
-  std::printf("\n");
+  std::printf("configurations: see selftest_sm90 --list\n");
+}
+
+// The ablations and the (bucket, mask) where each exists.
+static void list_ablations() {
+  std::printf("sm90 forward configurations (cuda/tests/sm90_fwd_ablation.h), bf16; x = compiled,\n"
+              "- = equal to the default or to an earlier row there (not compiled twice). Columns: head-dim bucket, mask\n"
+              "(plain = no causal-like bound, causal = right bound without a left one).\n");
+  std::printf("%-8s  d64:plain causal  d128:plain causal  d256:plain causal  what\n", "name");
+  for (int a = 0; a < abl::kNumFwdAblations; ++a) {
+    std::printf("%-8s ", abl::kFwdAblations[a].name);
+    for (int d : {64, 128, 256}) {
+      for (bool causal : {false, true}) {
+        FwdParams p{};
+        p.head_dim = d;
+        p.dtype = DType::kBFloat16;
+        p.window_left = -1;
+        p.window_right = causal ? 0 : -1;
+        std::printf(" %6s", abl::fwd_ablation_launcher(a, p) != nullptr ? "x" : "-");
+      }
+      std::printf("   ");
+    }
+    std::printf("%s\n", abl::kFwdAblations[a].what);
+  }
 }
 
 int main(int argc, char** argv) {
   std::string filter;
-  bool quick = false, do_bench = false;
+  bool quick = false, do_bench = false, do_list = false;
   int launches = 10, rows = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -526,12 +549,18 @@ int main(int argc, char** argv) {
       quick = true;
     else if (a == "--bench")
       do_bench = true;
+    else if (a == "--list" || a == "--help")
+      do_list = true;
     else if (a.rfind("--launches=", 0) == 0)
       launches = std::max(1, std::atoi(a.c_str() + 11));
     else if (a.rfind("--rows=", 0) == 0)
       rows = std::atoi(a.c_str() + 7);
     else
       filter = a;
+  }
+  if (do_list) {
+    list_ablations();
+    return 0;
   }
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -543,7 +572,7 @@ int main(int argc, char** argv) {
   }
   std::mt19937 rng(1234);
   int failed = 0, run = 0, skipped = 0;
-  std::printf("%-40s %9s %9s %3s  %s\n", "case", "O", "LSE", "#v", "result");
+  std::printf("%-40s %9s %9s %3s  %s\n", "case", "O", "LSE", "#c", "result");
   for (const Case& c : all_cases(quick)) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     const Row r = run_case(c, rng);
@@ -554,8 +583,8 @@ int main(int argc, char** argv) {
     }
     ++run;
     failed += !r.pass;
-    std::printf("%-40s %9.2e %9.2e %3d  %s%s\n", c.name.c_str(), r.o, r.lse, r.variants_run,
-                r.pass ? "PASS" : "FAIL ", r.failed_variants.c_str());
+    std::printf("%-40s %9.2e %9.2e %3d  %s%s\n", c.name.c_str(), r.o, r.lse, r.configs_run,
+                r.pass ? "PASS" : "FAIL ", r.failed.c_str());
     std::fflush(stdout);
   }
   std::printf("%d passed, %d failed, %d skipped\n", run - failed, failed, skipped);

@@ -1,28 +1,35 @@
 // CPU-only checks of the sm90 forward's host-side choices (no GPU needed; run
 // by tools/build_sm90_tests.sh):
-// - persistent_grid (sm90/scheduler.cuh): the balanced grid never needs more rounds
-//   than one CTA per SM, never exceeds the SMs or the tiles, and leaves fewer
-//   than `rounds` CTA slots idle (one CTA per SM can leave up to sms - 1);
-// - variant resolution (instantiations.h): kVarBalancedGrid launches the
-//   mask's default kernel (resolves and schedules like variant 0).
+// - TileOrder (sm90/tile_scheduler.cuh), the order both persistent schedulers
+//   walk: over [0, total) decode is a bijection onto (block, head, batch); with
+//   a causal-like mask the blocks of each head come heaviest (last) first and
+//   the heads of one L2 section are interleaved, so that the CTAs running at
+//   the same time share a section's K/V;
+// - persistent_grid: one CTA per SM, at most one per tile;
+// - the production policy (sm90/fwd_tuning.h) keeps the constraints the
+//   kernels assert (Q in registers only with the overlap schedule, the
+//   dynamic scheduler exactly for causal-like masks).
 #include <cstdio>
+#include <set>
+#include <tuple>
+#include <vector>
 
-// Host shims for the device-only names scheduler.cuh mentions (only the
-// host-side functions below are called).
+// Host shims for the device-only names tile_scheduler.cuh mentions (only the
+// host-side functions and TileOrder::decode are called here).
 #include <algorithm>
 #define JF_DEVICE inline
 struct JfDim {
-  unsigned x = 1, y = 1, z = 1;
+  unsigned x = 0, y = 0, z = 0;
 };
-static JfDim gridDim, threadIdx;
+static JfDim gridDim, blockIdx, threadIdx;
 using std::max;
 using std::min;
 inline int atomicAdd(int* p, int v) { return (*p += v) - v; }
 inline unsigned long long __cvta_generic_to_shared(const void*) { return 0; }
 inline int __shfl_sync(unsigned, int v, int) { return v; }
 
-#include "sm90/instantiations.h"
-#include "sm90/scheduler.cuh"
+#include "sm90/fwd_tuning.h"
+#include "sm90/tile_scheduler.cuh"
 
 using namespace jax_flash::sm90;
 
@@ -40,38 +47,60 @@ static int failures = 0;
 
 int main() {
   int cases = 0;
-  for (int sms : {1, 2, 7, 66, 114, 132}) {
-    for (int tiles = 0; tiles <= 5000; ++tiles) {
+  for (int batch : {1, 3})
+    for (int heads : {1, 2, 6, 32})
+      for (int heads_per_kv : {1, 2})
+        for (int seqlen : {1, 127, 128, 1000, 8192})
+          for (int seqlen_kv : {1, 4096, 65536})
+            for (bool causal : {false, true}) {
+              if (heads % heads_per_kv != 0) continue;
+              ++cases;
+              TileOrder::Arguments a{batch, heads, heads_per_kv, seqlen, seqlen_kv, 128, 2, 128, causal};
+              const TileOrder o = TileOrder::make(a);
+              CHECK(o.total == o.num_blocks * batch * heads, "total %d", o.total);
+              std::set<std::tuple<int, int, int>> seen;
+              std::vector<int> last_block(size_t(batch) * heads, 1 << 30);
+              bool order_ok = true;
+              for (int t = 0; t < o.total; ++t) {
+                const TileCoord c = o.decode(t);
+                const bool in_range = c.block >= 0 && c.block < o.num_blocks && c.head >= 0 &&
+                                      c.head < heads && c.batch >= 0 && c.batch < batch && c.split == 0;
+                CHECK(in_range, "t %d -> (%d, %d, %d)", t, c.block, c.head, c.batch);
+                if (!in_range) break;
+                seen.insert({c.block, c.head, c.batch});
+                int& lb = last_block[size_t(c.batch) * heads + c.head];
+                // causal: each head's blocks descend; plain: ascend.
+                if (causal ? c.block >= lb : (lb != (1 << 30) && c.block <= lb)) order_ok = false;
+                lb = c.block;
+              }
+              CHECK(int(seen.size()) == o.total, "B %d H %d T %d causal %d: %zu distinct of %d", batch,
+                    heads, seqlen, causal, seen.size(), o.total);
+              CHECK(order_ok, "B %d H %d T %d causal %d: block order", batch, heads, seqlen, causal);
+              if (causal) {
+                CHECK(o.heads_per_section >= 1 && o.heads_per_section <= batch * heads &&
+                          (o.heads_per_section % heads_per_kv == 0 ||
+                           o.heads_per_section == batch * heads),
+                      "section %d", o.heads_per_section);
+              } else {
+                CHECK(o.heads_per_section == 0, "plain order has no sections (%d)", o.heads_per_section);
+              }
+            }
+  for (int sms : {1, 7, 132})
+    for (int tiles : {0, 1, 5, 131, 132, 133, 5000}) {
       ++cases;
-      const int plain = persistent_grid(tiles, sms, false);
-      const int grid = persistent_grid(tiles, sms, true);
-      CHECK(plain == (tiles < sms ? tiles : sms), "tiles %d sms %d plain %d", tiles, sms, plain);
-      if (tiles == 0) {
-        CHECK(grid == 0, "tiles 0 sms %d grid %d", sms, grid);
-        continue;
-      }
-      const int rounds_plain = (tiles + plain - 1) / plain;
-      const int rounds = (tiles + grid - 1) / grid;
-      CHECK(grid >= 1 && grid <= plain, "tiles %d sms %d grid %d", tiles, sms, grid);
-      CHECK(rounds == rounds_plain, "tiles %d sms %d: %d rounds vs %d", tiles, sms, rounds,
-            rounds_plain);
-      CHECK(grid * rounds - tiles < rounds, "tiles %d sms %d grid %d: %d idle slots", tiles, sms,
-            grid, grid * rounds - tiles);
+      const int g = persistent_grid(tiles, sms);
+      CHECK(g == std::min(tiles, sms), "tiles %d sms %d grid %d", tiles, sms, g);
     }
-  }
-  // The motivating shape: B=2, H=16, T=8192, 128-row tiles on an H200.
-  CHECK(persistent_grid(2048, 132, true) == 128, "2048 tiles on 132 SMs: %d",
-        persistent_grid(2048, 132, true));
-  for (int bucket : {64, 128, 256})
+  for (int d : {64, 128, 256})
     for (bool causal_like : {false, true}) {
       ++cases;
-      CHECK(resolved_variant(kVarBalancedGrid, bucket, causal_like) ==
-                resolved_variant(0, bucket, causal_like),
-            "bucket %d causal_like %d", bucket, causal_like);
-      CHECK(variant_uses_dynamic(kVarBalancedGrid, bucket, causal_like) ==
-                variant_uses_dynamic(0, bucket, causal_like),
-            "bucket %d causal_like %d", bucket, causal_like);
+      const FwdTuning t = fwd_default_tuning(d, causal_like);
+      CHECK(!t.q_in_regs || t.overlap, "d %d: Q in registers needs the overlap schedule", d);
+      CHECK(t.dynamic_scheduler == causal_like, "d %d causal_like %d", d, causal_like);
+      CHECK(t.block_m() <= 256 && t.block_n % 16 == 0 && t.block_n <= 256, "d %d tile", d);
     }
+  CHECK(fwd_causal_like(-1, 0) && !fwd_causal_like(-1, -1) && !fwd_causal_like(3, 0),
+        "causal-like masks");
   std::printf("sm90 fwd host checks: %d cases, %s\n", cases, failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }

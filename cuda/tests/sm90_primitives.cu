@@ -3,7 +3,7 @@
 // [batch, seq, heads, head_dim] maps) into 128B-swizzled shared memory with
 // out-of-bounds zero fill, TMA store with clipping, wgmma SS (K-major A and B,
 // the S = Q K^T shapes; also with A read into registers by ldmatrix and fed
-// to wgmma RS, the Q-in-registers variant), wgmma RS with an MN-major B (the
+// to wgmma RS, the forward's Q in registers), wgmma RS with an MN-major B (the
 // O = P V shapes), the accumulator -> A-fragment conversion (S -> P -> O
 // chain), an mbarrier ring driven by TMA over several phases, and
 // named-barrier turn taking between two warpgroups after setmaxnreg.
@@ -30,7 +30,8 @@
 #include <string>
 #include <vector>
 
-#include "sm90/launch_templates.cuh"  // encode_bshd, tensor_map_encoder
+#include "sm90/fwd_named_barriers.h"  // the pingpong test uses the forward's barrier ids
+#include "sm90/tma_desc.h"  // encode_bshd, tensor_map_encoder
 #include "sm90/ptx/barrier.cuh"
 #include "sm90/ptx/mbarrier.cuh"
 #include "sm90/ptx/tma.cuh"
@@ -373,7 +374,7 @@ __global__ void k_wgmma_rs(const uint16_t* P, const uint16_t* V, float* O) {
 // D[64 x N] = A[a_row0 : a_row0 + 64, :K] * B[N x K]^T as k_wgmma_ss, but A's
 // fragments read from the swizzled tile by load_a_sw128 (ldmatrix) and fed to
 // wgmma RS with a K-major B: the forward's Q-in-registers S = Q K^T
-// (kFlagQInRegs).
+// (FwdTuning::q_in_regs).
 template <typename E, int N, int K, int MA>
 __global__ void k_wgmma_rs_ldsm(const uint16_t* A, int a_row0, const uint16_t* B, float* D) {
   extern __shared__ __align__(1024) char raw[];

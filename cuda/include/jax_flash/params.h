@@ -50,17 +50,12 @@ struct FwdParams {
   DType dtype;
   int num_sms;  // filled by the handler (for persistent schedulers)
 
-  // sm90 kernel schedule (jax_flash::sm90 only; 0 = the default, keep it 0
-  // outside ablation benchmarks): 1 = pingpong + intra-warpgroup overlap,
-  // 2 = overlap only, 3 = pingpong only, 4 = neither. Non-default values are
-  // compiled only with -DJAX_FLASH_SM90_ABLATION (else cudaErrorNotSupported).
-  int sm90_variant = 0;
   // sm90 dynamic tile scheduler workspace (jax_flash::sm90 only): device
   // pointer to ONE int32 (4 bytes, 4-byte aligned), contents undefined on
   // entry; the launcher zeroes it on the stream (cudaMemsetAsync) before the
   // kernel, so a call must have it to itself while it runs (an XLA workspace
   // output per call is fine: graph replays and concurrent streams then never
-  // share a counter). Needed only by the schedule variants with the dynamic
+  // share a counter). Needed only by the configurations with the dynamic
   // scheduler (sm90::fwd_needs_tile_counter); nullptr otherwise.
   int32_t* sm90_tile_counter = nullptr;
 };

@@ -1,0 +1,92 @@
+// Tuning of the sm90 forward: the typed configuration every forward kernel is
+// built from, and the ONE policy that picks the production configuration per
+// head-dim bucket and mask (the role of FA3's hopper/tile_size.h).
+//
+// The extension compiles only fwd_default_tuning()'s configurations
+// (launch_templates.cuh). Other configurations are ablations: the sm90
+// self-test / benchmark binary instantiates its own list of them
+// (cuda/tests/sm90_fwd_ablation.h), nothing in the production path can reach
+// them.
+#pragma once
+
+namespace jax_flash::sm90 {
+
+struct FwdTuning {
+  // Tile: kBlockM = 64 * consumer_wgs query rows (one wgmma M = 64 per
+  // consumer warpgroup, FA3's AtomLayoutQK) x block_n keys, `stages` K and V
+  // stages in the TMA ring.
+  int block_n;
+  int consumer_wgs;
+  int stages;
+  // Inter-warpgroup "pingpong": named barriers hand the tensor cores from one
+  // consumer warpgroup to the next, so one WG's GEMMs run during the other's
+  // softmax.
+  bool pingpong;
+  // Intra-warpgroup overlap: the softmax of block n runs while the PV GEMM of
+  // block n + 1 and the QK^T GEMM of block n - 1 are in flight. Without it the
+  // mainloop is serial (QK^T, wait, softmax, PV, wait).
+  bool overlap;
+  // S = Q K^T as wgmma RS: each consumer WG reads its Q rows into registers
+  // once per tile instead of every QK^T wgmma reading them from shared memory
+  // (a third less shared-memory operand traffic for that GEMM; energy per FLOP
+  // at the power cap). Needs `overlap` (ptxas 13.0 miscompiles it in the
+  // serial schedule, mainloop.cuh) and an O tile of its own.
+  bool q_in_regs;
+  // Lazy rescaling (softmax.cuh update_lazy): the running max moves only when
+  // a block exceeds it by more than 2^8 in p, and O is rescaled only when some
+  // row of the warp moved. false: O rescaled after every block (update).
+  bool lazy_rescale;
+  // The epilogue stages O in the V ring (FA3: smem_o aliases smem_v) instead of
+  // its own tile / the Q tile: the next tile's Q and K then load during the
+  // epilogue.
+  bool o_in_v;
+  // DynamicPersistentTileScheduler (atomic tile counter, LPT order) instead of
+  // StaticPersistentTileScheduler (tile_scheduler.cuh).
+  bool dynamic_scheduler;
+
+  constexpr int block_m() const { return 64 * consumer_wgs; }
+};
+
+// The production configuration. Measured on the H200 (B=2, T=S=8192, bf16;
+// benchmarks/NOTES.md):
+// - tiles as FA3 for bf16/fp16 (hdim = hdim_v): hdim 64: 192 x 128 with three
+//   consumer WGs (FA3 uses 192 x 192 when not causal; that spills at 160
+//   registers here); hdim 128: 128 x 128 (128 x 176 / 192 were within the
+//   noise); hdim 256: 128 x 80 (224 KB of shared memory).
+// - pingpong + overlap for hdim <= 128, overlap only for 256 (FA3's choices).
+// - Q in registers where its 32 registers fit: the hdim-128 x 128 tile
+//   (R237 of 240; 256 would need 64); +2.6% at the power cap.
+// - lazy rescaling everywhere: +6.5% at the power cap at hdim 128.
+// - causal-like masks (right bound, no left bound): the dynamic scheduler
+//   (+13% at hdim 128, +3% at 64) and, at hdim 256, O in the V ring (+30%
+//   together; the static heaviest-first order leaves SMs idle at the end).
+//   Without such a mask O in the V ring is -8% at hdim 256.
+constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like) {
+  FwdTuning t{};
+  t.block_n = head_dim == 256 ? 80 : 128;
+  t.consumer_wgs = head_dim == 64 ? 3 : 2;
+  t.stages = 2;
+  t.pingpong = head_dim <= 128;
+  t.overlap = true;
+  t.q_in_regs = head_dim == 128;
+  t.lazy_rescale = true;
+  t.o_in_v = causal_like && head_dim == 256;
+  t.dynamic_scheduler = causal_like;
+  return t;
+}
+
+// A configuration as a type (the kernel's template parameter; C++17 has no
+// class-type template parameters): any struct with a `static constexpr
+// FwdTuning value`.
+template <int kHeadDim, bool kCausalLike>
+struct DefaultFwdTuning {
+  static constexpr FwdTuning value = fwd_default_tuning(kHeadDim, kCausalLike);
+};
+
+// Which masks count as causal-like for the policy (a right bound without a
+// left bound: heavy-tailed tile costs).
+constexpr bool fwd_causal_like(int window_left, int window_right) {
+  return window_right >= 0 && window_left < 0;
+}
+
+}  // namespace jax_flash::sm90

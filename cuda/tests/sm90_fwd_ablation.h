@@ -1,0 +1,122 @@
+// The sm90 forward's tuning / ablation target: configurations other than the
+// production one (fwd_tuning.h fwd_default_tuning), compiled only into the
+// self-test / benchmark binary (tools/build_sm90_tests.sh), never into the
+// extension. Each ablation changes the production configuration of every
+// (head-dim bucket, mask) in one way; where that changes nothing (e.g. "no
+// pingpong" at hdim 256, which has none) or does not apply, it is absent
+// ('-' in the tables) rather than a copy of the default.
+//
+//   selftest_sm90 --list          the ablations and where each exists
+//   selftest_sm90 --bench ...     TF/s of every ablation beside the default
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "jax_flash/params.h"
+#include "sm90/fwd_tuning.h"
+#include "sm90/launch.h"
+#include "sm90/mask.cuh"
+#include "sm90/smem_layout.cuh"
+
+namespace jax_flash::sm90::ablation {
+
+using FwdLaunch = cudaError_t (*)(const FwdParams&, cudaStream_t);
+
+// How an ablation changes a production configuration.
+constexpr FwdTuning keep(FwdTuning t, int) { return t; }
+constexpr FwdTuning no_pingpong(FwdTuning t, int) {
+  t.pingpong = false;
+  return t;
+}
+// The serial mainloop; Q stays in shared memory there (ptxas miscompiles Q in
+// registers in the serial schedule, mainloop.cuh).
+constexpr FwdTuning no_overlap(FwdTuning t, int) {
+  t.overlap = false;
+  t.q_in_regs = false;
+  return t;
+}
+constexpr FwdTuning no_pingpong_no_overlap(FwdTuning t, int d) { return no_overlap(no_pingpong(t, d), d); }
+constexpr FwdTuning q_in_smem(FwdTuning t, int) {
+  t.q_in_regs = false;
+  return t;
+}
+constexpr FwdTuning eager_rescale(FwdTuning t, int) {
+  t.lazy_rescale = false;
+  return t;
+}
+constexpr FwdTuning static_scheduler(FwdTuning t, int) {
+  t.dynamic_scheduler = false;
+  return t;
+}
+// O staging: the V ring where the default has its own tile / the Q tile, and
+// back. Only at hdim 256, where the choice depends on the mask.
+constexpr FwdTuning toggle_o_in_v(FwdTuning t, int head_dim) {
+  if (head_dim == 256) t.o_in_v = !t.o_in_v;
+  return t;
+}
+
+struct FwdAblation {
+  const char* name;  // table column
+  const char* what;
+  FwdTuning (*modify)(FwdTuning, int head_dim);
+};
+// Index 0 is the production kernel, launched through jax_flash::sm90::run_fwd.
+inline constexpr FwdAblation kFwdAblations[] = {
+    {"default", "the production configuration (fwd_default_tuning), via run_fwd", keep},
+    {"no-pp", "without the inter-warpgroup pingpong", no_pingpong},
+    {"no-ov", "without the intra-warpgroup overlap (serial mainloop, Q in shared memory)", no_overlap},
+    {"neither", "without pingpong and without overlap", no_pingpong_no_overlap},
+    {"q-smem", "Q read from shared memory by every QK^T wgmma (where the default has Q in registers)",
+     q_in_smem},
+    {"eager", "O rescaled after every KV block (no lazy rescaling)", eager_rescale},
+    {"static", "static persistent scheduler (where the default is the dynamic one: causal-like masks)",
+     static_scheduler},
+    {"o-in-v", "hdim 256: O staged in the V ring toggled (the default stages it there for causal-like masks)",
+     toggle_o_in_v},
+};
+constexpr int kNumFwdAblations = int(sizeof(kFwdAblations) / sizeof(kFwdAblations[0]));
+
+constexpr bool same_tuning(const FwdTuning& a, const FwdTuning& b) {
+  return a.block_n == b.block_n && a.consumer_wgs == b.consumer_wgs && a.stages == b.stages &&
+         a.pingpong == b.pingpong && a.overlap == b.overlap && a.q_in_regs == b.q_in_regs &&
+         a.lazy_rescale == b.lazy_rescale && a.o_in_v == b.o_in_v &&
+         a.dynamic_scheduler == b.dynamic_scheduler;
+}
+
+// The launchers of one bucket: [ablation][causal_like], nullptr where the
+// ablation is the default or repeats an earlier one. Defined in fwd_ablation_hdim<d>_sm90.cu, one
+// object per bucket (bf16 only: the schedule does not depend on the 16-bit
+// type).
+struct FwdAblationBucket {
+  FwdLaunch launch[kNumFwdAblations][2];
+};
+FwdAblationBucket fwd_ablation_bucket_64();
+FwdAblationBucket fwd_ablation_bucket_128();
+FwdAblationBucket fwd_ablation_bucket_256();
+
+inline FwdLaunch fwd_ablation_launcher(int ablation, const FwdParams& p) {
+  if (ablation == 0) return &jax_flash::sm90::run_fwd;
+  if (ablation < 0 || ablation >= kNumFwdAblations || p.dtype != DType::kBFloat16) return nullptr;
+  static const FwdAblationBucket b64 = fwd_ablation_bucket_64(), b128 = fwd_ablation_bucket_128(),
+                                 b256 = fwd_ablation_bucket_256();
+  const int bucket = sm90_rounded_head_dim(p.head_dim);
+  const FwdAblationBucket& b = bucket == 64 ? b64 : bucket == 128 ? b128 : b256;
+  const MaskInfo mi = make_mask_info(p);
+  return b.launch[ablation][fwd_causal_like(mi.wl, mi.wr) ? 1 : 0];
+}
+
+// Whether ablation `ablation` exists for this call (and the call is one the
+// production forward accepts; the ablations' workspace is the same counter).
+inline bool fwd_ablation_available(int ablation, const FwdParams& p) {
+  return fwd_ablation_launcher(ablation, p) != nullptr && jax_flash::sm90::fwd_supported(p) &&
+         p.sm90_tile_counter != nullptr;
+}
+
+inline cudaError_t fwd_ablation_run(int ablation, const FwdParams& p, cudaStream_t stream) {
+  const FwdLaunch launch = fwd_ablation_launcher(ablation, p);
+  if (launch == nullptr || !jax_flash::sm90::fwd_supported(p)) return cudaErrorNotSupported;
+  if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;  // as run_fwd: nothing to write
+  return launch(p, stream);
+}
+
+}  // namespace jax_flash::sm90::ablation

@@ -1,0 +1,54 @@
+// The launchers of the sm90 forward ablations (sm90_fwd_ablation.h) for one
+// head-dim bucket; included by fwd_ablation_hdim<d>_sm90.cu, one translation
+// unit per bucket so that the build compiles them in parallel.
+#pragma once
+
+#include <utility>
+
+#include "sm90/launch_templates.cuh"
+#include "sm90_fwd_ablation.h"
+
+namespace jax_flash::sm90::ablation {
+
+// Ablation kAblation of the production configuration of (kHeadDim, kCausalLike).
+template <int kAblation, int kHeadDim, bool kCausalLike>
+struct AblationTuning {
+  static constexpr FwdTuning value =
+      kFwdAblations[kAblation].modify(fwd_default_tuning(kHeadDim, kCausalLike), kHeadDim);
+};
+
+// Whether ablation kAblation gives the configuration of an earlier one (index
+// 0: the default), e.g. "neither" at hdim 256, which has no pingpong anyway.
+template <int kAblation, int kHeadDim, bool kCausalLike, int... kEarlier>
+constexpr bool repeats_earlier(std::integer_sequence<int, kEarlier...>) {
+  return (same_tuning(AblationTuning<kAblation, kHeadDim, kCausalLike>::value,
+                      AblationTuning<kEarlier, kHeadDim, kCausalLike>::value) ||
+          ...);
+}
+
+template <int kAblation, int kHeadDim, bool kCausalLike>
+FwdLaunch ablation_launcher() {
+  using T = AblationTuning<kAblation, kHeadDim, kCausalLike>;
+  if constexpr (kAblation == 0 || repeats_earlier<kAblation, kHeadDim, kCausalLike>(
+                                      std::make_integer_sequence<int, kAblation>{})) {
+    return nullptr;  // index 0 is run_fwd; a configuration is compiled once
+  } else {
+    return &launch_fwd<__nv_bfloat16, kHeadDim, T>;
+  }
+}
+
+template <int kHeadDim, int... kI>
+FwdAblationBucket make_bucket(std::integer_sequence<int, kI...>) {
+  FwdAblationBucket b{};
+  ((b.launch[kI][0] = ablation_launcher<kI, kHeadDim, false>(),
+    b.launch[kI][1] = ablation_launcher<kI, kHeadDim, true>()),
+   ...);
+  return b;
+}
+
+template <int kHeadDim>
+FwdAblationBucket make_bucket() {
+  return make_bucket<kHeadDim>(std::make_integer_sequence<int, kNumFwdAblations>{});
+}
+
+}  // namespace jax_flash::sm90::ablation
