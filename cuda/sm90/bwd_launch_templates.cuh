@@ -14,7 +14,7 @@
 #include "bwd_instantiations.h"
 #include "bwd_kernel.cuh"
 #include "bwd_policy.h"
-#include "launch_templates.cuh"  // encode_bshd (tensor maps of the forward)
+#include "tma_desc.h"  // encode_bshd
 #include "jax_flash/dq_convert.cuh"
 
 namespace jax_flash::sm90 {
