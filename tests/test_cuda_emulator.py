@@ -6,7 +6,7 @@ __syncthreads are implemented from the PTX ISA fragment tables. The
 self-test (cuda/tests/selftest.cu) then checks forward and backward against a
 float64 reference at odd sizes with every masking feature, with outputs
 poisoned first. This is how CI (no GPU) checks kernel logic on every change;
-the H200 run (tools/gpu_check.sh) checks the real hardware path.
+the H200 run (tools/gpu/gpu_check.sh) checks the real hardware path.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ class Backend(Protocol):
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
 # GPU: the CUDA kernels when the extension is built and the request is
-# supported (validated on the H200: tests/test_cuda.py, tools/gpu_check.sh),
+# supported (validated on the H200: tests/test_cuda.py, tools/gpu/gpu_check.sh),
 # else the Pallas kernel, else blockwise XLA.
 GPU_ORDER = ("cuda", "pallas", "xla")
 PREFERENCE = {"gpu": GPU_ORDER, "cuda": GPU_ORDER}

@@ -2,7 +2,7 @@
 # The GPU check, run on the H200 (device machine) from the repo root:
 #   build -> GPU test suite (outputs poisoned with NaN) -> sanitizer -> benchmark
 # and a short table printed last. Stages can be chosen:
-#   tools/gpu_check.sh [build] [selftest] [sm90] [test] [sanitize] [sanitize_sm90] [sanitize_jax] [bench] [sweep] [ring]
+#   tools/gpu/gpu_check.sh [build] [selftest] [sm90] [test] [sanitize] [sanitize_sm90] [sanitize_jax] [bench] [sweep] [ring]
 # Environment knobs: GPU_TESTS (pytest paths), PYTEST_ARGS, TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT,
 # SM90_SELFTEST (binary, default build_carry/selftest_sm90), SM90_BENCH=1 (ablation table),
 # SWEEP_ARGS, RING_ARGS, SANITIZERS, SANITIZE_TIMEOUT, SANITIZE_SM90_FWD / SANITIZE_SM90_BWD
@@ -113,8 +113,8 @@ if has sanitize_sm90; then
 fi
 if has sanitize_jax; then
   t0=$SECONDS
-  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $PY tools/sanitize_case.py >"$OUT/memcheck_jax.log" 2>&1
-  note "memcheck (jax, tools/sanitize_case.py): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_jax.log" | tail -1) ($((SECONDS-t0)) s)"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 1 $PY tools/gpu/sanitize_case.py >"$OUT/memcheck_jax.log" 2>&1
+  note "memcheck (jax, tools/gpu/sanitize_case.py): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_jax.log" | tail -1) ($((SECONDS-t0)) s)"
 fi
 
 if has bench; then
