@@ -221,3 +221,15 @@ def test_unsupported_has_its_public_name():
     jax_flash.attention(q, q, q, implementation="cuda")
   line = traceback.format_exception_only(info.value)[0]
   assert line.startswith("jax_flash.Unsupported: "), line
+
+
+def test_ci_runs_the_readmes_test_command():
+  """.ci/run runs the README's test command (the second block of the README's
+  opening) verbatim, with only CI's extra arguments appended."""
+  import re
+  readme = (ROOT / "README.md").read_text()
+  blocks = re.findall(r"^```bash\n(.*?)^```", readme, re.S | re.M)
+  command = blocks[1].strip()
+  assert "PYTHONSAFEPATH=1" in command and "pytest" in command
+  ci = (ROOT / ".ci" / "run").read_text()
+  assert f'\n{command} "$@"\n' in ci
