@@ -4,6 +4,11 @@
     python benchmarks/bench_attention.py --sweep --plot sweep.png
     python benchmarks/bench_attention.py --shapes tiny      # CPU smoke test
 
+Nothing is written unless --out names a file. The tracked H200 results are
+benchmarks/results/h200.json: pass it as --out only on an H200 (a file whose
+records come from another device is refused, so a CPU smoke test can never
+mix its rows into it).
+
 Implementations (--impls, comma separated):
   jax_flash_cuda     jax_flash.attention(implementation="cuda")
   jax_flash_pallas   jax_flash.attention(implementation="pallas")
@@ -14,7 +19,7 @@ Implementations (--impls, comma separated):
 Default: every one that can run on this platform (GPU: all but
 jax_flash_xla; CPU: jax_flash_pallas, jax_flash_xla, xla).
 
-Method (DESIGN.md): random normal inputs, jit, warm up, then N back-to-back
+Method: random normal inputs, jit, warm up, then N back-to-back
 calls between two `block_until_ready` syncs, median over repeats; the
 implementations of one shape and mode are timed round by round, in
 alternating order (A B C, C B A, ...), so that clock / power drift and the
@@ -24,9 +29,10 @@ fwd = 4*B*H*T*S*D (halved when causal), fwd_bwd = 3.5x fwd, where fwd_bwd is
 the gradient of sum(o * do) w.r.t. q, k, v (forward included), bwd = 2.5x fwd:
 the backward alone (the VJP applied to do, the forward's residuals computed
 once before the timing). A failing
-implementation is recorded with its error and the run goes on. Results are
-merged into a JSON list (--out), replacing records with the same
-(impl, mode, dtype, B, T, S, H, H_kv, D, causal); a table is printed last.
+implementation is recorded with its error and the run goes on. With --out,
+results are merged into a JSON list, replacing records with the same
+(impl, mode, dtype, B, T, S, H, H_kv, D, causal); a table is printed last,
+in TF/s, or GF/s below 1 TF/s (small shapes, CPU).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ except ImportError:  # run from a checkout without installing
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
   import jax_flash
 
-DEFAULT_OUT = pathlib.Path(__file__).resolve().parent / "results" / "h200.json"
+TRACKED_RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "h200.json"
 KEY_FIELDS = ("impl", "mode", "dtype", "B", "T", "S", "H", "H_kv", "D",
               "causal")
 
@@ -260,10 +266,10 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
         if isinstance(ms, Exception):
           rec["error"] = f"{type(ms).__name__}: {ms}"[:500]
         else:
-          rec.update(ms=round(ms, 4),
-                     tflops=round(shape.flops(mode) / (ms * 1e-3) / 1e12, 2))
+          rec.update(ms=float(f"{ms:.6g}"),
+                     tflops=float(f"{shape.flops(mode) / (ms * 1e-3) / 1e12:.6g}"))
         rows.append(rec)
-        status = (f"{rec['ms']:.3f} ms  {rec['tflops']:.1f} TF/s"
+        status = (f"{format_ms(rec['ms'])}  {format_rate(rec['tflops'])}"
                   if rec["ms"] is not None else rec["error"][:120])
         print(f"  {shape.label():36s} {mode:7s} {impl:18s} {status}",
               flush=True)
@@ -284,17 +290,54 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
 # ---------------------------------------------------------------------------
 
 
+def format_rate(tflops: float) -> str:
+  """TF/s with one decimal, or GF/s when below 1 TF/s (tiny shapes, CPU)."""
+  if tflops >= 1:
+    return f"{tflops:.1f} TF/s"
+  return f"{tflops * 1e3:.3g} GF/s"
+
+
+def format_ms(ms: float) -> str:
+  return f"{ms:.3f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} us"
+
+
 def _key(r):
   return tuple(r.get(f) for f in KEY_FIELDS)
 
 
+class OtherDeviceError(ValueError):
+  """The results file holds another device's measurements."""
+
+
+def _check_device(path, old, device):
+  theirs = {r.get("device") for r in old} - {None}
+  if theirs and device not in theirs:
+    raise OtherDeviceError(
+        f"{path} holds results of {', '.join(sorted(theirs))}, not of "
+        f"{device}: pass another --out (e.g. one named after the device)")
+
+
+def check_same_device(path: pathlib.Path, device: str):
+  """Raises OtherDeviceError if `path` holds results of another device."""
+  if path.exists():
+    try:
+      _check_device(path, json.loads(path.read_text()), device)
+    except (json.JSONDecodeError, OSError):
+      pass  # merge_into warns and starts afresh
+
+
 def merge_into(path: pathlib.Path, records):
+  """Merges `records` into the JSON list at `path`. Refuses (OtherDeviceError)
+  when the file already holds records of another device, so that, e.g., a
+  CPU run never lands in the H200 results."""
   old = []
   if path.exists():
     try:
       old = json.loads(path.read_text())
     except (json.JSONDecodeError, OSError) as e:
       print(f"warning: could not read {path} ({e}); starting afresh")
+  for device in {r.get("device") for r in records} - {None}:
+    _check_device(path, old, device)
   new_keys = {_key(r) for r in records}
   merged = [r for r in old if _key(r) not in new_keys] + list(records)
   merged.sort(key=lambda r: tuple(str(x) for x in _key(r)))
@@ -304,8 +347,8 @@ def merge_into(path: pathlib.Path, records):
 
 def print_table(records):
   print()
-  print(f"{'shape':36s} {'mode':7s} {'impl':18s} {'ms':>9s} {'TF/s':>7s} "
-        f"{'vs cuDNN':>8s}")
+  print(f"{'shape':36s} {'mode':7s} {'impl':18s} {'time':>11s} "
+        f"{'rate':>12s} {'vs cuDNN':>8s}")
   for r in records:
     shape = Shape(r["B"], r["T"], r["S"], r["H"], r["H_kv"], r["D"],
                   r["causal"])
@@ -316,7 +359,8 @@ def print_table(records):
     ratio = (f"{r['ratio_vs_cudnn']:.2f}x" if r.get("ratio_vs_cudnn")
              else "-")
     print(f"{shape.label():36s} {r['mode']:7s} {r['impl']:18s} "
-          f"{r['ms']:9.3f} {r['tflops']:7.1f} {ratio:>8s}")
+          f"{format_ms(r['ms']):>11s} {format_rate(r['tflops']):>12s} "
+          f"{ratio:>8s}")
 
 
 def plot_sweep(records, path):
@@ -371,8 +415,9 @@ def _selected_shapes(args):
 
 
 def replot(args):
-  if not args.plot:
-    raise SystemExit("--replot needs --plot PATH")
+  if not args.plot or not args.out:
+    raise SystemExit("--replot needs --plot PATH and --out RESULTS.json "
+                     "(the records to plot)")
   keys = {(s.B, s.T, s.S, s.H, s.H_kv, s.D, s.causal)
           for s in _selected_shapes(args)}
   impls = set(args.impls.split(",")) if args.impls else None
@@ -403,7 +448,10 @@ def main(argv=None):
                  help="back-to-back calls per timing (>= 20 for results)")
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--warmup", type=int, default=3)
-  p.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+  p.add_argument("--out", type=pathlib.Path,
+                 help="merge the results into this JSON file (default: write "
+                 "nothing); the tracked H200 results are "
+                 f"{TRACKED_RESULTS.relative_to(TRACKED_RESULTS.parents[2])}")
   p.add_argument("--plot", type=pathlib.Path,
                  help="PNG of TFLOP/s against seq (for the sweep)")
   p.add_argument("--replot", action="store_true",
@@ -434,11 +482,17 @@ def main(argv=None):
   command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
   print(f"device: {device} ({platform}), jax {jax.__version__}, "
         f"{args.dtype}, impls: {', '.join(impls)}")
+  if args.out is not None:  # refuse before timing, not after
+    try:
+      check_same_device(args.out, device)
+    except OtherDeviceError as e:
+      p.error(str(e))
 
   records = run(impls, shapes, modes, args.dtype, iters=args.iters,
                 repeats=args.repeats, warmup=args.warmup, command=command,
                 device=device, out=args.out)
-  print(f"results merged into {args.out}")
+  print(f"results merged into {args.out}" if args.out is not None else
+        "results not written (pass --out FILE to keep them)")
   if args.plot:
     plot_sweep(records, args.plot)
   print_table(records)

@@ -94,7 +94,8 @@ def main():
   p.add_argument("--iters", type=int, default=5)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--out", type=pathlib.Path,
-                 default=pathlib.Path(__file__).resolve().parent / "results" / "ring.json")
+                 help="write the records to this JSON file (default: write "
+                 "nothing; the tracked 2x H200 run is results/ring_2xh200.json)")
   p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--devices", type=int, help=argparse.SUPPRESS)
   p.add_argument("--mode", help=argparse.SUPPRESS)
@@ -118,8 +119,9 @@ def main():
         print(f"devices={devices} {mode}: failed\n{res.stderr[-3000:]}")
         continue
       records.append(json.loads(lines[-1][len("RECORD "):]))
-  a.out.parent.mkdir(parents=True, exist_ok=True)
-  a.out.write_text(json.dumps(records, indent=1) + "\n")
+  if a.out is not None:
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(records, indent=1) + "\n")
   gib = 2.0**30
   print(f"\n{'devices':>7} {'mode':8} {'ms':>9} {'TF/s total':>10} {'TF/s/dev':>9} "
         f"{'peak GiB/dev':>13} {'compiled GiB/dev':>16}")

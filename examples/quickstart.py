@@ -57,7 +57,11 @@ def main() -> int:
   tol = 2e-2 if dtype == jnp.bfloat16 else 5e-3  # relative to max |ref|
   print(f"jax {jax.__version__}, jax_flash {jax_flash.__version__}")
   print(f"default backend: {backend} ({jax.devices()[0].device_kind})")
-  print(f"jax_flash implementations registered: "
+  info = jax_flash.build_info()
+  print("CUDA kernels: " + ("built into this installation"
+                            if info["cuda_kernels"] else
+                            f"not built ({info['reason']})"))
+  print(f"jax_flash implementations that run here: "
         f"{', '.join(jax_flash.available_implementations())}")
   print(f"shapes: q [{B}, {T}, {H}, {D}], k/v [{B}, {T}, {H_KV}, {D}], "
         f"{jnp.dtype(dtype).name}, causal=True")

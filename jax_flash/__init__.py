@@ -4,7 +4,8 @@ from jax_flash._src import cuda_backend as _cuda  # registers "cuda"
 from jax_flash._src import xla as _xla  # registers the "xla" backend
 from jax_flash._src.api import attention
 from jax_flash._src.backends import Unsupported
-from jax_flash._src.backends import names as available_implementations
+from jax_flash._src.backends import runnable as available_implementations
+from jax_flash._src.build_info import build_info
 from jax_flash._src.nn import dot_product_attention
 from jax_flash._src.ring import ring_attention
 
@@ -15,5 +16,5 @@ except ImportError:  # pragma: no cover
 
 __version__ = "0.1.0"
 __all__ = ["attention", "dot_product_attention", "ring_attention",
-           "Unsupported",
-           "available_implementations", "__version__"]
+           "Unsupported", "available_implementations", "build_info",
+           "__version__"]

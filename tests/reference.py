@@ -131,7 +131,7 @@ def _round_cotangent(x, dtype):
 
   The optimization barrier keeps XLA:GPU from dropping the convert pair as
   excess precision (`xla_allow_excess_precision`, on by default), which
-  left the GPU baseline's dS in float32 (tools/check_baseline_rounding.py)."""
+  left the GPU baseline's dS in float32 (measured on the H200: benchmarks/NOTES.md, 2026-11-30)."""
   import jax
 
   @jax.custom_vjp

@@ -195,6 +195,7 @@ def test_checkpoint(impl, rng):
     dict(window=(3, 1)),
     dict(causal=True, softcap=2.0, segment_ids="pair"),
 ], ids=["plain", "causal", "window", "causal_softcap_segments"])
+@pytest.mark.slow
 def test_check_grads(impl, dtype, kw, rng):
   """Finite differences vs the custom_vjp (o and lse both feed the output)."""
   kw = dict(kw)
@@ -246,6 +247,7 @@ def _sharding_setup(name):
   return mesh, P("b", None, "h"), (2, 9, 13, n, n // 2, 32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["batch", "heads", "batch_x_heads_gqa"])
 def test_sharded_equals_unsharded(impl, name, rng):
   """jit on inputs sharded over batch / heads (GQA: kv heads sharded too)
@@ -285,6 +287,7 @@ def _use_mesh(mesh):
   return jax.sharding.use_mesh(mesh)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["batch_x_heads_gqa"])
 def test_explicit_mesh_runs_per_shard(impl, name, rng):
   """With explicit mesh axes (jax.make_mesh's default), batch/head-sharded

@@ -1,7 +1,7 @@
 """The CUDA (FFI) backend: the shared suite plus CUDA-specific checks.
 
 GPU only: everything here is skipped on a machine without a CUDA GPU or
-without the compiled extension. Run on the H200 through tools/gpu_check.sh,
+without the compiled extension. Run on the H200 through tools/gpu/gpu_check.sh,
 which sets JAX_FLASH_POISON_OUTPUTS=1 so the FFI handlers fill every output
 with NaN before each launch.
 """

@@ -6,7 +6,7 @@ __syncthreads are implemented from the PTX ISA fragment tables. The
 self-test (cuda/tests/selftest.cu) then checks forward and backward against a
 float64 reference at odd sizes with every masking feature, with outputs
 poisoned first. This is how CI (no GPU) checks kernel logic on every change;
-the H200 run (tools/gpu_check.sh) checks the real hardware path.
+the H200 run (tools/gpu/gpu_check.sh) checks the real hardware path.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def emulator(tmp_path_factory):
 # sm90: the launchers see compute capability 9, so the backward stages dQ in
 # shared memory and adds it to dq_accum by bulk reductions (performed by the
 # emulator at the wait that covers them: a tile overwritten too early shows).
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [{}, {"JF_EMU_CPASYNC": "eager",
                                       "JF_EMU_SHUFFLE": "7"},
                                  {"JF_EMU_CC_MAJOR": "9", "JF_EMU_SHUFFLE": "3"}],

@@ -392,6 +392,7 @@ def _train_losses(model, params, tokens, steps, lr=0.3):
   return np.array(losses)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,rtol", [(jnp.float32, 1e-4),
                                         (jnp.bfloat16, 2e-2)])
 def test_tiny_lm_training_matches_stock(dtype, rtol):
@@ -408,6 +409,7 @@ def test_tiny_lm_training_matches_stock(dtype, rtol):
   np.testing.assert_allclose(got, ref, rtol=rtol)
 
 
+@pytest.mark.slow
 def test_pallas_drop_in_value_and_grad():
   if "pallas" not in jax_flash.available_implementations():
     pytest.skip("pallas backend not registered")

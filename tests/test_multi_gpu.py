@@ -5,7 +5,7 @@ host CPU devices), checked where the custom calls really run: batch/head
 sharded calls stay local (no all-gather of q/k/v in the compiled HLO) and
 ring attention over a sequence-sharded mesh matches the unsharded kernel and
 the float64 reference, forward and gradients. Run on a 2-GPU machine through
-tools/gpu_check.sh (GPU_TESTS=tests/test_multi_gpu.py).
+tools/gpu/gpu_check.sh (GPU_TESTS=tests/test_multi_gpu.py).
 """
 
 from __future__ import annotations

@@ -138,6 +138,7 @@ def _loss(fn, segs, w):
     ((-1, 0), 30, False),  # everything visible (offset past the end)
     ((3, 4), 2, True),
 ])
+@pytest.mark.slow
 def test_backends_with_offset(backend, window, offset, segments, rng):
   """Forward (o, lse) and gradients of a q_offset spec vs float64."""
   if backend not in jax_flash.available_implementations():
@@ -168,6 +169,7 @@ def test_backends_with_offset(backend, window, offset, segments, rng):
 @pytest.mark.parametrize("window,offset", [
     ((6, 2), -7), ((5, -1), 9), ((-1, 3), 12), ((2, 2), -25), ((0, 0), 4),
 ])
+@pytest.mark.slow
 def test_bottom_right_wrapper_matches_direct(window, offset, rng):
   """bottom_right.forward/backward (slice to prefixes, run a bottom-right
   spec, pad) give exactly what the offset spec gives directly."""

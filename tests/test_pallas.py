@@ -32,6 +32,7 @@ from reference import assert_close_to_reference
 ON_GPU = jax.default_backend() == "gpu"
 
 
+@pytest.mark.slow
 class TestPallasSuite(BackendSuite):
   implementation = "pallas"
   support = PALLAS_GPU if ON_GPU else PALLAS_CPU
@@ -117,6 +118,7 @@ def _check_fwd_bwd(rng, q, k, v, *, segment_ids=None, **kw):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("D", [32, 64, 96, 128, 256])
 def test_head_dims_odd_sizes_gqa(D, rng):
   """Every head dim (96 is zero-padded to 128), T=37/S=53, GQA, fwd + bwd."""
@@ -128,6 +130,7 @@ def test_head_dims_odd_sizes_gqa(D, rng):
     dict(causal=True, window=(20, -1)),
     dict(window=(9, 4), softcap=3.0, scale=0.4),
 ], ids=["causal_window", "window_softcap_scale"])
+@pytest.mark.slow
 def test_mask_features(kw, rng):
   """Window/causal/softcap with T > S (bottom-right alignment, empty rows)
   and MQA."""
@@ -151,6 +154,7 @@ def test_fully_masked_rows(rng):
     assert np.isfinite(np.asarray(g)).all()
 
 
+@pytest.mark.slow
 def test_poisoned_outputs_are_all_written(rng, monkeypatch):
   """With NaN-filled, aliased output buffers, every element is overwritten."""
   monkeypatch.setenv(common.POISON_ENV, "1")
@@ -164,6 +168,7 @@ def test_poisoned_outputs_are_all_written(rng, monkeypatch):
     jax.clear_caches()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="float64 runs in interpret mode only")
 def test_check_grads_float64(rng, x64):
   q, k, v = _inputs(rng, 1, 9, 13, 2, 1, 32, jnp.float64)

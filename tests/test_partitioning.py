@@ -93,6 +93,7 @@ LOCAL_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LOCAL_CASES))
 def test_batch_head_sharded_runs_locally(mesh, name, rng):
   spec, B, T, S, H, Hk, with_segs = LOCAL_CASES[name]
@@ -120,6 +121,7 @@ RESHARD_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RESHARD_CASES))
 def test_other_shardings_are_resharded(mesh, name, rng):
   q_spec, kv_spec, B, T, S, H, Hk = RESHARD_CASES[name]

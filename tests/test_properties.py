@@ -13,6 +13,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -62,6 +63,7 @@ def _err(x, ref):
   return reference.max_abs_err(np.asarray(x, np.float64), ref)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(problems())
 def test_xla_matches_reference(p):

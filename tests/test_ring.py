@@ -127,6 +127,7 @@ def _close(a, b, **tol):
     ("batch2_seq4", True, "zigzag", True, {}),
     ("heads2_seq4", True, "zigzag", False, dict(softcap=3.0)),
 ])
+@pytest.mark.slow
 def test_matches_reference_and_unsharded(mesh_name, causal, layout, segments,
                                          extra, rng):
   """jit on NamedSharding inputs: o, lse and grads vs float64 and vs
@@ -169,6 +170,7 @@ def test_matches_reference_and_unsharded(mesh_name, causal, layout, segments,
     ("heads2_seq4", (17, 2), True, "contiguous", False),  # causal caps right
     ("heads2_seq4", (29, 1), False, "zigzag", True),
 ])
+@pytest.mark.slow
 def test_window_matches_reference_and_unsharded(mesh_name, window, causal,
                                                 layout, segments, rng):
   """Sliding windows: o, lse and grads vs float64 and vs unsharded
@@ -299,6 +301,7 @@ def test_zigzag_permutation_round_trips(rng):
     ("batch2_seq4", "contiguous", (4, -1)),
     ("seq8", "contiguous", (30, -1)),  # steps 1-4 alike: a fori_loop
 ])
+@pytest.mark.slow
 def test_inside_shard_map(mesh_name, layout, window, rng):
   """mesh=None: called on local shards inside the user's shard_map (which
   checks that loop and switch branches vary alike over the ring axis); with
@@ -365,6 +368,7 @@ def test_eager_call_and_single_device_axis(kw, rng):
     (4, dict(window=(5, 2))),  # cuts the 4-row chunks; both directions
     (4, dict(window=(3, -1), causal=True, layout="zigzag")),
 ])
+@pytest.mark.slow
 def test_pallas_backend_tiny(n, kw, rng):
   """The per-step kernels from the Pallas backend (interpret mode on CPU)."""
   if "pallas" not in jax_flash.available_implementations():

@@ -14,6 +14,7 @@ from attention_suite import XLA, AttentionSuite, BackendSuite, Case, select_case
 from jax_flash._src import xla as xla_backend
 
 
+@pytest.mark.slow
 class TestXlaSuite(BackendSuite):
   implementation = "xla"
   support = XLA
@@ -31,6 +32,7 @@ class TestXlaSuiteFloat16(AttentionSuite):
                        "segments_pair_empty_rows")
 
 
+@pytest.mark.slow
 class TestXlaSmallBlocks(AttentionSuite):
   """Many blocks per sequence (block 16), so every masking path of the
   blockwise loops (block skipping, partial tail blocks) runs at small sizes."""
@@ -90,6 +92,7 @@ def _with_lse(impl, kw):
   return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", GRAD_CASES, ids=str)
 def test_check_grads_float64(case, rng, x64):
   args, kw = _grad_problem(case, jnp.float64, rng)

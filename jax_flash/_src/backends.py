@@ -20,6 +20,9 @@ class Unsupported(NotImplementedError):
   """The backend cannot serve this request (the message says why)."""
 
 
+Unsupported.__module__ = "jax_flash"  # its public name, in reprs and tracebacks
+
+
 class Backend(Protocol):
   name: str
 
@@ -36,7 +39,7 @@ class Backend(Protocol):
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
 # GPU: the CUDA kernels when the extension is built and the request is
-# supported (validated on the H200: tests/test_cuda.py, tools/gpu_check.sh),
+# supported (validated on the H200: tests/test_cuda.py, tools/gpu/gpu_check.sh),
 # else the Pallas kernel, else blockwise XLA.
 GPU_ORDER = ("cuda", "pallas", "xla")
 PREFERENCE = {"gpu": GPU_ORDER, "cuda": GPU_ORDER}
@@ -51,6 +54,28 @@ def register(name: str, factory: Callable[[], Backend]) -> None:
 def names() -> tuple[str, ...]:
   return tuple(n for n in ALL_KNOWN if n in _REGISTRY) + tuple(
       n for n in _REGISTRY if n not in ALL_KNOWN)
+
+
+def runnable(platform: str | None = None) -> tuple[str, ...]:
+  """The registered backends that can run on `platform` (default: jax's
+  default device), in preference order: those whose `check` accepts a plain
+  request (no mask options, head_dim 64) in at least one of the usual dtypes.
+  """
+  platform = default_platform() if platform is None else platform
+  probes = [AttentionSpec(scale=0.125, batch=1, q_len=128, kv_len=128,
+                          num_heads=1, num_kv_heads=1, head_dim=64, dtype=d)
+            for d in ("bfloat16", "float16", "float32")]
+
+  def serves(name):
+    for spec in probes:
+      try:
+        get(name).check(spec, platform)
+        return True
+      except Unsupported:
+        pass
+    return False
+
+  return tuple(n for n in names() if serves(n))
 
 
 def get(name: str) -> Backend:
