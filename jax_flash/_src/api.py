@@ -65,7 +65,8 @@ def attention(query, key, value, *, causal: bool = False,
       **window_fields(window, causal),
       softcap=check_softcap(softcap),
       has_segment_ids=segment_ids is not None,
-      batch=int(np.prod(batch_shape, dtype=np.int64)),
+      # math.prod, not np.prod: batch dims may be symbolic (jax.export).
+      batch=math.prod(batch_shape),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv, head_dim=D,
       dtype=jnp.dtype(q.dtype).name,
       deterministic=bool(deterministic))
