@@ -74,13 +74,15 @@ def attention(query, key, value, *, causal: bool = False,
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
-  backend = backends.choose(spec, implementation, _platform(q))
+  # One backend, or one per lowering platform (jax.export from a CPU host).
+  branches = backends.choose_per_platform(spec, implementation, _platform(q))
 
   B = spec.batch
   fold = lambda x: x.reshape((B,) + x.shape[len(batch_shape):])
   args = [fold(q), fold(k), fold(v)]
   args += [s.reshape(B, -1).astype(jnp.int32) for s in segs]
-  o, lse = sharding.call(lambda s: attention_fn(backend.name, s), spec, *args)
+  o, lse = backends.run(branches, lambda b: lambda *a: sharding.call(
+      lambda s: attention_fn(b.name, s), spec, *a), *args)
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o
