@@ -14,6 +14,7 @@ the `gpu` tests run the same checks on implementation="cuda".
 
 from __future__ import annotations
 
+import collections
 import inspect
 import re
 
@@ -185,9 +186,20 @@ def test_jacfwd_equals_jacrev_and_float64(case, rng, x64):
 # ---------------------------------------------------------------------------
 
 
+# Second derivatives of a Pallas kernel in interpret mode take minutes on CPU.
+IMPLS_PALLAS_SLOW = ["xla", pytest.param("pallas", marks=pytest.mark.slow)]
+
+
+def _available(impl):
+  if impl not in jax_flash.available_implementations():
+    pytest.skip(f"implementation {impl!r} is not registered")
+
+
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("impl", IMPLS_PALLAS_SLOW)
 def test_check_grads_order2(impl, case, rng, x64):
   """check_grads with its default modes (fwd and rev) to order 2."""
+  _available(impl)
   if impl == "pallas" and case not in ("causal", "lse"):
     pytest.skip("Pallas interpret mode is slow; two cases cover it on CPU")
   shape = (1, 3, 4, 2, 1, 32) if impl == "pallas" else (1, 4, 5, 2, 1, 3)
@@ -209,11 +221,13 @@ def test_hessian_matches_float64(shape, rng, x64):
 
 
 @pytest.mark.parametrize("case", ["window", "segments", "lse"])
+@pytest.mark.parametrize("impl", IMPLS_PALLAS_SLOW)
 def test_hvp_modes_match_float64(impl, case, rng, x64):
   """Hessian-vector products four ways: fwd-over-rev, rev-over-fwd,
   rev-over-rev and fwd-over-fwd (jvp of jvp)."""
   if impl == "pallas" and case != "lse":
     pytest.skip("Pallas interpret mode is slow; one case covers it on CPU")
+  _available(impl)
   args, kw = _inputs(rng, _shape(impl), case)
   f, ref = _pair(impl, kw)
   dots = _tangents(rng, args)
@@ -235,7 +249,9 @@ def test_hvp_modes_match_float64(impl, case, rng, x64):
     _close(g, w, dict(rtol=1e-8, atol=1e-8))
 
 
+@pytest.mark.parametrize("impl", IMPLS_PALLAS_SLOW)
 def test_vmap_of_hvp_equals_loop(impl, rng, x64):
+  _available(impl)
   args, kw = _inputs(rng, _shape(impl), "causal")
   f, ref = _pair(impl, kw)
   q, k, v = args
@@ -304,6 +320,49 @@ def test_grad_runs_the_backend_backward(impl, rng, monkeypatch):
   jax.clear_caches()
   expected = jax.grad(loss, argnums=(0, 1, 2))(*args)
   _close(grads, expected, dict(rtol=1e-5, atol=1e-5))
+
+
+def test_grad_compiles_to_the_custom_vjp_program():
+  """jax.grad compiles to the same XLA program, op for op, as a custom_vjp
+  of the same forward and backward kernel calls (the design before forward
+  mode existed): the backward pays nothing for forward mode."""
+  from jax_flash._src.spec import AttentionSpec
+  B, T, H, D = 2, 1100, 4, 64  # several blocks of 512
+  spec = AttentionSpec(scale=D ** -0.5, causal=True, window_right=0, batch=B,
+                       q_len=T, kv_len=T, num_heads=H, num_kv_heads=H,
+                       head_dim=D, dtype="float32")
+  fwd = derivatives.kernel_call("forward", "xla", spec)
+  bwd = derivatives.kernel_call("backward", "xla", spec)
+
+  @jax.custom_vjp
+  def custom_vjp_attention(q, k, v):
+    return fwd(q, k, v)
+
+  def vjp_fwd(q, k, v):
+    o, lse = fwd(q, k, v)
+    return (o, lse), (q, k, v, o, lse)
+
+  def vjp_bwd(res, ct):
+    q, k, v, o, lse = res
+    do, dlse = ct
+    return bwd(q, k, v, o, lse, do, derivatives.softmax_delta(o, do, dlse))
+
+  custom_vjp_attention.defvjp(vjp_fwd, vjp_bwd)
+  ours = lambda q, k, v: jax_flash.attention(q, k, v, causal=True,
+                                             return_lse=True,
+                                             implementation="xla")
+
+  def ops(fn):
+    loss = lambda q, k, v: jnp.sum(fn(q, k, v)[0] ** 2)
+    sds = jax.ShapeDtypeStruct((B, T, H, D), jnp.float32)
+    text = jax.jit(jax.grad(loss, (0, 1, 2))).lower(
+        sds, sds, sds).compile().as_text()
+    return collections.Counter(
+        re.findall(r"= \S+\[[^\]]*\]\S* ([\w-]+)\(", text))
+
+  want = ops(custom_vjp_attention)
+  assert sum(want.values()) > 100  # the regex does see the program
+  assert ops(ours) == want
 
 
 # Shapes like f32[1,8,4096,64] in the HLO text.
