@@ -122,9 +122,16 @@ def _sum_sq(fn):
 
 @pytest.fixture(params=["xla", "pallas"])
 def impl(request):
-  if request.param not in jax_flash.available_implementations():
-    pytest.skip(f"implementation {request.param!r} is not registered")
+  _available(request.param, float64="x64" in request.fixturenames)
   return request.param
+
+
+def _available(impl, float64=True):
+  if impl not in jax_flash.available_implementations():
+    pytest.skip(f"implementation {impl!r} is not registered")
+  if float64 and impl == "pallas" and jax.default_backend() != "cpu":
+    pytest.skip("Pallas has no float64 on GPU (interpret mode on CPU has); "
+                "the float32 and gpu tests cover it there")
 
 
 def _shape(impl):
@@ -188,11 +195,6 @@ def test_jacfwd_equals_jacrev_and_float64(case, rng, x64):
 
 # Second derivatives of a Pallas kernel in interpret mode take minutes on CPU.
 IMPLS_PALLAS_SLOW = ["xla", pytest.param("pallas", marks=pytest.mark.slow)]
-
-
-def _available(impl):
-  if impl not in jax_flash.available_implementations():
-    pytest.skip(f"implementation {impl!r} is not registered")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -426,23 +428,27 @@ def test_cuda_derivatives_match_float64(case, dtype, rng):
   kernels, against float64: error at most 2x the same-dtype XLA backend's
   (+ a rounding floor)."""
   _cuda_or_skip()
-  args64, kw = _inputs(rng, (2, 67, 131, 4, 2, 64), case)
-  args = tuple(x.astype(dtype) for x in args64)
-  dots64 = _tangents(rng, args64)
-  dots = tuple(x.astype(dtype) for x in dots64)
 
   def derivs(impl, args, dots):
     f = lambda q, k, v: jax_flash.attention(q, k, v, implementation=impl,
                                             **kw)
-    loss = lambda *a: sum(jnp.sum(jnp.where(jnp.isfinite(x), x, 0.0).astype(
-        jnp.float32) ** 2) for x in jax.tree.leaves(f(*a)))
+
+    def loss(*a):
+      acc = lambda x: x.astype(jnp.promote_types(x.dtype, jnp.float32))
+      return sum(jnp.sum(acc(jnp.where(jnp.isfinite(x), x, 0.0)) ** 2)
+                 for x in jax.tree.leaves(f(*a)))
+
     grad = jax.grad(loss, argnums=(0, 1, 2))
     return (jax.jvp(f, args, dots)[1],
             jax.jvp(grad, args, dots)[1],
             jax.jvp(lambda *a: jax.jvp(f, a, dots)[1], args, dots)[1])
 
   with enable_x64():
+    args64, kw = _inputs(rng, (2, 67, 131, 4, 2, 64), case)
+    dots64 = _tangents(rng, args64)
     want = derivs("xla", args64, dots64)
+  low = lambda xs: tuple(jnp.asarray(np.asarray(x), dtype) for x in xs)
+  args, dots = low(args64), low(dots64)
   got = jax.jit(lambda a, d: derivs("cuda", a, d))(args, dots)
   xla = jax.jit(lambda a, d: derivs("xla", a, d))(args, dots)
   for g, x, w in zip(got, xla, want):
@@ -454,10 +460,12 @@ def test_cuda_derivatives_match_float64(case, dtype, rng):
 @pytest.mark.gpu
 def test_cuda_check_grads_order2(rng):
   """check_grads (default modes, order 2) on the CUDA kernels: float32 in and
-  out around a float16 attention; the finite differences of a float16
-  function need a large step and loose tolerances."""
+  out around a float16 attention. Finite differences of a float16 function
+  are noisy (each output carries ~5e-4 relative rounding, and check_grads
+  compares sums over every output), hence few outputs, a large step and
+  loose tolerances; the same settings pass for the xla backend in float16."""
   _cuda_or_skip()
-  args, kw = _inputs(rng, (1, 17, 33, 2, 1, 64), "causal", np.float32)
+  args, kw = _inputs(rng, (1, 5, 8, 1, 1, 64), "causal", np.float32)
 
   def f(q, k, v):
     cast = lambda x: x.astype(jnp.float16)
@@ -465,7 +473,7 @@ def test_cuda_check_grads_order2(rng):
                                implementation="cuda", **kw).astype(
                                    jnp.float32)
 
-  check_grads(f, args, order=2, eps=0.1, atol=0.1, rtol=0.1)
+  check_grads(f, args, order=2, eps=0.05, atol=0.1, rtol=0.1)
 
 
 @pytest.mark.gpu

@@ -27,13 +27,13 @@ HAVE_FLATBUFFERS = importlib.util.find_spec("flatbuffers") is not None
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def _qkv(rng, B, T, S, H=2, Hk=1, D=32):
-  mk = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+def _qkv(rng, B, T, S, H=2, Hk=1, D=32, dtype=jnp.float32):
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)
   return mk(B, T, H, D), mk(B, S, Hk, D), mk(B, S, Hk, D)
 
 
-def _exported(fn, q_shape, kv_shape, **kw):
-  sds = lambda s: jax.ShapeDtypeStruct(s, jnp.float32)
+def _exported(fn, q_shape, kv_shape, dtype=jnp.float32, **kw):
+  sds = lambda s: jax.ShapeDtypeStruct(s, dtype)
   return export.export(jax.jit(fn), **kw)(sds(q_shape), sds(kv_shape),
                                           sds(kv_shape))
 
@@ -108,7 +108,8 @@ def test_default_picks_a_backend_that_takes_symbolic_lengths(rng):
 def test_export_for_cuda_from_a_cpu_host(rng):
   f = lambda q, k, v: jax_flash.attention(q, k, v, causal=True)
   checks = [export.DisabledSafetyCheck.custom_call(t) for t in ffi.TARGETS]
-  exp = _exported(f, (2, 128, 2, 64), (2, 128, 2, 64),
+  f16 = jnp.float16  # a dtype the CUDA kernels serve
+  exp = _exported(f, (2, 128, 2, 64), (2, 128, 2, 64), f16,
                   platforms=["cuda"], disabled_checks=checks)
   text = exp.mlir_module()
   if ffi.available():
@@ -117,10 +118,17 @@ def test_export_for_cuda_from_a_cpu_host(rng):
     assert ffi.FWD not in text  # no kernels to stage: the xla backend
 
   # A CPU + CUDA export runs here with the CPU branch.
-  both = _exported(f, (2, 128, 2, 64), (2, 128, 2, 64),
+  both = _exported(f, (2, 128, 2, 64), (2, 128, 2, 64), f16,
                    platforms=["cpu", "cuda"], disabled_checks=checks)
-  args = _qkv(rng, 2, 128, 128, Hk=2, D=64)
-  np.testing.assert_allclose(both.call(*args), f(*args), **TOL)
+  args = _qkv(rng, 2, 128, 128, Hk=2, D=64, dtype=f16)
+  np.testing.assert_array_equal(both.call(*args), f(*args))
+
+  # The gradient's module holds the CUDA backward.
+  loss = lambda q, k, v: jnp.sum(f(q, k, v).astype(jnp.float32))
+  grad = _exported(jax.grad(loss, argnums=(0, 1, 2)), (2, 128, 2, 64),
+                   (2, 128, 2, 64), f16, platforms=["cuda"],
+                   disabled_checks=checks)
+  assert (ffi.BWD in grad.mlir_module()) == ffi.available()
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu",
@@ -140,9 +148,12 @@ def test_cpu_jit_never_compiles_the_cuda_branch(rng):
   """With the extension built on a CPU host, the default call stages a CUDA
   branch; lowering for the CPU keeps only the CPU one."""
   f = jax.jit(lambda q, k, v: jax_flash.attention(q, k, v, causal=True))
-  args = _qkv(rng, 1, 64, 64, Hk=2, D=64)
+  args = _qkv(rng, 1, 64, 64, Hk=2, D=64, dtype=jnp.float16)
   assert ffi.FWD not in f.lower(*args).as_text()
-  loss = lambda *a: jnp.sum(f(*a))
+  loss = lambda *a: jnp.sum(f(*a).astype(jnp.float32))
   assert ffi.BWD not in jax.jit(jax.grad(loss)).lower(*args).as_text()
-  np.testing.assert_allclose(f(*args), jax_flash.attention(
-      *args, causal=True, implementation="xla"), **TOL)
+  np.testing.assert_array_equal(f(*args), jax_flash.attention(
+      *args, causal=True, implementation="xla"))
+  np.testing.assert_array_equal(jax.grad(loss)(*args), jax.grad(
+      lambda *a: jnp.sum(jax_flash.attention(
+          *a, causal=True, implementation="xla").astype(jnp.float32)))(*args))
