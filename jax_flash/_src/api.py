@@ -7,6 +7,8 @@ raises a Python exception naming the argument before anything is compiled
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -71,7 +73,8 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
       **window_fields(window, causal),
       softcap=check_softcap(softcap),
       has_segment_ids=segment_ids is not None or kv_seq_lengths is not None,
-      batch=int(np.prod(batch_shape, dtype=np.int64)),
+      # math.prod, not np.prod: batch dims may be symbolic (jax.export).
+      batch=math.prod(batch_shape),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv, head_dim=D,
       dtype=jnp.dtype(q.dtype).name,
       deterministic=bool(deterministic))
@@ -83,7 +86,8 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
-  backend = backends.choose(spec, implementation, _platform(q))
+  # One backend, or one per lowering platform (jax.export from a CPU host).
+  branches = backends.choose_per_platform(spec, implementation, _platform(q))
   if no_rows(batch_shape + (H,)):
     return empty_result(q, return_lse)
 
@@ -91,7 +95,8 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
   fold = lambda x: x.reshape((B,) + x.shape[len(batch_shape):])
   args = [fold(q), fold(k), fold(v)]
   args += [s.reshape(B, -1).astype(jnp.int32) for s in segs]
-  o, lse = sharding.call(lambda s: attention_fn(backend.name, s), spec, *args)
+  o, lse = backends.run(branches, lambda b: lambda *a: sharding.call(
+      lambda s: attention_fn(b.name, s), spec, *a), *args)
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o

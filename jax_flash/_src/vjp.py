@@ -1,11 +1,27 @@
-"""One custom_vjp for all backends (and for ring attention).
+"""One differentiable attention function for all backends.
 
-Residuals are (q, k, v, o, lse). The backward computes
-delta = rowsum(dO * O) - dLSE once here (an XLA fusion, fp32), so every
-backend's backward sees the same inputs; the dLSE term makes `return_lse`
-outputs differentiable too (d lse / d s = P, so it folds into delta).
-`attention_vjp` builds that custom_vjp around any (forward, backward) pair:
-`attention_fn` for one backend call, ring.py for a whole ring.
+`attention_fn(backend, spec)` is a `jax.custom_jvp`: its primal is the
+backend's forward kernel; its JVP rule returns (o, lse) from that kernel and
+the tangent from `derivatives.tangent_p`, a linear primitive whose transpose
+is `derivatives.cotangent_p`, the backend's fused backward kernel. So
+
+* `jax.jvp` / `jax.jacfwd` / `jax.linearize` run the forward kernel plus a
+  blockwise JVP pass (tangent.py);
+* `jax.grad` / `jax.vjp` linearize and transpose: forward kernel, then the
+  backend's backward kernel with residuals (q, k, v, o, lse) and
+  delta = rowsum(dO * O) - dLSE, as a custom_vjp would (the dLSE term makes
+  `return_lse` outputs differentiable too);
+* second and higher derivatives go through the primitives' JVP rules, i.e.
+  the dense plain-JAX form of the same maps (derivatives.py).
+
+Why not a custom_vjp (one fwd/bwd pair): JAX cannot apply forward mode to a
+custom_vjp function, and a custom_vjp's backward has to be differentiable by
+JAX itself for second derivatives (an opaque kernel is not). Why not
+`jax.custom_transpose`: it is gone from jax 0.11 (derivatives.py says why not
+linear_call either).
+
+`attention_vjp` is the first-order custom_vjp around a whole (forward,
+backward) pair that ring attention (ring.py) builds from its ring steps.
 """
 
 from __future__ import annotations
@@ -13,19 +29,14 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 
-from jax_flash._src import backends, sharding
+from jax_flash._src import derivatives
 from jax_flash._src.batching import fold_into_batch
+from jax_flash._src.derivatives import CUSTOM_CALL_BACKENDS, softmax_delta
 from jax_flash._src.spec import AttentionSpec
 
-
-def softmax_delta(o, do, dlse):
-  """delta[b, h, t] = sum_d do*o - dlse, float32 (float64 for float64 o)."""
-  acc = jnp.float64 if o.dtype == jnp.float64 else jnp.float32
-  d = jnp.einsum("bthd,bthd->bht", do.astype(acc), o.astype(acc),
-                 precision=jax.lax.Precision.HIGHEST)  # not TF32 on GPU
-  return d - dlse.astype(acc)
+__all__ = ["attention_fn", "attention_vjp", "softmax_delta",
+           "CUSTOM_CALL_BACKENDS"]
 
 
 def attention_vjp(forward, backward):
@@ -56,36 +67,26 @@ def attention_vjp(forward, backward):
   return attention
 
 
-# Backends whose calls are opaque to XLA (pallas_call, FFI custom calls); their
-# forward and backward get a custom_partitioning rule (sharding.partitioned).
-CUSTOM_CALL_BACKENDS = frozenset({"pallas", "cuda"})
-
-
 @functools.lru_cache(maxsize=None)
 def attention_fn(backend_name: str, spec: AttentionSpec):
-  """fn(q, k, v, *segment_ids) -> (o, lse), differentiable and vmappable."""
-  backend = backends.get(backend_name)
-
-  def _forward(local, q, k, v, *segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    return tuple(backend.forward(local, q, k, v, q_seg, kv_seg))
-
-  def _backward(local, q, k, v, o, lse, do, delta, *segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    return tuple(
-        backend.backward(local, q, k, v, o, lse, do, delta, q_seg, kv_seg))
-
-  if backend_name in CUSTOM_CALL_BACKENDS:
-    # Opaque kernel calls: tell the partitioner they split over batch/heads.
-    fwd_call = sharding.partitioned("forward", spec, _forward)
-    bwd_call = sharding.partitioned("backward", spec, _backward)
-  else:  # plain JAX: XLA partitions it like any other computation
-    fwd_call = lambda *a: _forward(sharding.local_spec(spec, a[0].shape,
-                                                       a[1].shape), *a)
-    bwd_call = lambda *a: _backward(sharding.local_spec(spec, a[0].shape,
-                                                        a[1].shape), *a)
-  # custom_vjp(custom_vmap(custom_partitioning(backend call))): vmap folds
+  """fn(q, k, v, *segment_ids) -> (o, lse), differentiable to any order in
+  forward and reverse mode, and vmappable."""
+  # custom_jvp(custom_vmap(custom_partitioning(forward kernel))): vmap folds
   # into batch first, then the (folded) call is partitioned.
-  forward = fold_into_batch(fwd_call)
-  backward = fold_into_batch(bwd_call)
-  return attention_vjp(forward, backward)
+  forward = fold_into_batch(derivatives.kernel_call("forward", backend_name,
+                                                    spec))
+
+  @jax.custom_jvp
+  def attention(q, k, v, *segs):
+    return forward(q, k, v, *segs)
+
+  @attention.defjvp
+  def attention_jvp(primals, tangents):
+    # Calling `attention` (not `forward`) keeps outer tangents (nested
+    # differentiation) on this rule instead of the opaque kernel.
+    o, lse = attention(*primals)
+    res = tuple(primals[:3]) + (o, lse) + tuple(primals[3:])
+    do, dlse = derivatives.apply_tangent(backend_name, spec, res, tangents[:3])
+    return (o, lse), (do, dlse)
+
+  return attention

@@ -25,10 +25,16 @@ def _round_up(x: int, m: int) -> int:
   return (x + m - 1) // m * m
 
 
+def _block_size(length) -> int:
+  # A symbolic length (jax.export shape polymorphism) gets the full block:
+  # the block count is then symbolic, the block shape static.
+  if not isinstance(length, int):
+    return BLOCK
+  return min(BLOCK, _round_up(length, 8))
+
+
 def _block_sizes(spec: AttentionSpec):
-  bq = min(BLOCK, _round_up(spec.q_len, 8))
-  bk = min(BLOCK, _round_up(spec.kv_len, 8))
-  return bq, bk
+  return _block_size(spec.q_len), _block_size(spec.kv_len)
 
 
 def _to_blocks(x, block, num_kv_heads):
