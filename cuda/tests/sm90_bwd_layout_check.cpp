@@ -27,7 +27,7 @@
 // Element identities (not values) flow through the models, so a wrong index
 // names the element it got.
 //
-// Build and run (tools/build_sm90_bwd_tests.sh does both; CUDA = the toolkit):
+// Build and run (tools/build/build_sm90_bwd_tests.sh does both; CUDA = the toolkit):
 //   g++ -std=c++17 -O2 -Icuda/include -Icuda -I$CUDA/include
 //       cuda/tests/sm90_bwd_layout_check.cpp -o build/sm90_bwd_layout_check
 //   build/sm90_bwd_layout_check       (exit code 1 on a mismatch)
@@ -60,13 +60,13 @@ inline int __any_sync(unsigned, int p) { return p; }
 inline void __syncwarp() {}
 inline float __fdividef(float a, float b) { return a / b; }
 
-#include "sm90/bwd_consumer_hd256.cuh"
-#include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd/bwd_consumer_hd256.cuh"
+#include "sm90/bwd/bwd_mainloop.cuh"
 
 using namespace jax_flash;
 using namespace jax_flash::sm90;
 
-// The backward's tile order (sm90/tile_scheduler.cuh BwdTileOrder) in both
+// The backward's tile order (sm90/common/tile_scheduler.cuh BwdTileOrder) in both
 // directions: ascending, and descending for deterministic kernels.
 struct BwdOrders {
   BwdTileOrder<false> asc;

@@ -14,7 +14,7 @@
 #include "bwd_instantiations.h"
 #include "bwd_kernel.cuh"
 #include "bwd_policy.h"
-#include "tma_desc.h"  // encode_bshd
+#include "sm90/common/tma_desc.h"  // encode_bshd
 #include "jax_flash/dq_convert.cuh"
 
 namespace jax_flash::sm90 {

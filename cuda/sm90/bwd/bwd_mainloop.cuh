@@ -47,12 +47,12 @@
 
 #include "bwd_config.cuh"
 #include "bwd_mask.cuh"
-#include "ptx/barrier.cuh"
-#include "ptx/gmem_sync.cuh"
-#include "ptx/mbarrier.cuh"
-#include "ptx/smem_ops.cuh"
-#include "ptx/tma.cuh"
-#include "ptx/wgmma.cuh"
+#include "sm90/ptx/barrier.cuh"
+#include "sm90/ptx/gmem_sync.cuh"
+#include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/smem_ops.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/wgmma.cuh"
 
 namespace jax_flash::sm90 {
 

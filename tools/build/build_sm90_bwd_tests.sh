@@ -15,10 +15,10 @@
 # sm90 backward kernels. Also builds build_carry/sm90_bwd_primitives (GPU unit
 # test of the backward's building blocks) and builds and runs the CPU-only
 # index-math check cuda/tests/sm90_bwd_layout_check.cpp (fails the script on a
-# mismatch). Called by tools/build_sm90_tests.sh; runs alone too.
-# Usage: tools/build_sm90_bwd_tests.sh [-j N]   (~5-8 min on 2 cores)
+# mismatch). Called by tools/build/build_sm90_tests.sh; runs alone too.
+# Usage: tools/build/build_sm90_bwd_tests.sh [-j N]   (~5-8 min on 2 cores)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 JOBS=$(nproc)
 if [[ "${1:-}" == "-j" ]]; then JOBS=$2; fi
 OUTDIR=build_carry
@@ -27,7 +27,7 @@ mkdir -p "$OBJ" "$OUTDIR"
 NVCC=${NVCC:-nvcc}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
        -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda -Xptxas -v)
-SOURCES=(cuda/tests/selftest_sm90_bwd.cu cuda/tests/sm90_bwd_tuning.cu cuda/sm90/bwd_dispatch.cu
+SOURCES=(cuda/tests/selftest_sm90_bwd.cu cuda/tests/sm90_bwd_tuning.cu cuda/sm90/bwd/bwd_dispatch.cu
          cuda/instantiations/bwd_*_sm90.cu
          cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu cuda/instantiations/bwd_*_sm80.cu)
 

@@ -97,9 +97,9 @@
 
 #include <cuda_runtime.h>
 
-#include "ptx/common.cuh"
-#include "ptx/gmem_sync.cuh"
-#include "ptx/mbarrier.cuh"
+#include "sm90/ptx/common.cuh"
+#include "sm90/ptx/gmem_sync.cuh"
+#include "sm90/ptx/mbarrier.cuh"
 
 namespace jax_flash::sm90 {
 

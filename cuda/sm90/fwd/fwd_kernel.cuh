@@ -23,7 +23,7 @@
 #include "epilogue.cuh"
 #include "fwd_tuning.h"
 #include "mainloop.cuh"
-#include "tile_scheduler.cuh"
+#include "sm90/common/tile_scheduler.cuh"
 
 namespace jax_flash::sm90 {
 

@@ -64,11 +64,11 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "mask.cuh"
-#include "ptx/common.cuh"
-#include "smem_layout.cuh"
-#include "softmax.cuh"
-#include "tile_scheduler.cuh"
+#include "sm90/common/mask.cuh"
+#include "sm90/ptx/common.cuh"
+#include "sm90/common/smem_layout.cuh"
+#include "sm90/common/softmax.cuh"
+#include "sm90/common/tile_scheduler.cuh"
 
 namespace jax_flash::sm90 {
 
