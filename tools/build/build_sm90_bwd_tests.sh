@@ -69,7 +69,7 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"$CUDA_INC
 echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions, deterministic):"
 for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log "$OBJ"/cuda_tests_sm90_bwd_tuning.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
-    sed -nE "/Compiling entry/s/.*bwd_kernelI([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8 det=\9/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    sed -nE "/Compiling entry/s/.*bwd_kernelI[0-9]*([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8 det=\9/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
     paste -d' ' - - -
   grep -h "C75" "$log" || true
 done

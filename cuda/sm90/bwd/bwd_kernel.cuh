@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ __align__(1024) char smem_raw[];
   BwdSmem<Cfg> sm;
   sm.base = (ptx::smem_u32(smem_raw) + 1023u) & ~1023u;
-  const typename Scheduler::Smem sched{sm.claim_slot(), sm.claim_slot()};
+  const typename Scheduler::Smem sched{0u, sm.claim_slot()};  // no scheduler barriers
 
   const int warp = ptx::warp_id_uniform();
   if (threadIdx.x == 0) {
