@@ -2,7 +2,7 @@
 
 ptxas 13.0 was seen to miscompile the sm90 forward's Q-in-registers path in
 one schedule (Q's registers handed to P inside the KV loop; the PTX was right,
-the results wrong on the H200). tools/check_wgmma_a_regs.py checks every sm90
+the results wrong on the H200). tools/lint/check_wgmma_a_regs.py checks every sm90
 forward kernel of a build for it; this runs it on the installed extension, so
 a compiler or code change that brings the miscompile back fails CI on a
 machine without a GPU. The synthetic cases show the lint can fail.
@@ -18,7 +18,7 @@ import pytest
 
 import jax_flash
 
-_TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "check_wgmma_a_regs.py"
+_TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "lint" / "check_wgmma_a_regs.py"
 
 
 def _lint():

@@ -1,6 +1,6 @@
 // Declarations of the per-(dtype, head-dim bucket) launchers. Each one is
 // defined in launch_templates.cuh and explicitly instantiated in exactly one
-// generated file under cuda/instantiations/ (tools/gen_instantiations.py), so
+// generated file under cuda/instantiations/ (tools/codegen/gen_instantiations.py), so
 // the dispatcher compiles in seconds and a build can leave buckets out with
 // -DJAX_FLASH_DISABLE_{HDIM64,HDIM96,HDIM128,HDIM256,FP16,BACKWARD}.
 #pragma once

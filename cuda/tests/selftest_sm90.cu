@@ -22,7 +22,7 @@
 // worst max |O_c - O_default| over the configurations and sm80, rerun after
 // the timing with O poisoned.
 //
-// Build: tools/build_sm90_tests.sh (see cuda/tests/README.md).
+// Build: tools/build/build_sm90_tests.sh (see cuda/tests/README.md).
 // Options: ./selftest_sm90 [filter-substring] [--quick] [--list]
 //                          [--bench [--launches=N] [--rows=N]]
 // (--list: the ablations and the (bucket, mask) where each exists;

@@ -47,7 +47,7 @@
 // that does not finish within 60 s prints "HANG: <case> (variant v)" and exits
 // with code 3 (a barrier protocol fault; the context cannot be recovered).
 //
-// Build: tools/build_sm90_bwd_tests.sh (see cuda/tests/README.md).
+// Build: tools/build/build_sm90_bwd_tests.sh (see cuda/tests/README.md).
 // Options: ./selftest_sm90_bwd [filter-substring] [--quick] [--bench] [--variant=N]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

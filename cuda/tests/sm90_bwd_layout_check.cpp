@@ -27,7 +27,7 @@
 // Element identities (not values) flow through the models, so a wrong index
 // names the element it got.
 //
-// Build and run (tools/build_sm90_bwd_tests.sh does both; CUDA = the toolkit):
+// Build and run (tools/build/build_sm90_bwd_tests.sh does both; CUDA = the toolkit):
 //   g++ -std=c++17 -O2 -Icuda/include -Icuda -I$CUDA/include
 //       cuda/tests/sm90_bwd_layout_check.cpp -o build/sm90_bwd_layout_check
 //   build/sm90_bwd_layout_check       (exit code 1 on a mismatch)
@@ -45,7 +45,8 @@
 struct JfTid {
   unsigned x = 0, y = 0, z = 0;
 };
-static JfTid threadIdx;
+static JfTid threadIdx, blockIdx, gridDim;
+inline int atomicAdd(int* p, int v) { return (*p += v) - v; }
 using std::max;
 using std::min;
 template <typename T>
@@ -59,11 +60,38 @@ inline int __any_sync(unsigned, int p) { return p; }
 inline void __syncwarp() {}
 inline float __fdividef(float a, float b) { return a / b; }
 
-#include "sm90/bwd_consumer_hd256.cuh"
-#include "sm90/bwd_mainloop.cuh"
+#include "sm90/bwd/bwd_consumer_hd256.cuh"
+#include "sm90/bwd/bwd_mainloop.cuh"
 
 using namespace jax_flash;
 using namespace jax_flash::sm90;
+
+// The backward's tile order (sm90/common/tile_scheduler.cuh BwdTileOrder) in both
+// directions: ascending, and descending for deterministic kernels.
+struct BwdOrders {
+  BwdTileOrder<false> asc;
+  BwdTileOrder<true> desc;
+  int total, num_n_blocks, num_heads_k, num_bh;
+  template <bool kDescending = false>
+  void decode(int t, int& n, int& h, int& b) const {
+    const TileCoord c = kDescending ? desc.decode(t) : asc.decode(t);
+    n = c.block;
+    h = c.head;
+    b = c.batch;
+  }
+};
+
+static BwdOrders make_bwd_orders(int batch, int num_heads_k, int heads_per_kv, int seqlen_q, int seqlen_k,
+                                 int head_dim, int block_n, bool causal_like) {
+  const BwdTileOrderArguments a{batch, num_heads_k, heads_per_kv, seqlen_k, seqlen_q,
+                                head_dim, 2, block_n, causal_like};
+  BwdOrders o{BwdTileOrder<false>::make(a), BwdTileOrder<true>::make(a), 0, 0, 0, 0};
+  o.total = o.asc.total;
+  o.num_n_blocks = o.asc.num_blocks;
+  o.num_heads_k = o.asc.num_heads;
+  o.num_bh = o.asc.num_bh;
+  return o;
+}
 
 static int g_fail = 0;
 #define CHECK(cond, ...)                                   \
@@ -746,7 +774,7 @@ static void check_scheduler() {
           for (int sk : {1, 130, 8192})
             for (int causal = 0; causal < 4; ++causal) {  // 2, 3: hdim 256 (64-key blocks)
               const int d = causal < 2 ? 128 : 256, bn = causal < 2 ? 128 : 64;
-              const BwdTileScheduler s = make_bwd_scheduler(batch, hk, group, sq, sk, d, bn, causal % 2);
+              const BwdOrders s = make_bwd_orders(batch, hk, group, sq, sk, d, bn, causal % 2);
               for (int rev = 0; rev < 2; ++rev) {  // decode<true>: the deterministic order
               std::vector<int> seen(size_t(s.total), 0);
               for (int t = 0; t < s.total; ++t) {
@@ -765,7 +793,7 @@ static void check_scheduler() {
   std::printf("tile scheduler: %s\n", g_fail == fail0 ? "ok" : "FAILED");
 }
 
-// Deterministic mode (bwd_dq_writer kDet, BwdTileScheduler::decode<true>,
+// Deterministic mode (bwd_dq_writer kDet, BwdTileOrder<true>,
 // dq_pred_range): for every query block m the KV blocks that add into it
 // form an interval; block n waits for n + 1 exactly when n + 1 adds too; the
 // tile it waits for has a smaller tile index (decode<true>). Then a model of
@@ -775,7 +803,7 @@ static void check_scheduler() {
 // every dQ tile written in descending KV-block order. The same model with
 // the ascending (non-deterministic) tile order must deadlock for a small P
 // (shows the model catches a wrong order).
-static bool simulate_det(const MaskInfo& mi, const BwdTileScheduler& s, int group, int bn, int bm, int sms,
+static bool simulate_det(const MaskInfo& mi, const BwdOrders& s, int group, int bn, int bm, int sms,
                          bool reverse, std::mt19937& rng, bool* order_ok) {
   const int M = (mi.seqlen_q + bm - 1) / bm, N = s.num_n_blocks;
   const int heads = s.num_heads_k * group, batch = s.num_bh / s.num_heads_k;
@@ -877,7 +905,7 @@ static void check_det_order() {
             }
             const int group = 1 + int(rng() % 3), hk = 1 + int(rng() % 3), batch = 1 + int(rng() % 2);
             const bool causal_like = wr >= 0 && wl < 0;
-            const BwdTileScheduler sc = make_bwd_scheduler(batch, hk, group, T, S, 128, bl.bn, causal_like);
+            const BwdOrders sc = make_bwd_orders(batch, hk, group, T, S, 128, bl.bn, causal_like);
             // Waited-for tile index < waiting tile index.
             std::vector<int> index(size_t(sc.total));
             for (int t = 0; t < sc.total; ++t) {

@@ -22,7 +22,7 @@
 // for bit. K and Q tiles are written with sw128_offset (the TMA layout,
 // validated against TMA by sm90_primitives).
 //
-// Build: tools/build_sm90_bwd_tests.sh (-> build_carry/sm90_bwd_primitives).
+// Build: tools/build/build_sm90_bwd_tests.sh (-> build_carry/sm90_bwd_primitives).
 // Run:   timeout 60 build_carry/sm90_bwd_primitives ; exit code 1 on a failure.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "host_utils.h"  // CHECK_CUDA, to_bits / from_bits
-#include "sm90/bwd_launch_templates.cuh"  // BwdConsumer, encode_dq_accum, encode_bshd
+#include "sm90/bwd/bwd_launch_templates.cuh"  // BwdConsumer, encode_dq_accum, encode_bshd
 
 using namespace jax_flash;
 using namespace jax_flash::sm90;

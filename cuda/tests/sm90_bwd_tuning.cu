@@ -1,11 +1,11 @@
 // The tuning table of the sm90 backward (sm90_bwd_tuning.h): each variant is
 // a typed tile choice (config + dQ reduction) launched through the production
-// launcher, launch_bwd in cuda/sm90/bwd_launch_templates.cuh.
+// launcher, launch_bwd in cuda/sm90/bwd/bwd_launch_templates.cuh.
 #include "sm90_bwd_tuning.h"
 
 #include "jax_flash/head_dim.h"
 #include "jax_flash/mask_info.h"
-#include "sm90/bwd_launch_templates.cuh"
+#include "sm90/bwd/bwd_launch_templates.cuh"
 #include "sm90/launch.h"
 
 namespace jax_flash::sm90::tuning {

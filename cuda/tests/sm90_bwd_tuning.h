@@ -1,6 +1,6 @@
 // The sm90 backward's tunings kept for measurements, next to the production
-// default (cuda/sm90/bwd_policy.h). Compiled only into the backward's
-// self-test / benchmark (tools/build_sm90_bwd_tests.sh: cuda/tests/
+// default (cuda/sm90/bwd/bwd_policy.h). Compiled only into the backward's
+// self-test / benchmark (tools/build/build_sm90_bwd_tests.sh: cuda/tests/
 // sm90_bwd_tuning.cu), never into the extension; selected by this table,
 // never through BwdParams.
 #pragma once

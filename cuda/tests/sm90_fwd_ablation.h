@@ -1,6 +1,6 @@
 // The sm90 forward's tuning / ablation target: configurations other than the
 // production one (fwd_tuning.h fwd_default_tuning), compiled only into the
-// self-test / benchmark binary (tools/build_sm90_tests.sh), never into the
+// self-test / benchmark binary (tools/build/build_sm90_tests.sh), never into the
 // extension. Each ablation changes the production configuration of every
 // (head-dim bucket, mask) in one way; where that changes nothing (e.g. "no
 // pingpong" at hdim 256, which has none) or does not apply, it is absent
@@ -13,10 +13,10 @@
 #include <cuda_runtime.h>
 
 #include "jax_flash/params.h"
-#include "sm90/fwd_tuning.h"
+#include "sm90/fwd/fwd_tuning.h"
 #include "sm90/launch.h"
-#include "sm90/mask.cuh"
-#include "sm90/smem_layout.cuh"
+#include "sm90/common/mask.cuh"
+#include "sm90/common/smem_layout.cuh"
 
 namespace jax_flash::sm90::ablation {
 

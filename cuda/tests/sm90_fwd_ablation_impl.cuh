@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "sm90/launch_templates.cuh"
+#include "sm90/fwd/launch_templates.cuh"
 #include "sm90_fwd_ablation.h"
 
 namespace jax_flash::sm90::ablation {

@@ -1,12 +1,12 @@
 // CPU-only checks of the sm90 forward's host-side choices (no GPU needed; run
-// by tools/build_sm90_tests.sh):
-// - TileOrder (sm90/tile_scheduler.cuh), the order both persistent schedulers
+// by tools/build/build_sm90_tests.sh):
+// - TileOrder (sm90/common/tile_scheduler.cuh), the order both persistent schedulers
 //   walk: over [0, total) decode is a bijection onto (block, head, batch); with
 //   a causal-like mask the blocks of each head come heaviest (last) first and
 //   the heads of one L2 section are interleaved, so that the CTAs running at
 //   the same time share a section's K/V;
 // - persistent_grid: one CTA per SM, at most one per tile;
-// - the production policy (sm90/fwd_tuning.h) keeps the constraints the
+// - the production policy (sm90/fwd/fwd_tuning.h) keeps the constraints the
 //   kernels assert (Q in registers only with the overlap schedule, the
 //   dynamic scheduler exactly for causal-like masks).
 #include <cstdio>
@@ -28,8 +28,8 @@ inline int atomicAdd(int* p, int v) { return (*p += v) - v; }
 inline unsigned long long __cvta_generic_to_shared(const void*) { return 0; }
 inline int __shfl_sync(unsigned, int v, int) { return v; }
 
-#include "sm90/fwd_tuning.h"
-#include "sm90/tile_scheduler.cuh"
+#include "sm90/fwd/fwd_tuning.h"
+#include "sm90/common/tile_scheduler.cuh"
 
 using namespace jax_flash::sm90;
 

@@ -11,7 +11,7 @@
 // Inputs are quarter-integers: every product and sum is exact in fp32 and the
 // 16-bit roundings are deterministic, so results must match the CPU exactly.
 //
-// Build (repository root; or tools/build_sm90_tests.sh):
+// Build (repository root; or tools/build/build_sm90_tests.sh):
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a
 //        -Icuda/include -Icuda cuda/tests/sm90_primitives.cu -o sm90_primitives
 // Run: ./sm90_primitives [filter]; exit code 1 on any failure.
@@ -30,13 +30,13 @@
 #include <string>
 #include <vector>
 
-#include "sm90/fwd_named_barriers.h"  // the pingpong test uses the forward's barrier ids
-#include "sm90/tma_desc.h"  // encode_bshd, tensor_map_encoder
+#include "sm90/fwd/fwd_named_barriers.h"  // the pingpong test uses the forward's barrier ids
+#include "sm90/common/tma_desc.h"  // encode_bshd, tensor_map_encoder
 #include "sm90/ptx/barrier.cuh"
 #include "sm90/ptx/mbarrier.cuh"
 #include "sm90/ptx/tma.cuh"
 #include "sm90/ptx/wgmma.cuh"
-#include "sm90/smem_layout.cuh"
+#include "sm90/common/smem_layout.cuh"
 #include "host_utils.h"
 
 using namespace jax_flash;

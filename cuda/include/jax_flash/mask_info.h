@@ -2,7 +2,7 @@
 // plus the optional segment ids, whose element test is data-dependent. Built
 // on the host once per launch from the parameters; the element masks that
 // apply it to score fragments are per architecture (sm80/mask.cuh,
-// sm90/mask.cuh, sm90/bwd_mask.cuh), because the fragment layouts differ.
+// sm90/common/mask.cuh, sm90/bwd/bwd_mask.cuh), because the fragment layouts differ.
 #pragma once
 
 #include <cstdint>

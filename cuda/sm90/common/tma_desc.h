@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "jax_flash/params.h"
-#include "ptx/element_traits.cuh"
+#include "sm90/ptx/element_traits.cuh"
 
 namespace jax_flash::sm90 {
 

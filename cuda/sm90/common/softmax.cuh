@@ -28,7 +28,7 @@
 
 #include "jax_flash/fast_math.cuh"
 #include "jax_flash/softmax_scale.h"
-#include "ptx/common.cuh"
+#include "sm90/ptx/common.cuh"
 
 namespace jax_flash::sm90 {
 

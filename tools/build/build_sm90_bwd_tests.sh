@@ -15,10 +15,10 @@
 # sm90 backward kernels. Also builds build_carry/sm90_bwd_primitives (GPU unit
 # test of the backward's building blocks) and builds and runs the CPU-only
 # index-math check cuda/tests/sm90_bwd_layout_check.cpp (fails the script on a
-# mismatch). Called by tools/build_sm90_tests.sh; runs alone too.
-# Usage: tools/build_sm90_bwd_tests.sh [-j N]   (~5-8 min on 2 cores)
+# mismatch). Called by tools/build/build_sm90_tests.sh; runs alone too.
+# Usage: tools/build/build_sm90_bwd_tests.sh [-j N]   (~5-8 min on 2 cores)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 JOBS=$(nproc)
 if [[ "${1:-}" == "-j" ]]; then JOBS=$2; fi
 OUTDIR=build_carry
@@ -27,7 +27,7 @@ mkdir -p "$OBJ" "$OUTDIR"
 NVCC=${NVCC:-nvcc}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
        -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda -Xptxas -v)
-SOURCES=(cuda/tests/selftest_sm90_bwd.cu cuda/tests/sm90_bwd_tuning.cu cuda/sm90/bwd_dispatch.cu
+SOURCES=(cuda/tests/selftest_sm90_bwd.cu cuda/tests/sm90_bwd_tuning.cu cuda/sm90/bwd/bwd_dispatch.cu
          cuda/instantiations/bwd_*_sm90.cu
          cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu cuda/instantiations/bwd_*_sm80.cu)
 
@@ -69,7 +69,7 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"$CUDA_INC
 echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions, deterministic):"
 for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log "$OBJ"/cuda_tests_sm90_bwd_tuning.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
-    sed -nE "/Compiling entry/s/.*bwd_kernelI([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8 det=\9/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    sed -nE "/Compiling entry/s/.*bwd_kernelI[0-9]*([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8 det=\9/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
     paste -d' ' - - -
   grep -h "C75" "$log" || true
 done

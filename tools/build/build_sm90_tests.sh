@@ -10,9 +10,9 @@
 # ablation configurations of cuda/tests/sm90_fwd_ablation.h (one object per
 # head-dim bucket, cuda/tests/fwd_ablation_hdim*_sm90.cu), and the sm80
 # forward (for the benchmark comparison) without its backward.
-# Usage: tools/build_sm90_tests.sh [-j N]   (from anywhere; ~3-6 min on 2 cores)
+# Usage: tools/build/build_sm90_tests.sh [-j N]   (from anywhere; ~3-6 min on 2 cores)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 JOBS=$(nproc)
 if [[ "${1:-}" == "-j" ]]; then JOBS=$2; fi
 OUTDIR=build_carry
@@ -22,7 +22,7 @@ NVCC=${NVCC:-nvcc}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math
        -gencode=arch=compute_90a,code=sm_90a -Icuda/include -Icuda
        -DJAX_FLASH_DISABLE_BACKWARD -Xptxas -v)
-SOURCES=(cuda/tests/selftest_sm90.cu cuda/sm90/dispatch.cu cuda/instantiations/fwd_*_sm90.cu
+SOURCES=(cuda/tests/selftest_sm90.cu cuda/sm90/fwd/dispatch.cu cuda/instantiations/fwd_*_sm90.cu
          cuda/tests/fwd_ablation_hdim*_sm90.cu cuda/sm80/dispatch.cu cuda/instantiations/fwd_*_sm80.cu)
 
 compile() {  # src -> obj, ptxas report kept next to it
@@ -45,7 +45,7 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"${CUDA_IN
   cuda/tests/sm90_fwd_host_check.cpp -o "$OBJ/sm90_fwd_host_check"
 "$OBJ/sm90_fwd_host_check"
 # Q in registers: that ptxas kept the Q fragments' registers for the whole mainloop.
-python3 tools/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
+python3 tools/lint/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
 
 # ptxas summary of the sm90 forward kernels: registers (at entry; setmaxnreg
 # then moves them between the roles), spills, stack. Kernel names:
@@ -59,4 +59,4 @@ for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log "$OBJ"/cuda_tests_fwd_abl
 done
 
 # The sm90 backward self-test / benchmark (build_carry/selftest_sm90_bwd).
-tools/build_sm90_bwd_tests.sh -j "$JOBS"
+tools/build/build_sm90_bwd_tests.sh -j "$JOBS"

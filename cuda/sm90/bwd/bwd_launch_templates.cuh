@@ -14,7 +14,7 @@
 #include "bwd_instantiations.h"
 #include "bwd_kernel.cuh"
 #include "bwd_policy.h"
-#include "tma_desc.h"  // encode_bshd
+#include "sm90/common/tma_desc.h"  // encode_bshd
 #include "jax_flash/dq_convert.cuh"
 
 namespace jax_flash::sm90 {
@@ -48,6 +48,26 @@ inline bool encode_dq_accum(CUtensorMap* map, float* ptr, int head_dim, int seql
   return r == CUDA_SUCCESS;
 }
 
+// The main kernel on its scheduler (grid, workspace set-up, launch).
+template <typename Element, typename Cfg, bool kDqTensor, bool kDet>
+cudaError_t launch_bwd_kernel(const BwdKernelArgs& args,
+                              const typename BwdTileScheduler<kDet>::Arguments& sched, float softcap,
+                              cudaStream_t stream) {
+  using Scheduler = BwdTileScheduler<kDet>;
+  const BwdKernelParams<Scheduler> params{args, Scheduler::to_params(sched)};
+  const int grid = Scheduler::grid_size(params.scheduler, 0);
+  if (grid == 0) return cudaSuccess;  // every KV block runs, also those no query sees (dK = dV = 0)
+  cudaError_t err = Scheduler::prepare(params.scheduler, stream);
+  if (err != cudaSuccess) return err;
+  auto kernel = softcap > 0.f ? bwd_kernel<Element, Cfg, true, kDqTensor, kDet>
+                              : bwd_kernel<Element, Cfg, false, kDqTensor, kDet>;
+  err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
+  if (err != cudaSuccess) return err;
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemAlloc, stream>>>(params);
+  return cudaGetLastError();
+}
+
 // One tile: the config Cfg, and how dQ reaches dq_accum: kDqTensor, by TMA
 // tensor reductions of each staged tile (production); else by one bulk
 // reduction per row (kept for measurements only, cuda/tests/sm90_bwd_tuning.h).
@@ -79,10 +99,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // kBlockM 80 (FA3's non-causal tile) only without a causal / local bound.
   if (Cfg::kDqSwapAB && args.mask.bounded()) return cudaErrorNotSupported;
   args.sm = make_softmax_scale(p.scale, p.softcap);
-  const bool causal_like = args.mask.causal_like();
   const int group = p.num_heads / p.num_heads_k;
-  args.sched = make_bwd_scheduler(p.batch, p.num_heads_k, group, p.seqlen_q, p.seqlen_k,
-                                  Cfg::kHeadDim, Cfg::kBlockN, causal_like);
   args.scale = p.scale;
   args.lse = p.lse;
   args.delta = p.delta;
@@ -92,15 +109,16 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   args.seqlen_q_rounded = p.seqlen_q_rounded;
   args.dq_pitch = p.head_dim_rounded;
   args.head_dim = hd;
-  // Deterministic: semaphores per (batch, q head, query block) and the
-  // tile-claim counter, zeroed below (bwd_supported: the workspace is set).
+  // The scheduler's order; deterministic kernels: its claim counter is the
+  // workspace's first int, the semaphores per (batch, q head, query block)
+  // follow (bwd_supported: the workspace is set).
   const bool det = p.deterministic;
-  int64_t sem_ints = 0;
+  const BwdTileOrderArguments order{p.batch,       p.num_heads_k, group,
+                                    p.seqlen_k,    p.seqlen_q,    Cfg::kHeadDim,
+                                    int(sizeof(Element)), Cfg::kBlockN, args.mask.causal_like()};
   if (det) {
     args.sem_m_blocks = (p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM;
-    args.tile_claim = p.sm90_dq_semaphore;
-    args.dq_sem = p.sm90_dq_semaphore + 1;
-    sem_ints = 1 + int64_t(p.batch) * p.num_heads * args.sem_m_blocks;  // <= sm90_bwd_semaphore_ints
+    args.dq_sem = p.sm90_dq_semaphore + 1;  // 1 + its ints <= sm90_bwd_semaphore_ints
   }
 
   cudaError_t err;
@@ -110,28 +128,23 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream);
     if (err != cudaSuccess) return err;
   }
-  if (args.sched.total > 0) {  // every KV block, also those no query sees (dK = dV = 0)
-    auto kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, kDqTensor>
-                                  : bwd_kernel<Element, Cfg, false, kDqTensor>;
+  if (det) {
     // Deterministic kernels only for the bucket tiles with tensor reductions
     // (bwd_default_tile); the dQ_swapAB tile has none.
     if constexpr (!Cfg::kDqSwapAB && kDqTensor) {
-      if (det) {
-        err = cudaMemsetAsync(p.sm90_dq_semaphore, 0, size_t(sem_ints) * sizeof(int32_t), stream);
+      if (p.seqlen_k > 0) {  // else no kernel, no semaphores to reset
+        const size_t sem_ints = size_t(p.batch) * p.num_heads * args.sem_m_blocks;
+        err = cudaMemsetAsync(args.dq_sem, 0, sem_ints * sizeof(int32_t), stream);
         if (err != cudaSuccess) return err;
-        kernel = p.softcap > 0.f ? bwd_kernel<Element, Cfg, true, true, true>
-                                 : bwd_kernel<Element, Cfg, false, true, true>;
       }
+      err = launch_bwd_kernel<Element, Cfg, true, true>(args, {order, p.sm90_dq_semaphore}, p.softcap, stream);
     } else {
-      if (det) return cudaErrorNotSupported;
+      return cudaErrorNotSupported;
     }
-    err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
-    if (err != cudaSuccess) return err;
-    kernel<<<args.sched.total, Cfg::kThreads, Cfg::kSmemAlloc, stream>>>(args);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+  } else {
+    err = launch_bwd_kernel<Element, Cfg, kDqTensor, false>(args, {order, nullptr}, p.softcap, stream);
   }
+  if (err != cudaSuccess) return err;
   if (p.seqlen_q == 0) return cudaSuccess;
   // The dq_accum row pitch is the workspace's head_dim_rounded (96 for head
   // dims 65..96, which this kernel runs in the 128 bucket; 256 for 129..256).

@@ -42,15 +42,15 @@
 
 #include "fwd_named_barriers.h"
 #include "fwd_tuning.h"
-#include "mask.cuh"
-#include "ptx/barrier.cuh"
-#include "ptx/element_traits.cuh"
-#include "ptx/mbarrier.cuh"
-#include "ptx/tma.cuh"
-#include "ptx/wgmma.cuh"
-#include "softmax.cuh"
-#include "tile_scheduler.cuh"
-#include "tma_desc.h"
+#include "sm90/common/mask.cuh"
+#include "sm90/ptx/barrier.cuh"
+#include "sm90/ptx/element_traits.cuh"
+#include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/wgmma.cuh"
+#include "sm90/common/softmax.cuh"
+#include "sm90/common/tile_scheduler.cuh"
+#include "sm90/common/tma_desc.h"
 
 namespace jax_flash::sm90 {
 
@@ -90,7 +90,7 @@ struct FwdMainloop {
   // ptxas 13.0 miscompiles Q in registers in the serial schedule: it hands the
   // loop-invariant Q fragments' registers to P inside the loop (the PTX is
   // right; the results were wrong on the H200). The overlap schedule compiles
-  // correctly; tools/check_wgmma_a_regs.py checks the SASS of every build.
+  // correctly; tools/lint/check_wgmma_a_regs.py checks the SASS of every build.
   static_assert(!kQInRegs || kOverlap, "q_in_regs needs overlap (ptxas, see above)");
 
   // ---------------------------------------------------------------- storage

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks in SASS that the sm90 forward's Q fragments survive their mainloop.
 
-With Q in registers (kFlagQInRegs, cuda/sm90/mainloop.cuh) each consumer loads
+With Q in registers (kFlagQInRegs, cuda/sm90/fwd/mainloop.cuh) each consumer loads
 its Q fragments once per tile with ldmatrix (LDSM) and every QK^T wgmma (HGMMA
 with a register A operand) reads them. ptxas 13.0 was seen to give those
 registers to P inside the serial schedule's loop (PTX correct, SASS wrong:
@@ -11,7 +11,7 @@ did not come from an LDSM (reaching definitions over the SASS control flow; a
 register reused between tiles, after the last QK^T, is fine), or if no QK^T
 HGMMA reads registers at all (the check would be vacuous).
 
-  tools/check_wgmma_a_regs.py FILE...   (cubin, executable or .so; needs cuobjdump)
+  tools/lint/check_wgmma_a_regs.py FILE...   (cubin, executable or .so; needs cuobjdump)
 
 Only the sm90 forward cubins (fwd_*_sm90.*) are disassembled when the file
 names its embedded cubins that way (the extension, the test binaries), and

@@ -18,12 +18,12 @@
 
 #include "fwd_named_barriers.h"
 #include "mainloop.cuh"
-#include "ptx/barrier.cuh"
-#include "ptx/mbarrier.cuh"
-#include "ptx/tma.cuh"
-#include "ptx/wgmma.cuh"
-#include "softmax.cuh"
-#include "tma_desc.h"
+#include "sm90/ptx/barrier.cuh"
+#include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/wgmma.cuh"
+#include "sm90/common/softmax.cuh"
+#include "sm90/common/tma_desc.h"
 
 namespace jax_flash::sm90 {
 

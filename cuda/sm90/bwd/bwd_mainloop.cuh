@@ -26,7 +26,7 @@
 // performed) it stores n + 1 (st.release.gpu). fence.proxy.async.global on
 // both sides orders the async-proxy reductions with the generic flag accesses.
 // Forward progress: block n + 1 of the same (batch, kv head) has the smaller
-// tile index (BwdTileScheduler::decode<true>) and tiles are claimed in index
+// tile index (BwdTileOrder<true>) and tiles are claimed in index
 // order from a counter by running CTAs (bwd_kernel.cuh), so the CTA waited
 // for is resident or done and itself waits only on smaller indices.
 //
@@ -47,27 +47,31 @@
 
 #include "bwd_config.cuh"
 #include "bwd_mask.cuh"
-#include "ptx/barrier.cuh"
-#include "ptx/gmem_sync.cuh"
-#include "ptx/mbarrier.cuh"
-#include "ptx/smem_ops.cuh"
-#include "ptx/tma.cuh"
-#include "ptx/wgmma.cuh"
+#include "sm90/ptx/barrier.cuh"
+#include "sm90/ptx/gmem_sync.cuh"
+#include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/smem_ops.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/wgmma.cuh"
 
 namespace jax_flash::sm90 {
 
-// The CTA's work: KV block, kv head, batch, and the visible query blocks
-// [m_first, m_last) of every q head of the GQA group (iters steps: query
-// block fastest, then q head).
+// The CTA's work: KV block (of num_n_blocks per head), kv head, batch, and
+// the visible query blocks [m_first, m_last) of every q head of the GQA group
+// (iters steps: query block fastest, then q head).
 struct BwdTile {
   int n_block, head_k, batch;
   int m_first, m_last, iters;
+  int num_n_blocks;
 };
 
-template <typename Cfg, bool kDet = false>
-JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, int t) {
+template <typename Cfg>
+JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, const TileCoord& c, int num_n_blocks) {
   BwdTile w;
-  a.sched.template decode<kDet>(t, w.n_block, w.head_k, w.batch);
+  w.num_n_blocks = num_n_blocks;
+  w.n_block = c.block;
+  w.head_k = c.head;
+  w.batch = c.batch;
   a.mask.q_block_range(w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
   w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
   return w;
@@ -183,7 +187,7 @@ JF_DEVICE void bwd_dq_writer(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, con
   // which adds first (see the top).
   int pred_first = 0, pred_last = 0;
   if constexpr (kDet)
-    dq_pred_range(a.mask, w.n_block, a.sched.num_n_blocks, Cfg::kBlockN, Cfg::kBlockM, pred_first,
+    dq_pred_range(a.mask, w.n_block, w.num_n_blocks, Cfg::kBlockN, Cfg::kBlockM, pred_first,
                   pred_last);
   // Both staging tiles start out empty.
   named_bar_arrive(kBwdBarDqEmpty + 0, kBwdDqBarThreads);

@@ -1,7 +1,7 @@
 // Declaration of the per-(dtype, head-dim bucket) sm90 backward launchers,
 // defined in bwd_launch_templates.cuh and explicitly instantiated one per file
 // under cuda/instantiations/ (bwd_<dtype>_hdim<d>_sm90.cu,
-// tools/gen_instantiations.py). Each runs the tile that bwd_default_tile
+// tools/codegen/gen_instantiations.py). Each runs the tile that bwd_default_tile
 // (bwd_policy.h) picks for the case.
 #pragma once
 

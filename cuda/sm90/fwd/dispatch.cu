@@ -3,13 +3,13 @@
 // (JAX_FLASH_DISABLE_*) report unsupported instead of failing to link.
 #include <cstdint>
 
-#include "device_info.h"
+#include "sm90/common/device_info.h"
 #include "fwd_tuning.h"
 #include "fwd_kernel.cuh"  // FwdKernelFor: the shared-memory sizes (no kernel is instantiated here)
 #include "instantiations.h"
-#include "launch.h"
-#include "mask.cuh"
-#include "smem_layout.cuh"
+#include "sm90/launch.h"
+#include "sm90/common/mask.cuh"
+#include "sm90/common/smem_layout.cuh"
 
 namespace jax_flash::sm90 {
 namespace {

@@ -25,8 +25,17 @@
 //     template <int kConsumerThreads> static void S::init_barriers(const Smem&)
 //                                one thread, before the CTA's first __syncthreads;
 //                                kConsumerThreads threads call consumer_next
+//     static void S::claim_first(const Params&, const Smem&)
+//                                one thread, before the CTA's first __syncthreads:
+//                                a scheduler that picks the CTA's first tile at
+//                                run time stores it in its Smem data
+//     static constexpr bool S::kOneTilePerCta
+//                                grid_size() CTAs, each with exactly one (valid)
+//                                tile: a kernel written for one tile per CTA
+//                                (the backward) requires it and runs no loop
 //   device: every role walks the same sequence of work tiles
-//     static WorkTile S::initial_work(const Params&)
+//     static WorkTile S::initial_work(const Params&, const Smem&)
+//                                after that __syncthreads
 //     static bool     S::valid(const Params&, const WorkTile&)
 //     static TileCoord S::coord(const Params&, const WorkTile&)
 //     producer (exactly one thread per CTA; it decides the sequence):
@@ -46,8 +55,8 @@
 //
 // WorkTile is an opaque linear index; TileCoord is what the kernels use:
 //   block   the sequence block the CTA owns (forward: query block of kBlockM
-//           rows; a backward port: its KV block)
-//   head    the head (forward: query head; a backward port: KV head)
+//           rows; backward: its KV block)
+//   head    the head (forward: query head; backward: KV head)
 //   batch   the batch index
 //   split   the KV split (always 0 here). A split-KV scheduler enumerates
 //           (block, head, batch, split) and the mainloop narrows its KV block
@@ -57,7 +66,8 @@
 //           sequence lengths from `batch`.
 // ==============================================================
 //
-// Tile order (both schedulers; TileOrder below): a tile is (block, head, batch).
+// Forward tile order (the persistent schedulers; TileOrder below): a tile is
+// (block, head, batch).
 // - no causal-like mask: head-major, blocks ascending: the CTAs running at the
 //   same time share the K/V of one or two heads (L2 reuse).
 // - causal (right bound, no left bound): heaviest first (longest KV ranges:
@@ -87,8 +97,9 @@
 
 #include <cuda_runtime.h>
 
-#include "ptx/common.cuh"
-#include "ptx/mbarrier.cuh"
+#include "sm90/ptx/common.cuh"
+#include "sm90/ptx/gmem_sync.cuh"
+#include "sm90/ptx/mbarrier.cuh"
 
 namespace jax_flash::sm90 {
 
@@ -182,6 +193,7 @@ struct StaticPersistentTileScheduler {
     TileOrder order;
   };
   static constexpr bool kNeedsWorkspace = false;
+  static constexpr bool kOneTilePerCta = false;
   static constexpr int kNumBarriers = 0;
   static constexpr int kDataBytes = 0;
   struct Smem {
@@ -194,7 +206,8 @@ struct StaticPersistentTileScheduler {
   template <int kConsumerThreads>
   JF_DEVICE static void init_barriers(const Smem&) {}
 
-  JF_DEVICE static WorkTile initial_work(const Params&) { return WorkTile{int(blockIdx.x)}; }
+  JF_DEVICE static void claim_first(const Params&, const Smem&) {}
+  JF_DEVICE static WorkTile initial_work(const Params&, const Smem&) { return WorkTile{int(blockIdx.x)}; }
   JF_DEVICE static bool valid(const Params& p, const WorkTile& w) { return w.index < p.order.total; }
   JF_DEVICE static TileCoord coord(const Params& p, const WorkTile& w) { return p.order.decode(w.index); }
   JF_DEVICE static WorkTile prefetch_next(const Params&, const WorkTile& cur) {
@@ -216,6 +229,7 @@ struct DynamicPersistentTileScheduler {
     int* counter;
   };
   static constexpr bool kNeedsWorkspace = true;
+  static constexpr bool kOneTilePerCta = false;
   // tile_full (producer -> consumers: the slot holds the next index) and
   // tile_empty (every consumer thread has read it); the slot itself.
   static constexpr int kNumBarriers = 2;
@@ -241,7 +255,8 @@ struct DynamicPersistentTileScheduler {
     ptx::mbar_init(s.tile_empty(), kConsumerThreads);
   }
 
-  JF_DEVICE static WorkTile initial_work(const Params&) { return WorkTile{int(blockIdx.x)}; }
+  JF_DEVICE static void claim_first(const Params&, const Smem&) {}
+  JF_DEVICE static WorkTile initial_work(const Params&, const Smem&) { return WorkTile{int(blockIdx.x)}; }
   JF_DEVICE static bool valid(const Params& p, const WorkTile& w) { return w.index < p.order.total; }
   JF_DEVICE static TileCoord coord(const Params& p, const WorkTile& w) { return p.order.decode(w.index); }
   // total < 2^30 (blocks of >= 64 rows, fwd_supported), so v + gridDim.x
@@ -262,6 +277,169 @@ struct DynamicPersistentTileScheduler {
     const int next = ld_shared_s32(s.slot());
     ptx::mbar_arrive(s.tile_empty());  // every thread, after its own read
     return WorkTile{next};
+  }
+};
+
+// ------------------------------------------------------------ backward
+// The backward's (KV block, KV head, batch) order. A CTA keeps the dK / dV of
+// its KV block in registers for the whole sweep over the query blocks, so
+// there is one tile per CTA (the single-tile schedulers below).
+// - no causal-like mask: head-major, KV blocks ascending (the CTAs running
+//   together share the Q / dO of one or two heads in L2).
+// - causal (right bound, no left bound): KV block 0 sees the most query
+//   blocks, so KV blocks ascending across all heads of a section (heaviest
+//   first), with the heads taken in sections whose Q + dO fit in ~32 MB of L2.
+// kDescending (deterministic mode): the same orders with the KV blocks
+// descending (FA3's SPT order for causal), the order in which the KV blocks
+// add into each dQ tile (bwd_mainloop.cuh, bwd_dq_writer): the KV block a CTA
+// waits for always has a smaller tile index.
+struct BwdTileOrderArguments {
+  int batch, num_heads, heads_per_kv;  // num_heads: KV heads
+  int seqlen;    // keys the blocks cover (seqlen_k)
+  int seqlen_q;  // query rows each tile streams (sizes the L2 sections)
+  int head_dim;
+  int elem_bytes;  // of Q and dO
+  int block;       // keys per block
+  bool causal_like;
+};
+
+template <bool kDescending>
+struct BwdTileOrder {
+  int num_blocks;         // KV blocks per head
+  int num_bh;             // batch * num_heads (KV heads)
+  int num_heads;
+  int total;              // num_blocks * num_bh
+  int heads_per_section;  // 0: plain head-major order
+  int section_tiles;      // heads_per_section * num_blocks
+
+  using Arguments = BwdTileOrderArguments;
+
+  static BwdTileOrder make(const Arguments& a) {
+    BwdTileOrder o;
+    o.num_blocks = (a.seqlen + a.block - 1) / a.block;
+    o.num_bh = a.batch * a.num_heads;
+    o.num_heads = a.num_heads;
+    o.total = o.num_blocks * o.num_bh;
+    o.heads_per_section = 0;
+    o.section_tiles = 0;
+    if (a.causal_like && o.total > 0) {
+      // Q + dO of all q heads of one KV head.
+      const long long kv_head_bytes = 2LL * a.seqlen_q * a.head_dim * a.elem_bytes * a.heads_per_kv;
+      const long long l2_budget = 32LL << 20;
+      int sec = 1;
+      while (2LL * sec * kv_head_bytes <= l2_budget && sec < o.num_bh) sec *= 2;
+      if (sec > o.num_bh) sec = o.num_bh;
+      o.heads_per_section = sec < 1 ? 1 : sec;
+      o.section_tiles = o.heads_per_section * o.num_blocks;
+    }
+    return o;
+  }
+
+  JF_DEVICE TileCoord decode(int t) const {
+    TileCoord c;
+    int bh;
+    if (heads_per_section == 0) {
+      bh = t / num_blocks;
+      c.block = t - bh * num_blocks;
+    } else {
+      const int sec = t / section_tiles;
+      const int r = t - sec * section_tiles;
+      const int base = sec * heads_per_section;
+      const int hs = min(heads_per_section, num_bh - base);  // last section may be short
+      c.block = r / hs;
+      bh = base + (r - c.block * hs);
+    }
+    if constexpr (kDescending) c.block = num_blocks - 1 - c.block;
+    c.batch = bh / num_heads;
+    c.head = bh - c.batch * num_heads;
+    c.split = 0;
+    return c;
+  }
+};
+
+// One CTA per tile (FA3's SingleTileScheduler): grid = #tiles, CTA b
+// processes tile b and nothing else.
+template <typename Order>
+struct SingleTileScheduler {
+  struct Arguments {
+    typename Order::Arguments order;
+    int* counter;  // unused
+  };
+  struct Params {
+    Order order;
+  };
+  static constexpr bool kNeedsWorkspace = false;
+  static constexpr bool kOneTilePerCta = true;
+  static constexpr int kNumBarriers = 0;
+  static constexpr int kDataBytes = 0;
+  struct Smem {
+    uint32_t bars, data;
+  };
+
+  static Params to_params(const Arguments& a) { return Params{Order::make(a.order)}; }
+  static int grid_size(const Params& p, int /*num_sms*/) { return p.order.total; }
+  static cudaError_t prepare(const Params&, cudaStream_t) { return cudaSuccess; }
+  template <int kConsumerThreads>
+  JF_DEVICE static void init_barriers(const Smem&) {}
+  JF_DEVICE static void claim_first(const Params&, const Smem&) {}
+
+  JF_DEVICE static WorkTile initial_work(const Params&, const Smem&) { return WorkTile{int(blockIdx.x)}; }
+  JF_DEVICE static bool valid(const Params& p, const WorkTile& w) { return w.index < p.order.total; }
+  JF_DEVICE static TileCoord coord(const Params& p, const WorkTile& w) { return p.order.decode(w.index); }
+  JF_DEVICE static WorkTile prefetch_next(const Params& p, const WorkTile&) { return WorkTile{p.order.total}; }
+  JF_DEVICE static void publish_next(const Smem&, uint32_t, const WorkTile&) {}
+  JF_DEVICE static WorkTile consumer_next(const Params& p, const Smem&, uint32_t, const WorkTile&) {
+    return WorkTile{p.order.total};
+  }
+};
+
+// One CTA per tile, the tiles taken in the order in which the CTAs start:
+// one thread claims the CTA's tile index from a global counter (atomicAdd)
+// and hands it to the others through shared memory. A CTA that waits for a
+// tile of smaller index (the deterministic backward's dQ order) then always
+// waits for a running or finished CTA, whatever order the hardware launches
+// the blocks in. Workspace: one int per call, zeroed by prepare() on the
+// stream right before the kernel; the grid claims exactly indices [0, total).
+template <typename Order>
+struct ClaimedSingleTileScheduler {
+  struct Arguments {
+    typename Order::Arguments order;
+    int* counter;  // the call's own device int32 (kNeedsWorkspace)
+  };
+  struct Params {
+    Order order;
+    int* counter;
+  };
+  static constexpr bool kNeedsWorkspace = true;
+  static constexpr bool kOneTilePerCta = true;
+  static constexpr int kNumBarriers = 0;
+  static constexpr int kDataBytes = 4;  // the claimed index
+  struct Smem {
+    uint32_t bars, data;
+  };
+
+  static Params to_params(const Arguments& a) { return Params{Order::make(a.order), a.counter}; }
+  static int grid_size(const Params& p, int /*num_sms*/) { return p.order.total; }
+  static cudaError_t prepare(const Params& p, cudaStream_t stream) {
+    if (p.counter == nullptr) return cudaErrorInvalidValue;
+    return cudaMemsetAsync(p.counter, 0, sizeof(int), stream);
+  }
+  template <int kConsumerThreads>
+  JF_DEVICE static void init_barriers(const Smem&) {}
+  // The __syncthreads after it orders the store before every thread's load.
+  JF_DEVICE static void claim_first(const Params& p, const Smem& s) {
+    ptx::st_shared_b32(s.data, uint32_t(atomicAdd(p.counter, 1)));
+  }
+
+  JF_DEVICE static WorkTile initial_work(const Params&, const Smem& s) {
+    return WorkTile{int(ptx::ld_shared_b32(s.data))};
+  }
+  JF_DEVICE static bool valid(const Params& p, const WorkTile& w) { return w.index < p.order.total; }
+  JF_DEVICE static TileCoord coord(const Params& p, const WorkTile& w) { return p.order.decode(w.index); }
+  JF_DEVICE static WorkTile prefetch_next(const Params& p, const WorkTile&) { return WorkTile{p.order.total}; }
+  JF_DEVICE static void publish_next(const Smem&, uint32_t, const WorkTile&) {}
+  JF_DEVICE static WorkTile consumer_next(const Params& p, const Smem&, uint32_t, const WorkTile&) {
+    return WorkTile{p.order.total};
   }
 };
 

@@ -23,7 +23,7 @@
 #include "epilogue.cuh"
 #include "fwd_tuning.h"
 #include "mainloop.cuh"
-#include "tile_scheduler.cuh"
+#include "sm90/common/tile_scheduler.cuh"
 
 namespace jax_flash::sm90 {
 
@@ -97,7 +97,7 @@ struct FwdKernel {
     const typename Scheduler::Smem sched = ss.scheduler();
     ptx::PipeState<Mainloop::kStages> kst, vst;
     uint32_t it = 0;
-    for (WorkTile work = Scheduler::initial_work(p.scheduler); Scheduler::valid(p.scheduler, work);
+    for (WorkTile work = Scheduler::initial_work(p.scheduler, sched); Scheduler::valid(p.scheduler, work);
          ++it) {
       const WorkTile next = Scheduler::prefetch_next(p.scheduler, work);  // used after the loads
       const TileCoord c = Scheduler::coord(p.scheduler, work);
@@ -117,7 +117,7 @@ struct FwdKernel {
     const typename Mainloop::Consumer ml{p.mainloop, sm, wg, warp, lane, kst, vst};
     ml.start();
     uint32_t it = 0;
-    for (WorkTile work = Scheduler::initial_work(p.scheduler); Scheduler::valid(p.scheduler, work);
+    for (WorkTile work = Scheduler::initial_work(p.scheduler, sched); Scheduler::valid(p.scheduler, work);
          ++it) {
       const TileCoord c = Scheduler::coord(p.scheduler, work);
       const int m0 = c.block * Mainloop::kBlockM;
@@ -146,6 +146,7 @@ struct FwdKernel {
       Mainloop::template init_barriers<Epilogue::kQEmptyArrivals>(ss.mainloop());
       Epilogue::init_barriers(ss.epilogue());
       Scheduler::template init_barriers<128 * kConsumerWGs>(ss.scheduler());
+      Scheduler::claim_first(p.scheduler, ss.scheduler());
       ptx::mbar_fence_init();
       Mainloop::prefetch_descriptors(p.mainloop);
       Epilogue::prefetch_descriptors(p.epilogue);

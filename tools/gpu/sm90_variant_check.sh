@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the sm90 forward's test binaries on the H200, in the order that stops
 # early on a broken kernel, and measures the ablation table at the power cap:
-#   tools/sm90_variant_check.sh DIR [CONFIG]
-# DIR holds sm90_primitives and selftest_sm90 built by tools/build_sm90_tests.sh
+#   tools/gpu/sm90_variant_check.sh DIR [CONFIG]
+# DIR holds sm90_primitives and selftest_sm90 built by tools/build/build_sm90_tests.sh
 # (e.g. build_carry, or a candidate branch's binaries copied into an ignored
 # build_carry_* dir of this checkout and carried with the device call). CONFIG
 # is the column to compare with "default" (a name of selftest_sm90 --list, or
@@ -20,7 +20,7 @@
 #      then --rows=2 with the default 10 launches (below the cap)
 # A step that fails skips the benchmark; the summary is printed last.
 set -uo pipefail
-DIR=${1:?usage: tools/sm90_variant_check.sh DIR [CONFIG]}
+DIR=${1:?usage: tools/gpu/sm90_variant_check.sh DIR [CONFIG]}
 CONFIG=${2:-default}
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "mask.cuh"
+#include "sm90/common/mask.cuh"
 
 namespace jax_flash::sm90 {
 

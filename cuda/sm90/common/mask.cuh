@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "jax_flash/mask_info.h"
-#include "ptx/common.cuh"
+#include "sm90/ptx/common.cuh"
 
 namespace jax_flash::sm90 {
 

@@ -1,7 +1,7 @@
 // Declarations of the per-(dtype, head-dim bucket) sm90 forward launchers,
 // defined in launch_templates.cuh and explicitly instantiated one per file
 // under cuda/instantiations/ (fwd_<dtype>_hdim<d>_sm90.cu,
-// tools/gen_instantiations.py). Each runs the production configuration of
+// tools/codegen/gen_instantiations.py). Each runs the production configuration of
 // its bucket (fwd_tuning.h fwd_default_tuning) for the call's mask.
 #pragma once
 

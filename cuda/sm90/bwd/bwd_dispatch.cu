@@ -8,12 +8,12 @@
 #include "bwd_config.cuh"
 #include "bwd_instantiations.h"
 #include "bwd_policy.h"
-#include "device_info.h"
+#include "sm90/common/device_info.h"
 #include "jax_flash/dispatch.h"
 #include "jax_flash/head_dim.h"
 #include "jax_flash/mask_info.h"
 #include "jax_flash/support.h"
-#include "launch.h"
+#include "sm90/launch.h"
 
 namespace jax_flash::sm90 {
 #ifndef JAX_FLASH_DISABLE_BACKWARD

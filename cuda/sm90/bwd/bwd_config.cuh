@@ -1,4 +1,4 @@
-// Shapes, shared-memory plan, kernel arguments and tile order of the sm90
+// Shapes, shared-memory plan, kernel arguments and tile scheduler of the sm90
 // (FlashAttention-3 style) backward. See bwd_kernel.cuh for the algorithm.
 //
 // CTA = 1 producer warpgroup + 2 consumer warpgroups (384 threads). The CTA
@@ -62,11 +62,13 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
-#include "mask.cuh"
-#include "ptx/common.cuh"
-#include "smem_layout.cuh"
-#include "softmax.cuh"
+#include "sm90/common/mask.cuh"
+#include "sm90/ptx/common.cuh"
+#include "sm90/common/smem_layout.cuh"
+#include "sm90/common/softmax.cuh"
+#include "sm90/common/tile_scheduler.cuh"
 
 namespace jax_flash::sm90 {
 
@@ -186,66 +188,12 @@ constexpr int kBwdBarEpi = 6;      // both consumer WGs are done with K and V (2
 constexpr int kBwdBarEpiWG = 7;    // + WG: the WG's dK/dV tile is staged (128 threads)
 constexpr int kBwdDqBarThreads = 128 + 32;
 
-// Static tile order of the (non-persistent) grid: tile t -> (KV block, kv
-// head, batch). No causal-like mask: head-major, KV blocks ascending (the
-// CTAs running together share the Q / dO of one or two heads in L2). Causal
-// (wr >= 0, unbounded left window): KV block 0 has the most query blocks, so
-// KV blocks ascending across all heads of a section (heaviest first), with
-// the heads taken in sections whose Q + dO fit in ~32 MB of L2.
-// Deterministic mode (decode<true>): the same orders with the KV blocks
-// descending (FA3's SPT order for causal), the order in which the KV blocks
-// add into each dQ tile (bwd_mainloop.cuh, bwd_dq_writer): the KV block a
-// CTA waits for always has a smaller tile index.
-struct BwdTileScheduler {
-  int num_n_blocks;
-  int num_bh;             // batch * num_heads_k
-  int num_heads_k;
-  int total;
-  int heads_per_section;  // 0: head-major order
-  int section_tiles;
-
-  template <bool kReverseN = false>
-  JF_DEVICE void decode(int t, int& n_block, int& head_k, int& batch) const {
-    int bh;
-    if (heads_per_section == 0) {
-      bh = t / num_n_blocks;
-      n_block = t - bh * num_n_blocks;
-    } else {
-      const int sec = t / section_tiles;
-      const int r = t - sec * section_tiles;
-      const int base = sec * heads_per_section;
-      const int hs = min(heads_per_section, num_bh - base);
-      n_block = r / hs;
-      bh = base + (r - n_block * hs);
-    }
-    if constexpr (kReverseN) n_block = num_n_blocks - 1 - n_block;
-    batch = bh / num_heads_k;
-    head_k = bh - batch * num_heads_k;
-  }
-};
-
-inline BwdTileScheduler make_bwd_scheduler(int batch, int num_heads_k, int heads_per_kv,
-                                           int seqlen_q, int seqlen_k, int head_dim, int block_n,
-                                           bool causal_like) {
-  BwdTileScheduler s;
-  s.num_n_blocks = (seqlen_k + block_n - 1) / block_n;
-  s.num_bh = batch * num_heads_k;
-  s.num_heads_k = num_heads_k;
-  s.total = s.num_n_blocks * s.num_bh;
-  s.heads_per_section = 0;
-  s.section_tiles = 0;
-  if (causal_like && s.total > 0) {
-    // Q + dO of all q heads of one kv head.
-    const long long kv_head_bytes = 2LL * seqlen_q * head_dim * 2 * heads_per_kv;
-    const long long l2_budget = 32LL << 20;
-    int sec = 1;
-    while (2LL * sec * kv_head_bytes <= l2_budget && sec < s.num_bh) sec *= 2;
-    if (sec > s.num_bh) sec = s.num_bh;
-    s.heads_per_section = sec < 1 ? 1 : sec;
-    s.section_tiles = s.heads_per_section * s.num_n_blocks;
-  }
-  return s;
-}
+// The tile order and scheduler (tile_scheduler.cuh): one CTA per (KV block,
+// kv head, batch); deterministic kernels take the KV blocks descending and
+// claim their tiles in the order the CTAs start (bwd_kernel.cuh).
+template <bool kDet>
+using BwdTileScheduler = std::conditional_t<kDet, ClaimedSingleTileScheduler<BwdTileOrder<true>>,
+                                            SingleTileScheduler<BwdTileOrder<false>>>;
 
 struct BwdKernelArgs {
   CUtensorMap tm_q;   // box {64, kBlockM, 1, 1}
@@ -257,7 +205,6 @@ struct BwdKernelArgs {
   CUtensorMap tm_dqacc;  // fp32 dq_accum (head_dim, seqlen_q, heads, batch), box {32, kDqRows, 1, 1}
   MaskInfo mask;
   SoftmaxScale sm;
-  BwdTileScheduler sched;
   float scale;             // softmax scale (dK is multiplied by it at the end)
   const float* lse;        // [batch, heads, seqlen_q], natural log
   const float* delta;      // [batch, heads, seqlen_q]
@@ -269,11 +216,16 @@ struct BwdKernelArgs {
   int head_dim;
   // Deterministic kernels only (else nullptr / 0): dq_sem[(batch * num_heads
   // + q head) * sem_m_blocks + query block] = 1 + the KV block that added
-  // into that dQ tile last (0: none yet); tile_claim: the counter the CTAs
-  // take their tile indices from. Both zeroed by the launcher.
+  // into that dQ tile last (0: none yet), zeroed by the launcher.
   int* dq_sem;
-  int* tile_claim;
   int sem_m_blocks;        // ceil(seqlen_q / kBlockM)
+};
+
+// The kernel's parameters: the backward's own and its scheduler's.
+template <typename Scheduler>
+struct BwdKernelParams {
+  BwdKernelArgs args;
+  typename Scheduler::Params scheduler;
 };
 
 template <typename Cfg>
@@ -294,9 +246,10 @@ struct BwdSmem {
   JF_DEVICE uint32_t empty_q(int s) const { return bar(1 + Cfg::kStages + s); }
   JF_DEVICE uint32_t full_do(int s) const { return bar(1 + 2 * Cfg::kStages + s); }
   JF_DEVICE uint32_t empty_do(int s) const { return bar(1 + 2 * Cfg::kStages + Cfg::kStagesDo + s); }
-  // Deterministic kernels: the claimed tile index (one int), just past the
+  // The scheduler's data (the claimed tile index, one int), just past the
   // plan, in the 1 KB alignment slack of kSmemAlloc (the dynamic shared
-  // memory is at least 16-byte aligned, so base - start <= 1008).
+  // memory is at least 16-byte aligned, so base - start <= 1008); it has no
+  // barriers.
   JF_DEVICE uint32_t claim_slot() const { return base + Cfg::kSmemBytes; }
 };
 

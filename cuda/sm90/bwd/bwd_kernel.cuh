@@ -2,8 +2,8 @@
 // the fp32 dq_accum workspace) of one KV block per CTA.
 //
 // Grid: one CTA per (KV block of kBlockN keys: 128, hdim 256: 64, kv head,
-// batch), in the order of BwdTileScheduler (causal: heaviest KV blocks
-// first). CTA = 384 threads:
+// batch), in the order of BwdTileOrder (tile_scheduler.cuh; causal: heaviest
+// KV blocks first). CTA = 384 threads:
 //   warpgroup 0 (setmaxnreg.dec 24): warp 0 = producer (TMA of K, V once and
 //     of the Q / dO ring, LSE / delta stages), warp 1 = dQ writer (bulk
 //     reduce-add of the staged dQ tiles into dq_accum), warps 2-3 idle;
@@ -17,10 +17,10 @@
 // an order that depends on timing, except with kDet (BwdParams::deterministic):
 // then the KV blocks add into each dQ tile in descending order, through
 // semaphores in global memory (bwd_mainloop.cuh, bwd_dq_writer), the KV blocks
-// are scheduled in descending order (BwdTileScheduler::decode<true>) and each
-// CTA takes its tile index from a counter (atomicAdd, so in the order in which
-// CTAs start: a CTA only ever waits for a smaller index, held by a running or
-// finished CTA, whatever order the hardware launches the blocks in).
+// are scheduled in descending order (BwdTileOrder<true>) and each CTA takes
+// its tile index from a counter (ClaimedSingleTileScheduler: in the order in
+// which CTAs start, so a CTA only ever waits for a smaller index, held by a
+// running or finished CTA, whatever order the hardware launches the blocks in).
 //
 // Synchronisation:
 //   mbarriers  full_kv (1 arrival + K/V bytes; waited with parity 0 once),
@@ -44,11 +44,17 @@ using BwdConsumerFor = std::conditional_t<Cfg::kSdpSwapAB, BwdConsumer<Element, 
 
 template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kDet = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
+    bwd_kernel(const __grid_constant__ BwdKernelParams<BwdTileScheduler<kDet>> params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Scheduler = BwdTileScheduler<kDet>;
+  static_assert(Scheduler::kOneTilePerCta, "the roles process one tile per CTA");
+  static_assert(Scheduler::kNumBarriers == 0 && Scheduler::kDataBytes <= 4,
+                "the scheduler's data fits the plan's slack (BwdSmem::claim_slot)");
+  const BwdKernelArgs& args = params.args;
   extern __shared__ __align__(1024) char smem_raw[];
   BwdSmem<Cfg> sm;
   sm.base = (ptx::smem_u32(smem_raw) + 1023u) & ~1023u;
+  const typename Scheduler::Smem sched{0u, sm.claim_slot()};  // no scheduler barriers
 
   const int warp = ptx::warp_id_uniform();
   if (threadIdx.x == 0) {
@@ -69,14 +75,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::prefetch_tmap(&args.tm_do);
     if constexpr (kDqTensor) ptx::prefetch_tmap(&args.tm_dqacc);
   }
-  if constexpr (kDet) {  // the tile index, from the claim counter (see the top)
-    if (threadIdx.x == 32) ptx::st_shared_b32(sm.claim_slot(), uint32_t(atomicAdd(args.tile_claim, 1)));
-  }
+  // Another warp than the barrier set-up's, so the claim's latency overlaps it.
+  if (threadIdx.x == 32) Scheduler::claim_first(params.scheduler, sched);
   __syncthreads();
 
-  int tile_index = blockIdx.x;
-  if constexpr (kDet) tile_index = int(ptx::ld_shared_b32(sm.claim_slot()));
-  const BwdTile tile = make_bwd_tile<Cfg, kDet>(args, tile_index);
+  // grid_size() CTAs, each with one valid tile (kOneTilePerCta).
+  const WorkTile work = Scheduler::initial_work(params.scheduler, sched);
+  const BwdTile tile =
+      make_bwd_tile<Cfg>(args, Scheduler::coord(params.scheduler, work), params.scheduler.order.num_blocks);
   if (warp < 4) {  // producer warpgroup
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (warp == 0) {

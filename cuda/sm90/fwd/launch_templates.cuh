@@ -14,7 +14,7 @@
 #include "fwd_tuning.h"
 #include "instantiations.h"
 #include "jax_flash/device_attribute.h"
-#include "tma_desc.h"
+#include "sm90/common/tma_desc.h"
 
 namespace jax_flash::sm90 {
 
