@@ -59,7 +59,7 @@ fi
 
 if has sm90; then
   # Hopper kernels without JAX: primitive unit tests, then the forward against
-  # a float64 reference for every schedule variant (tools/build_sm90_tests.sh).
+  # a float64 reference for every kept tuning configuration (tools/build/build_sm90_tests.sh).
   t0=$SECONDS
   bin=${SM90_SELFTEST:-build_carry/selftest_sm90}
   timeout 60 build_carry/sm90_primitives >"$OUT/sm90.log" 2>&1
@@ -97,7 +97,7 @@ if has sanitize; then
   done
 fi
 if has sanitize_sm90; then
-  # The Hopper self-tests on small cases (filters: every schedule variant of the
+  # The Hopper self-tests on small cases (filters: every tuning configuration of the
   # forward on persistent / dynamic-scheduler tiles, a multi-block backward).
   for tool in ${SANITIZERS:-memcheck racecheck synccheck}; do
     for t in "selftest_sm90:${SANITIZE_SM90_FWD:-persistent 1 CTA causal GQA}" \
