@@ -197,9 +197,13 @@ def test_bottom_right_wrapper_matches_direct(window, offset, rng):
   want = xla.backward(spec, q, k, v, o, lse, do, delta, *segs)
   got = bottom_right.backward(kernel_bwd, spec, q, k, v, o, lse, do, delta,
                               *segs)
+  # Gradients are sums of P * (dP - delta), differences of O(1) float32 terms
+  # whose rounding depends on the block partition (the wrapper slices to
+  # prefixes): the error is a few ulps of those terms (~1e-6), even where the
+  # exact gradient is 0.
   for x, y in zip(got, want):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5,
-                               atol=1e-6)
+                               atol=5e-6)
 
 
 def test_cuda_attributes_refuse_other_alignments():

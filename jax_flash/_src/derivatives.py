@@ -32,6 +32,7 @@ import dataclasses
 import functools
 
 import jax
+import jax._src.dispatch  # noqa: F401  (prim_requires_devices_during_lowering)
 import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
@@ -119,6 +120,16 @@ for _p, _impl in ((tangent_p, _tangent_impl), (cotangent_p, _cotangent_impl)):
   _p.multiple_results = True
   _p.def_impl(_impl)
   mlir.register_lowering(_p, mlir.lower_fun(_impl, multiple_results=True))
+# cotangent_p lowers to the backend's backward, which for opaque kernels is a
+# custom_partitioning call. jax gives a computation its devices at lowering
+# only when a primitive in its jaxpr asks for them, and it cannot see inside
+# this lowering rule: a jitted backward holding nothing but cotangent_p (the
+# backward of `jax.vjp(jax.jit(f))`) would lower without devices and fail in
+# custom_partitioning. Declare that this primitive needs them too.
+_requires_devices = getattr(jax._src.dispatch,
+                            "prim_requires_devices_during_lowering", None)
+if _requires_devices is not None:
+  _requires_devices.add(cotangent_p)
 # Outputs have the avals of (o, lse), resp. (q, k, v).
 tangent_p.def_abstract_eval(lambda *avals, **_: (avals[3], avals[4]))
 cotangent_p.def_abstract_eval(lambda *avals, **_: tuple(avals[:3]))
