@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "ffi/handler_util.h"
 #include "jax_flash/device_attribute.h"
 #include "jax_flash/params.h"
 #include "sm80/launch.h"
@@ -24,26 +25,6 @@ namespace ffi = xla::ffi;
 
 namespace jax_flash {
 namespace {
-
-std::string ShapeStr(const ffi::AnyBuffer& b) {
-  std::string s = "[";
-  auto dims = b.dimensions();
-  for (size_t i = 0; i < dims.size(); ++i) {
-    s += (i ? ", " : "") + std::to_string(dims[i]);
-  }
-  return s + "]";
-}
-
-ffi::Error Invalid(const std::string& msg) {
-  return ffi::Error::InvalidArgument("jax_flash cuda: " + msg);
-}
-
-ffi::Error LaunchError(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) err = cudaGetLastError();
-  if (err == cudaSuccess) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string("jax_flash cuda: ") + what +
-                              " launch failed: " + cudaGetErrorString(err));
-}
 
 // Q/K/V/O: rank-4 [batch, seq, heads, head_dim], contiguous.
 ffi::Error CheckQkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
@@ -100,58 +81,6 @@ void FillShapes(FwdParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
-}
-
-ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
-                       int32_t window_left, int32_t window_right,
-                       bool has_segment_ids, const ffi::AnyBuffer& q_seg,
-                       const ffi::AnyBuffer& kv_seg) {
-  if (!std::isfinite(scale)) return Invalid("scale must be finite");
-  if (softcap < 0.f) return Invalid("softcap must be >= 0 (0 = off)");
-  if (window_left < -1 || window_right < -1) return Invalid("window sides must be >= -1");
-  p.scale = scale;
-  p.softcap = softcap;
-  p.window_left = window_left;
-  p.window_right = window_right;
-  p.q_segment = nullptr;
-  p.kv_segment = nullptr;
-  if (has_segment_ids) {
-    if (q_seg.element_type() != ffi::DataType::S32 ||
-        kv_seg.element_type() != ffi::DataType::S32) {
-      return Invalid("segment ids must be int32");
-    }
-    if (q_seg.element_count() != static_cast<size_t>(p.batch) * p.seqlen_q ||
-        kv_seg.element_count() != static_cast<size_t>(p.batch) * p.seqlen_k) {
-      return Invalid("segment ids must be [batch, seqlen_q] and [batch, seqlen_k]; got " +
-                     ShapeStr(q_seg) + ", " + ShapeStr(kv_seg));
-    }
-    p.q_segment = static_cast<const int32_t*>(q_seg.untyped_data());
-    p.kv_segment = static_cast<const int32_t*>(kv_seg.untyped_data());
-  }
-  p.num_sms = device_attribute<cudaDevAttrMultiProcessorCount>(0);
-  return ffi::Error::Success();
-}
-
-// JAX_FLASH_POISON_OUTPUTS=1 (read once): fill outputs with NaN (all bits set
-// is a NaN in fp16, bf16 and fp32) before the launch so that any element a
-// kernel fails to write shows up in the tests.
-bool PoisonOutputs() {
-  static const bool poison = [] {
-    const char* env = std::getenv("JAX_FLASH_POISON_OUTPUTS");
-    return env != nullptr && env[0] == '1';
-  }();
-  return poison;
-}
-
-void Poison(void* ptr, size_t bytes, cudaStream_t stream) {
-  if (PoisonOutputs()) cudaMemsetAsync(ptr, 0xFF, bytes, stream);
-}
-
-bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-  auto x = a.dimensions(), y = b.dimensions();
-  if (x.size() != y.size()) return false;
-  for (size_t i = 0; i < x.size(); ++i) if (x[i] != y[i]) return false;
-  return a.element_type() == b.element_type();
 }
 
 // Forward kernel family: 0 = the best that serves the request (sm90 on an

@@ -7,6 +7,8 @@
 extern "C" {
 XLA_FFI_Error* JaxFlashFwd(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashBwd(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashFp8Quantize(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashFwdFp8(XLA_FFI_CallFrame* call_frame);
 }
 
 namespace nb = nanobind;
@@ -24,6 +26,8 @@ NB_MODULE(_jax_flash_cuda, m) {
     nb::dict d;
     d["jax_flash_fwd"] = Capsule(JaxFlashFwd);
     d["jax_flash_bwd"] = Capsule(JaxFlashBwd);
+    d["jax_flash_fp8_quantize"] = Capsule(JaxFlashFp8Quantize);
+    d["jax_flash_fwd_fp8"] = Capsule(JaxFlashFwdFp8);
     return d;
   });
   // Kernel families compiled into this build (dispatch reads it).

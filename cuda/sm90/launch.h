@@ -27,6 +27,16 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 constexpr size_t kFwdTileCounterBytes = 4;
 bool fwd_needs_tile_counter(const FwdParams& params);
 
+// FP8 forward (e4m3 q, k, V^T; Fp8FwdParams in params.h): true when
+// run_fwd_fp8 can serve `params`: an sm_90 GPU, head_dim 128 or 256, out_dtype
+// bf16 or fp16 (if compiled), the TMA layout rules (16-byte aligned bases,
+// 16-byte strides), non-null descales, the tile counter where the
+// configuration needs one (fwd_fp8_needs_tile_counter). Causal, windows,
+// GQA/MQA, segment ids, softcap and any seqlen are supported.
+bool fwd_fp8_supported(const Fp8FwdParams& params);
+cudaError_t run_fwd_fp8(const Fp8FwdParams& params, cudaStream_t stream);
+bool fwd_fp8_needs_tile_counter(const Fp8FwdParams& params);
+
 // Backward (FA3 style, bwd_*.cuh): true when run_bwd can serve `params`: an
 // sm_90 GPU, bf16/fp16, head_dim a multiple of 8 up to 256 (buckets 64 / 128 /
 // 256; head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch),

@@ -22,7 +22,10 @@ import numpy as np
 # (sm90 FA3-style forward on Hopper when it serves the call, else sm80).
 FWD = "jax_flash_fwd"
 BWD = "jax_flash_bwd"
-TARGETS = (FWD, BWD)
+# The FP8 path (jax_flash/_src/fp8/cuda.py): its pre-pass and forward.
+FP8_QUANTIZE = "jax_flash_fp8_quantize"
+FP8_FWD = "jax_flash_fwd_fp8"
+TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD)
 
 _FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
 

@@ -46,6 +46,14 @@ struct GmemTensor {
   int64_t row_stride, head_stride, batch_stride;
 };
 
+// A [batch, heads, head_dim, seq] tensor (V transposed for the 8-bit forward;
+// seq is the padded length, strides in elements).
+struct GmemTensorT {
+  const void* ptr;
+  int seq, head_dim, heads, batch;
+  int64_t dim_stride, head_stride, batch_stride;
+};
+
 // The element type as TMA sees it.
 struct TmaElement {
   CUtensorMapDataType type;
@@ -68,6 +76,25 @@ inline bool encode_bshd(CUtensorMap* map, TmaElement elem, const GmemTensor& t, 
   cuuint64_t dims[4] = {cuuint64_t(t.head_dim), cuuint64_t(seq), cuuint64_t(t.heads),
                         cuuint64_t(t.batch)};
   cuuint64_t strides[3] = {stride_bytes(t.row_stride, seq, elem.bytes),
+                           stride_bytes(t.head_stride, t.heads, elem.bytes),
+                           stride_bytes(t.batch_stride, t.batch, elem.bytes)};
+  cuuint32_t box[4] = {cuuint32_t(128 / elem.bytes), cuuint32_t(box_rows), 1, 1};
+  cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, elem.type, 4, const_cast<void*>(t.ptr), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+// 4-d map (seq, head_dim, heads, batch) of a transposed tensor, 128B swizzle,
+// box {one 128-byte row of keys, box_rows of head_dim, 1, 1}.
+inline bool encode_bhds(CUtensorMap* map, TmaElement elem, const GmemTensorT& t, int box_rows) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const int seq = std::max(t.seq, 1);
+  cuuint64_t dims[4] = {cuuint64_t(seq), cuuint64_t(t.head_dim), cuuint64_t(t.heads),
+                        cuuint64_t(t.batch)};
+  cuuint64_t strides[3] = {stride_bytes(t.dim_stride, t.head_dim, elem.bytes),
                            stride_bytes(t.head_stride, t.heads, elem.bytes),
                            stride_bytes(t.batch_stride, t.batch, elem.bytes)};
   cuuint32_t box[4] = {cuuint32_t(128 / elem.bytes), cuuint32_t(box_rows), 1, 1};

@@ -57,7 +57,102 @@ cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
   }
 }
 
+template <typename OutElement>
+cudaError_t fwd_fp8_out(const Fp8FwdParams& p, cudaStream_t stream) {
+  switch (p.head_dim) {
+#ifndef JAX_FLASH_DISABLE_HDIM128
+    case 128: return run_fwd_fp8_hdim<OutElement, 128>(p, stream);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM256
+    case 256: return run_fwd_fp8_hdim<OutElement, 256>(p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
+}
+
+template <int kHeadDim>
+bool fp8_bucket_ok(const Fp8FwdParams& p, const DeviceInfo& dev) {
+  const MaskInfo mi = make_mask_info(p);
+  const int alloc = fwd_causal_like(mi.wl, mi.wr)
+                        ? FwdKernelFor<__nv_fp8_e4m3, kHeadDim, DefaultFwdTuning<kHeadDim, true, 1>,
+                                       __nv_bfloat16>::type::kSmemAlloc
+                        : FwdKernelFor<__nv_fp8_e4m3, kHeadDim, DefaultFwdTuning<kHeadDim, false, 1>,
+                                       __nv_bfloat16>::type::kSmemAlloc;
+  return alloc <= dev.smem_optin;
+}
+
+// 1-byte elements: TMA strides are multiples of 16 elements.
+bool fp8_stride_ok(int64_t stride, int64_t size) {
+  if (size <= 1) return true;
+  return stride > 0 && stride % 16 == 0 && stride < (int64_t(1) << 40);
+}
+bool fp8_tensor_ok(const void* ptr, int64_t n1, int64_t n2, int64_t n3, int64_t s1, int64_t s2,
+                   int64_t s3) {
+  return ptr != nullptr && aligned16(ptr) && fp8_stride_ok(s1, n1) && fp8_stride_ok(s2, n2) &&
+         fp8_stride_ok(s3, n3);
+}
+
 }  // namespace
+
+bool fwd_fp8_supported(const Fp8FwdParams& p) {
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
+    return false;
+  if (p.num_heads % p.num_heads_k != 0) return false;
+  if (p.head_dim != 128 && p.head_dim != 256) return false;
+  if (p.dtype != DType::kFloat8E4M3) return false;
+#ifdef JAX_FLASH_DISABLE_FP16
+  if (p.out_dtype != DType::kBFloat16) return false;
+#else
+  if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16) return false;
+#endif
+  if (p.lse == nullptr || p.q_descale == nullptr || p.k_descale == nullptr || p.v_descale == nullptr)
+    return false;
+  if ((p.q_segment == nullptr) != (p.kv_segment == nullptr)) return false;
+  if (!(p.scale > 0.f) || !(p.softcap >= 0.f)) return false;
+  if (p.seqlen_k_pad < p.seqlen_k || p.seqlen_k_pad % 32 != 0) return false;
+  if (int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + 63) / 64) >= (int64_t(1) << 31))
+    return false;
+  if (!fp8_tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
+                     p.q_batch_stride) ||
+      !fp8_tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
+                     p.k_batch_stride) ||
+      !fp8_tensor_ok(p.v, p.head_dim, p.num_heads_k, p.batch, p.vt_dim_stride, p.vt_head_stride,
+                     p.vt_batch_stride) ||
+      !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
+                 p.o_batch_stride))
+    return false;
+  if (fwd_fp8_needs_tile_counter(p) &&
+      (p.sm90_tile_counter == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_tile_counter) & 3) != 0))
+    return false;
+  const DeviceInfo dev = device_info();
+  if (!dev.sm90) return false;
+  switch (p.head_dim) {
+#ifndef JAX_FLASH_DISABLE_HDIM128
+    case 128: return fp8_bucket_ok<128>(p, dev);
+#endif
+#ifndef JAX_FLASH_DISABLE_HDIM256
+    case 256: return fp8_bucket_ok<256>(p, dev);
+#endif
+    default: return false;
+  }
+}
+
+bool fwd_fp8_needs_tile_counter(const Fp8FwdParams& p) {
+  const MaskInfo mi = make_mask_info(p);
+  return fwd_default_tuning(p.head_dim, fwd_causal_like(mi.wl, mi.wr), 1).dynamic_scheduler;
+}
+
+cudaError_t run_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
+  if (!fwd_fp8_supported(p)) return cudaErrorNotSupported;
+  if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
+  switch (p.out_dtype) {
+    case DType::kBFloat16: return fwd_fp8_out<__nv_bfloat16>(p, stream);
+#ifndef JAX_FLASH_DISABLE_FP16
+    case DType::kFloat16: return fwd_fp8_out<__half>(p, stream);
+#endif
+    default: return cudaErrorNotSupported;
+  }
+}
 
 bool fwd_supported(const FwdParams& p) {
   if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)

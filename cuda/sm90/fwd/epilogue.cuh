@@ -33,8 +33,11 @@ constexpr int kFwdSmemLimit = 227 * 1024 - 1024 - 256;
 
 template <typename Mainloop>
 struct FwdEpilogue {
-  using Element = typename Mainloop::Element;
-  using Traits = typename Mainloop::Traits;
+  using Element = typename Mainloop::OutElement;  // of O (16-bit)
+  using Traits = ElementTraits<Element>;
+  using Softmax = typename Mainloop::Softmax;
+  // 8-bit inputs: O's columns times V's per-channel descales.
+  static constexpr bool kVDescale = Mainloop::kBlockScaled;
   static constexpr int kHeadDim = Mainloop::kHeadDim;
   static constexpr int kBlockM = Mainloop::kBlockM;
   static constexpr int kConsumerWGs = Mainloop::kConsumerWGs;
@@ -71,21 +74,27 @@ struct FwdEpilogue {
   struct Arguments {
     GmemTensor o;
     float* lse;  // [batch, heads, seqlen_q]
-    SoftmaxScale sm;
+    float scale_eff;                   // SoftmaxScale::scale_eff (the LSE of a raw max)
+    const float* v_descale = nullptr;  // kVDescale: [batch, heads_k, kHeadDim]
+    int heads_per_kv = 1;
   };
   struct Params {
     CUtensorMap tm_o;  // box {kRowElems, 64, 1, 1} (one consumer warpgroup's rows)
     float* lse;
-    float scale_eff;
+    const float* v_descale;
     int num_heads;
+    int heads_per_kv;
     int seqlen_q;
+    float scale_eff;
   };
   static bool to_params(const Arguments& a, Params& p) {
     if (!encode_bshd(&p.tm_o, tma_element<Element>(), a.o, 64)) return false;
     p.lse = a.lse;
+    p.v_descale = a.v_descale;
+    p.scale_eff = a.scale_eff;
     p.num_heads = a.o.heads;
+    p.heads_per_kv = a.heads_per_kv;
     p.seqlen_q = a.o.seqlen;
-    p.scale_eff = a.sm.scale_eff;
     return true;
   }
   JF_DEVICE static void prefetch_descriptors(const Params& p) { ptx::prefetch_tmap(&p.tm_o); }
@@ -93,7 +102,7 @@ struct FwdEpilogue {
   // ---------------------------------------------------------------- device
   // Stores warpgroup wg's 64 rows of O and their LSE (all 128 threads of the WG).
   JF_DEVICE static void store(const Params& a, const Smem& sm, int wg, int warp, int lane,
-                              const float (&o)[kHeadDim / 2], const OnlineSoftmax& smx, int m0,
+                              const float (&o)[kHeadDim / 2], const Softmax& smx, int m0,
                               int head, int batch) {
     // 16-bit O: a thread's pair of accumulator columns is one 4-byte store.
     static_assert(Traits::kBytes == 2, "O staging of 16-bit elements");
@@ -126,13 +135,27 @@ struct FwdEpilogue {
       const int row = 64 * wg + 16 * (t / 32) + ln / 4;  // h = 0; row % 8 == ln / 4
       const uint32_t row_addr = sm.o + row * 128 + 4 * (ln % 4);
       const uint32_t sw = uint32_t(ln / 4) << 4;  // the row's chunk XOR
+      // kVDescale: the thread's columns 8j + 2t, 8j + 2t + 1 of this kv head.
+      const float* vd = nullptr;
+      if constexpr (kVDescale)
+        vd = a.v_descale + (int64_t(batch) * (a.num_heads / a.heads_per_kv) + head / a.heads_per_kv) *
+                               kHeadDim + 2 * (ln % 4);
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
         // Column block j / 8, 16-byte chunk j % 8; rows r and r + 8 share r % 8.
         const uint32_t addr = row_addr + (j / 8) * kBlockM * 128 + ((uint32_t(j % 8) << 4) ^ sw);
+        float c0 = 1.f, c1 = 1.f;
+        if constexpr (kVDescale) {
+          const float2 d = __ldg(reinterpret_cast<const float2*>(vd + 8 * j));
+          c0 = d.x;
+          c1 = d.y;
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t v = pack2<Element>(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+          const uint32_t v = kVDescale ? pack2<Element>(o[4 * j + 2 * h] * (inv[h] * c0),
+                                                        o[4 * j + 2 * h + 1] * (inv[h] * c1))
+                                       : pack2<Element>(o[4 * j + 2 * h] * inv[h],
+                                                        o[4 * j + 2 * h + 1] * inv[h]);
           st_shared_b32(addr + h * 8 * 128, v);
         }
       }

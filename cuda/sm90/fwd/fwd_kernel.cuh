@@ -127,9 +127,9 @@ struct FwdKernel {
       float o[Mainloop::kOR];
 #pragma unroll
       for (int i = 0; i < Mainloop::kOR; ++i) o[i] = 0.f;
-      OnlineSoftmax smx;
+      typename Mainloop::Softmax smx;
       smx.init();
-      ml.template mma<Epilogue::kReleasesQ>(o, smx, m0, c.batch, n_first, n_last, it);
+      ml.template mma<Epilogue::kReleasesQ>(o, smx, m0, c.head, c.batch, n_first, n_last, it);
       // Before the epilogue, as FA3: the producer is ahead anyway.
       const WorkTile next = Scheduler::consumer_next(p.scheduler, sched, it, work);
       Epilogue::store(p.epilogue, esm, wg, warp, lane, o, smx, m0, c.head, c.batch);
@@ -175,10 +175,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 #endif
 }
 
-// The kernel of one (element type, head-dim bucket, tuning) configuration.
-template <typename Element, int kHeadDim, typename Tuning>
+// The kernel of one (element type, head-dim bucket, tuning[, output type])
+// configuration.
+template <typename Element, int kHeadDim, typename Tuning, typename OutElement = Element>
 struct FwdKernelFor {
-  using Mainloop = FwdMainloop<Element, kHeadDim, Tuning>;
+  using Mainloop = FwdMainloop<Element, kHeadDim, Tuning, OutElement>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Scheduler = std::conditional_t<Tuning::value.dynamic_scheduler, DynamicPersistentTileScheduler,
                                        StaticPersistentTileScheduler>;

@@ -61,7 +61,12 @@ struct FwdTuning {
 //   (+13% at hdim 128, +3% at 64) and, at hdim 256, O in the V ring (+30%
 //   together; the static heaviest-first order leaves SMs idle at the end).
 //   Without such a mask O in the V ring is -8% at hdim 256.
-constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like) {
+//
+// 8-bit inputs (element_bytes = 1, the FP8 forward): 128 x 128 tiles for
+// hdim 128 and 256 (one K descale per 128-key block, scheme.py; V^T rows of
+// one 128-byte swizzle row), no Q in registers (16-bit fragments only); the
+// 16-bit choices otherwise.
+constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int element_bytes = 2) {
   FwdTuning t{};
   t.block_n = head_dim == 256 ? 80 : 128;
   t.consumer_wgs = head_dim == 64 ? 3 : 2;
@@ -72,15 +77,21 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like) {
   t.lazy_rescale = true;
   t.o_in_v = causal_like && head_dim == 256;
   t.dynamic_scheduler = causal_like;
+  if (element_bytes == 1) {
+    t.block_n = 128;
+    t.consumer_wgs = 2;
+    t.q_in_regs = false;
+    t.o_in_v = false;
+  }
   return t;
 }
 
 // A configuration as a type (the kernel's template parameter; C++17 has no
 // class-type template parameters): any struct with a `static constexpr
 // FwdTuning value`.
-template <int kHeadDim, bool kCausalLike>
+template <int kHeadDim, bool kCausalLike, int kElementBytes = 2>
 struct DefaultFwdTuning {
-  static constexpr FwdTuning value = fwd_default_tuning(kHeadDim, kCausalLike);
+  static constexpr FwdTuning value = fwd_default_tuning(kHeadDim, kCausalLike, kElementBytes);
 };
 
 // Which masks count as causal-like for the policy (a right bound without a

@@ -16,4 +16,9 @@ namespace jax_flash::sm90 {
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream);
 
+// The FP8 forward (e4m3 inputs) writing O as OutElement (bf16 / fp16):
+// fwd_e4m3_<out>_hdim<d>_sm90.cu.
+template <typename OutElement, int kHeadDim>
+cudaError_t run_fwd_fp8_hdim(const Fp8FwdParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::sm90

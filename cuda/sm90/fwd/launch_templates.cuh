@@ -18,24 +18,13 @@
 
 namespace jax_flash::sm90 {
 
-// Launches configuration (Element, kHeadDim, Tuning) on a call that
-// fwd_supported accepted (cudaErrorNotSupported if a tensor map cannot be
-// encoded or the scheduler's workspace is missing).
-template <typename Element, int kHeadDim, typename Tuning>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Kernel = typename FwdKernelFor<Element, kHeadDim, Tuning>::type;
-  using Mainloop = typename Kernel::Mainloop;
+// Launches Kernel with its Arguments (cudaErrorNotSupported if a tensor map
+// cannot be encoded or the scheduler's workspace is missing).
+template <typename Kernel>
+cudaError_t launch_kernel(const typename Kernel::Arguments& args, int num_sms, const int32_t* tile_counter,
+                          cudaStream_t stream) {
   using Scheduler = typename Kernel::Scheduler;
-  const MaskInfo mask = make_mask_info(p);
-  const SoftmaxScale sm = make_softmax_scale(p.scale, p.softcap);
-  const int heads_per_kv = p.num_heads / p.num_heads_k;
-  const typename Kernel::Arguments args{
-      {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv},
-      {fwd_o(p), p.lse, sm},
-      {{p.batch, p.num_heads, heads_per_kv, p.seqlen_q, p.seqlen_k, kHeadDim,
-        Mainloop::Traits::kBytes, Mainloop::kBlockM, fwd_causal_like(mask.wl, mask.wr)},
-       p.sm90_tile_counter}};
-  if (Scheduler::kNeedsWorkspace && p.sm90_tile_counter == nullptr) return cudaErrorNotSupported;
+  if (Scheduler::kNeedsWorkspace && tile_counter == nullptr) return cudaErrorNotSupported;
   typename Kernel::Params params;
   std::memset(&params, 0, sizeof(params));
   if (!Kernel::to_params(args, params)) return cudaErrorNotSupported;
@@ -44,13 +33,60 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemAlloc);
   if (err != cudaSuccess) return err;
-  const int sms = p.num_sms > 0 ? p.num_sms : device_attribute<cudaDevAttrMultiProcessorCount>(1);
+  const int sms = num_sms > 0 ? num_sms : device_attribute<cudaDevAttrMultiProcessorCount>(1);
   const int grid = Scheduler::grid_size(params.scheduler, sms);
   if (grid <= 0) return cudaSuccess;
   err = Scheduler::prepare(params.scheduler, stream);
   if (err != cudaSuccess) return err;
   kernel<<<grid, Kernel::kThreads, Kernel::kSmemAlloc, stream>>>(params);
   return cudaGetLastError();
+}
+
+// The scheduler's Arguments of a forward call.
+template <typename Kernel>
+typename Kernel::Scheduler::Arguments fwd_scheduler_args(const FwdParams& p, const MaskInfo& mask) {
+  using Mainloop = typename Kernel::Mainloop;
+  return {{p.batch, p.num_heads, p.num_heads / p.num_heads_k, p.seqlen_q, p.seqlen_k, Mainloop::kHeadDim,
+           Mainloop::Traits::kBytes, Mainloop::kBlockM, fwd_causal_like(mask.wl, mask.wr)},
+          p.sm90_tile_counter};
+}
+
+// Launches configuration (Element, kHeadDim, Tuning) on a call that
+// fwd_supported accepted.
+template <typename Element, int kHeadDim, typename Tuning>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  using Kernel = typename FwdKernelFor<Element, kHeadDim, Tuning>::type;
+  const MaskInfo mask = make_mask_info(p);
+  const SoftmaxScale sm = make_softmax_scale(p.scale, p.softcap);
+  const int heads_per_kv = p.num_heads / p.num_heads_k;
+  const typename Kernel::Arguments args{
+      {fwd_q(p), fwd_k(p), fwd_v(p), GmemTensorT{}, mask, sm, heads_per_kv, {}},
+      {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv},
+      fwd_scheduler_args<Kernel>(p, mask)};
+  return launch_kernel<Kernel>(args, p.num_sms, p.sm90_tile_counter, stream);
+}
+
+// Launches the FP8 configuration (e4m3 inputs, OutElement output) on a call
+// that fwd_fp8_supported accepted.
+template <typename OutElement, int kHeadDim, typename Tuning>
+cudaError_t launch_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
+  using Kernel = typename FwdKernelFor<__nv_fp8_e4m3, kHeadDim, Tuning, OutElement>::type;
+  using Mainloop = typename Kernel::Mainloop;
+  const MaskInfo mask = make_mask_info(p);
+  const SoftmaxScale sm = make_softmax_scale(p.scale, p.softcap);
+  const int heads_per_kv = p.num_heads / p.num_heads_k;
+  const GmemTensorT vt{p.v, p.seqlen_k_pad, p.head_dim, p.num_heads_k, p.batch,
+                       p.vt_dim_stride, p.vt_head_stride, p.vt_batch_stride};
+  typename Mainloop::Descales descale;
+  descale.q = p.q_descale;
+  descale.k = p.k_descale;
+  descale.q_blocks = (p.seqlen_q + 63) / 64;
+  descale.k_blocks = (p.seqlen_k + Mainloop::kBlockN - 1) / Mainloop::kBlockN;
+  const typename Kernel::Arguments args{
+      {fwd_q(p), fwd_k(p), GmemTensor{}, vt, mask, sm, heads_per_kv, descale},
+      {fwd_o(p), p.lse, sm.scale_eff, p.v_descale, heads_per_kv},
+      fwd_scheduler_args<Kernel>(p, mask)};
+  return launch_kernel<Kernel>(args, p.num_sms, p.sm90_tile_counter, stream);
 }
 
 // The production forward of one (dtype, bucket): fwd_default_tuning's
@@ -61,6 +97,15 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   if (fwd_causal_like(mi.wl, mi.wr))
     return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true>>(p, stream);
   return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false>>(p, stream);
+}
+
+// The production FP8 forward of one (output dtype, bucket).
+template <typename OutElement, int kHeadDim>
+cudaError_t run_fwd_fp8_hdim(const Fp8FwdParams& p, cudaStream_t stream) {
+  const MaskInfo mi = make_mask_info(p);
+  if (fwd_causal_like(mi.wl, mi.wr))
+    return launch_fwd_fp8<OutElement, kHeadDim, DefaultFwdTuning<kHeadDim, true, 1>>(p, stream);
+  return launch_fwd_fp8<OutElement, kHeadDim, DefaultFwdTuning<kHeadDim, false, 1>>(p, stream);
 }
 
 }  // namespace jax_flash::sm90

@@ -16,6 +16,12 @@
 //               memory into registers once per tile, see load_q)
 //   O += P V    wgmma RS, P converted in registers from S, V MN-major (tnspB),
 //               kBlockN / kMmaK k-steps, N = head dim
+// 8-bit elements (ElementTraits::kTransposeV, the FP8 forward): the same
+// pipeline with wgmma k = 32; V arrives transposed ([head dim][keys], keys
+// permuted within groups of 32 to match acc_to_a's P fragment) and feeds the PV
+// GEMM K-major; Q and K carry per-block descales (Q per warpgroup's 64 rows, K
+// per KV block) folded into each block's softmax scale, V per-channel
+// descales are applied by the epilogue; O is written in OutElement.
 // Two schedules (FwdTuning::overlap):
 //  serial:   wait K[n]; S = QK^T; wait; softmax; wait V[n]; O += PV; wait
 //  overlap (FA3 "intra-warpgroup overlap"): the QK^T of block n is issued
@@ -54,10 +60,15 @@
 
 namespace jax_flash::sm90 {
 
-template <typename Element_, int kHeadDim_, typename TuningT>
+template <typename Element_, int kHeadDim_, typename TuningT, typename OutElement_ = Element_>
 struct FwdMainloop {
   using Element = Element_;
+  using OutElement = OutElement_;  // of O (the epilogue)
   using Traits = ElementTraits<Element>;
+  using Softmax = OnlineSoftmaxT<Traits::kPOffsetLog2, Traits::kLazyThresholdLog2, Traits::kBlockScales>;
+  // 8-bit inputs (see the top of the file): per-block descales, V transposed.
+  static constexpr bool kBlockScaled = Traits::kBlockScales;
+  static constexpr bool kVTransposed = Traits::kTransposeV;
   static constexpr FwdTuning kTuning = TuningT::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kTuning.block_n;
@@ -86,7 +97,11 @@ struct FwdMainloop {
   static_assert(kHeadDim % kRowElems == 0, "head dim bucket: whole 128-byte swizzle rows");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: multiple of 16, <= 256 (TMA box, wgmma N)");
   static_assert(kBlockM <= 256, "TMA box rows <= 256");
-  static_assert(!Traits::kTransposeV, "V is read MN-major by wgmma (no transposed V copy here)");
+  static_assert(!kVTransposed || kBlockN == 128,
+                "8-bit: one 128-byte swizzle row of keys per V^T row, one K descale per KV block of "
+                "128 keys (scheme.py K_BLOCK)");
+  static_assert(!kBlockScaled || !kQInRegs, "q_in_regs reads 16-bit A fragments (load_a_sw128)");
+  static_assert(!kBlockScaled || kBlockM % 64 == 0, "one Q descale per warpgroup (scheme.py Q_BLOCK)");
   // ptxas 13.0 miscompiles Q in registers in the serial schedule: it hands the
   // loop-invariant Q fragments' registers to P inside the loop (the PTX is
   // right; the results were wrong on the H200). The overlap schedule compiles
@@ -140,29 +155,46 @@ struct FwdMainloop {
   }
 
   // ---------------------------------------------------------------- host -> device
+  // Per-block descales of the 8-bit inputs (scheme.py; unused for 16-bit).
+  struct Descales {
+    const float* q = nullptr;  // [batch, heads, q_blocks]: per 64 query rows
+    const float* k = nullptr;  // [batch, heads_k, k_blocks]: per kBlockN keys
+    int q_blocks = 0, k_blocks = 0;
+  };
   struct Arguments {
-    GmemTensor q, k, v;
-    MaskInfo mask;    // make_mask_info (mask.cuh)
-    SoftmaxScale sm;  // make_softmax_scale (softmax.cuh)
+    GmemTensor q, k;
+    GmemTensor v;      // 16-bit: [batch, seq, heads_k, head_dim] like k
+    GmemTensorT vt;    // 8-bit: V transposed, [batch, heads_k, head_dim, seq_pad]
+    MaskInfo mask;     // make_mask_info (mask.cuh)
+    SoftmaxScale sm;   // make_softmax_scale (softmax.cuh)
     int heads_per_kv;
+    Descales descale;
   };
   struct Params {
     CUtensorMap tm_q;  // box {kRowElems, kBlockM, 1, 1}
     CUtensorMap tm_k;  // box {kRowElems, kBlockN, 1, 1}
-    CUtensorMap tm_v;  // box {kRowElems, kBlockN, 1, 1}
+    CUtensorMap tm_v;  // box {kRowElems, kBlockN, 1, 1}; 8-bit V^T: {kBlockN keys, kHeadDim, 1, 1}
     MaskInfo mask;
     SoftmaxScale sm;
     int heads_per_kv;  // num_heads / num_heads_k
+    int num_heads;
+    Descales descale;
   };
   // False when a tensor map cannot be encoded (the call is then unsupported).
   static bool to_params(const Arguments& a, Params& p) {
     constexpr TmaElement e = tma_element<Element>();
-    if (!encode_bshd(&p.tm_q, e, a.q, kBlockM) || !encode_bshd(&p.tm_k, e, a.k, kBlockN) ||
-        !encode_bshd(&p.tm_v, e, a.v, kBlockN))
+    if (!encode_bshd(&p.tm_q, e, a.q, kBlockM) || !encode_bshd(&p.tm_k, e, a.k, kBlockN))
       return false;
+    if constexpr (kVTransposed) {
+      if (!encode_bhds(&p.tm_v, e, a.vt, kHeadDim)) return false;
+    } else {
+      if (!encode_bshd(&p.tm_v, e, a.v, kBlockN)) return false;
+    }
     p.mask = a.mask;
     p.sm = a.sm;
     p.heads_per_kv = a.heads_per_kv;
+    p.num_heads = a.q.heads;
+    p.descale = a.descale;
     return true;
   }
   JF_DEVICE static void prefetch_descriptors(const Params& p) {
@@ -201,10 +233,14 @@ struct FwdMainloop {
       mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
       const uint32_t full = sm.full_v(vst.index), dst = sm.v(vst.index);
       mbar_arrive_expect_tx(full, kKVBytes);
+      if constexpr (kVTransposed) {  // V^T: kHeadDim rows of the block's 128 keys, one box
+        tma_load_4d(&a.tm_v, full, dst, n * kBlockN, 0, head_k, batch);
+      } else {
 #pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb)
-        tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * 128, cb * kRowElems, n * kBlockN, head_k,
-                    batch);
+        for (int cb = 0; cb < kColBlocks; ++cb)
+          tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * 128, cb * kRowElems, n * kBlockN, head_k,
+                      batch);
+      }
       vst.advance();
     };
 
@@ -263,11 +299,50 @@ struct FwdMainloop {
     ptx::gemm_rs<Element, kBlockN, 0, kQSteps>(s, q, ptx::make_desc(ptx::kDescKMajor, k_addr),
                                               KMajorStep<kBlockN>{}, true);
   }
-  // Issues O += P V (no commit/wait).
+  // Issues O += P V (no commit/wait). 8-bit: V^T is a K-major [kHeadDim][kBlockN] tile.
   JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr) {
-    ptx::gemm_rs<Element, kHeadDim, 1, kPSteps>(
-        o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, false);
+    if constexpr (kVTransposed) {
+      ptx::gemm_rs<Element, kHeadDim, 0, kPSteps>(o, p, ptx::make_desc(ptx::kDescKMajor, v_addr),
+                                                  KMajorStep<kHeadDim>{}, false);
+    } else {
+      ptx::gemm_rs<Element, kHeadDim, 1, kPSteps>(
+          o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, false);
+    }
   }
+
+  // The softmax scale of each KV block. 16-bit: the call's (at() leaves it).
+  // 8-bit: the true score is s * q_descale * k_descale[n] (scheme.py), folded
+  // into the block's scale_log2, or into the softcap's pre-factor when there
+  // is one (tanh needs the true score; its output scale stays the call's).
+  // K descales are read one block ahead (the loop visits n downwards), so the
+  // load's latency hides behind a block's GEMMs.
+  struct BlockScales {
+    float scale_log2, softcap_pre;  // the call's (SoftmaxScale)
+    float q = 1.f;                  // 8-bit: the warpgroup's Q descale
+    const float* k = nullptr;       // 8-bit: this (batch, kv head)'s K descales
+    mutable float k_next = 1.f;     // 8-bit: descale of the next block to visit
+    JF_DEVICE BlockScales(const Params& a, int m0_wg, int head, int batch, int n_first_visit)
+        : scale_log2(a.sm.scale_log2), softcap_pre(a.sm.softcap_pre) {
+      if constexpr (kBlockScaled) {
+        const Descales& d = a.descale;
+        q = __ldg(d.q + (int64_t(batch) * a.num_heads + head) * d.q_blocks + m0_wg / 64);
+        k = d.k + (int64_t(batch) * (a.num_heads / a.heads_per_kv) + head / a.heads_per_kv) * d.k_blocks;
+        k_next = __ldg(k + n_first_visit);
+      }
+    }
+    // Block n's (scale_log2, softcap_pre); call with n = n_last - 1, n_last - 2, ...
+    JF_DEVICE void at(int n, float& block_scale_log2, float& block_softcap_pre) const {
+      const float f = q * k_next;
+      if (n > 0) k_next = __ldg(k + n - 1);
+      block_scale_log2 = scale_log2;
+      block_softcap_pre = softcap_pre;
+      if (softcap_pre != 0.f) {
+        block_softcap_pre = softcap_pre * f;
+      } else {
+        block_scale_log2 = scale_log2 * f;
+      }
+    }
+  };
 
   // Everything a consumer warpgroup needs to run one tile's mainloop.
   struct Consumer {
@@ -332,8 +407,10 @@ struct FwdMainloop {
     }
 
     // Softcap and (only on blocks that need it) the element mask.
-    JF_DEVICE void score_mod(float (&s)[kSR], int m0_wg, int n, int batch) const {
-      if (a.sm.softcap_pre != 0.f) apply_softcap(s, a.sm.softcap_pre);
+    // softcap_pre: a.sm.softcap_pre, times the block's descales when 8-bit.
+    JF_DEVICE void score_mod(float (&s)[kSR], int m0_wg, int n, int batch, float softcap_pre) const {
+      if constexpr (!kBlockScaled) softcap_pre = a.sm.softcap_pre;
+      if (softcap_pre != 0.f) apply_softcap(s, softcap_pre);
       const int n0 = n * kBlockN;
       if (a.mask.block_needs_mask(m0_wg, 64, n0, kBlockN))
         apply_mask(s, a.mask, batch, m0_wg + 16 * warp + lane / 4, n0 + 2 * (lane % 4));
@@ -343,7 +420,7 @@ struct FwdMainloop {
     // of the warp raised its max; the same value on every lane) or, without
     // lazy rescaling, update() (true: O must always be rescaled).
     template <bool kFirst>
-    JF_DEVICE bool softmax(OnlineSoftmax& smx, float (&s)[kSR], float scale_log2,
+    JF_DEVICE bool softmax(Softmax& smx, float (&s)[kSR], float scale_log2,
                            float (&alpha)[2]) const {
       if constexpr (kLazy) {
         return smx.template update_lazy<kFirst>(s, scale_log2, alpha);
@@ -357,7 +434,7 @@ struct FwdMainloop {
     // (pre-zeroed) and the softmax state, and releases Q's buffer unless the
     // epilogue stages O there (kEpilogueReleasesQ).
     template <bool kEpilogueReleasesQ>
-    JF_DEVICE void mma(float (&o)[kOR], OnlineSoftmax& smx, int m0, int batch, int n_first,
+    JF_DEVICE void mma(float (&o)[kOR], Softmax& smx, int m0, int head, int batch, int n_first,
                        int n_last, uint32_t it) const {
       static_assert(!kQInRegs || !kEpilogueReleasesQ,
                     "q_in_regs frees Q's buffer right after the load: O cannot be staged there");
@@ -373,7 +450,7 @@ struct FwdMainloop {
         ptx::fence_proxy_async_smem();
         release(sm.empty_q());
       }
-      if (n_last > n_first) run(o, smx, q, m0 + 64 * wg, batch, n_first, n_last);
+      if (n_last > n_first) run(o, smx, q, m0 + 64 * wg, head, batch, n_first, n_last);
       if constexpr (!kQInRegs && !kEpilogueReleasesQ)
         release(sm.empty_q());  // all QK^T of this warp are done
     }
@@ -381,10 +458,11 @@ struct FwdMainloop {
     // O (pre-zeroed) and the softmax state for KV blocks [n_first, n_last); q
     // from load_q(). kQInRegs: q's registers are only read here (by the async
     // wgmma), never written, so one wgmma_fence() after load_q orders them.
-    JF_DEVICE void run(float (&o)[kOR], OnlineSoftmax& smx, const QOperand& q, int m0_wg, int batch,
-                       int n_first, int n_last) const {
+    JF_DEVICE void run(float (&o)[kOR], Softmax& smx, const QOperand& q, int m0_wg, int head,
+                       int batch, int n_first, int n_last) const {
       using namespace ptx;
-      const float scale_log2 = a.sm.scale_log2;
+      const BlockScales bs(a, m0_wg, head, batch, n_last - 1);
+      float scale_log2 = a.sm.scale_log2, softcap_pre = a.sm.softcap_pre;  // 8-bit: per block
       float s[kSR];
       uint32_t p[kPSteps][4];
       float alpha[2];
@@ -400,7 +478,8 @@ struct FwdMainloop {
         fence_regs(s);
         release(sm.empty_k(kst.index));
         kst.advance();
-        score_mod(s, m0_wg, n, batch);
+        if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
+        score_mod(s, m0_wg, n, batch, softcap_pre);
         softmax<true>(smx, s, scale_log2, alpha);
         acc_to_a<Element>(s, p);
         float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
@@ -426,7 +505,8 @@ struct FwdMainloop {
           fence_regs(s);
           release(sm.empty_k(kst.index));
           kst.advance();
-          score_mod(s, m0_wg, n, batch);
+          if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
+          score_mod(s, m0_wg, n, batch, softcap_pre);
           const bool rescale = softmax<false>(smx, s, scale_log2, alpha);
           wgmma_wait<0>();  // PV done: O and P are ours again
           fence_regs(o);
@@ -469,7 +549,8 @@ struct FwdMainloop {
           fence_regs(s);
           release(sm.empty_k(kst.index));
           kst.advance();
-          score_mod(s, m0_wg, n, batch);
+          if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
+          score_mod(s, m0_wg, n, batch, softcap_pre);
           if (n == n_last - 1) {
             softmax<true>(smx, s, scale_log2, alpha);
           } else if (softmax<false>(smx, s, scale_log2, alpha)) {

@@ -9,6 +9,7 @@
 #include <cuda.h>  // CUtensorMapDataType (type only; libcuda is not linked)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 namespace jax_flash::sm90 {
 
@@ -29,11 +30,36 @@ struct ElementTraits16 {
   // operand of O += P V (the MN-major B form exists for 16-bit types only).
   static constexpr bool kTransposeV = false;
   static constexpr CUtensorMapDataType kTmaType = kTma;
+  // The online softmax's P range (softmax.cuh): P = 2^(x - m + offset), the
+  // max raised lazily by more than the threshold. 16-bit P takes up to 2^8.
+  static constexpr int kPOffsetLog2 = 0;
+  static constexpr int kLazyThresholdLog2 = 8;
+  // One softmax scale per call (no per-block descales).
+  static constexpr bool kBlockScales = false;
 };
 
 template <>
 struct ElementTraits<__nv_bfloat16> : ElementTraits16<__nv_bfloat16, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16> {};
 template <>
 struct ElementTraits<__half> : ElementTraits16<__half, CU_TENSOR_MAP_DATA_TYPE_FLOAT16> {};
+
+// e4m3 (FP8 forward): wgmma reads 8-bit operands K-major only, so the B
+// operand of O += P V is V transposed ([head_dim][keys], keys contiguous; the
+// quantisation pre-pass writes it so, scheme.py's v_kernel_layout). P is
+// e4m3 too: its exponentials are offset by 2^8 into e4m3's range (max 448)
+// and the max moves with every increase (threshold 0: O is rescaled only when
+// some row of the warp raised its max).
+template <>
+struct ElementTraits<__nv_fp8_e4m3> {
+  static constexpr int kBytes = 1;
+  static constexpr int kMmaK = 32;
+  static constexpr int kSwizzleRow = 128;
+  static constexpr bool kTransposeV = true;
+  static constexpr CUtensorMapDataType kTmaType = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  static constexpr int kPOffsetLog2 = 8;
+  static constexpr int kLazyThresholdLog2 = 0;
+  // Q and K descales per block, folded into each KV block's softmax scale.
+  static constexpr bool kBlockScales = true;
+};
 
 }  // namespace jax_flash::sm90

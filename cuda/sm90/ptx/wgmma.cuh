@@ -108,16 +108,53 @@ JF_DEVICE uint32_t pack2<__half>(float lo, float hi) {
   return r;
 }
 
-// Accumulator fragment (64 x N fp32) -> A fragments of N/16 k-steps.
+// fp32 quad -> 4 packed e4m3 (x0 in the low byte), round to nearest, saturated
+// to +-448. cvt.e4m3x2 puts its first source in the upper byte.
+JF_DEVICE uint32_t pack4_e4m3(float x0, float x1, float x2, float x3) {
+  uint32_t r;
+  asm("{\n"
+      ".reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n"
+      "}\n"
+      : "=r"(r)
+      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+  return r;
+}
+
+// Accumulator fragment (64 x N fp32) -> A fragments of the k-steps of
+// O += P V (kMmaK = 16 columns per step for 16-bit types, 32 for e4m3).
+//
+// 16-bit: a[k][i] = pack(d[8k + 2i], d[8k + 2i + 1]), exactly the A layout.
+// e4m3: the A fragment of a 32-wide k-step (PTX ISA, wgmma .e4m3 register
+// fragment of A) gives thread t of a quad k = 4t..4t+3 (a[0] row g, a[1] row
+// g + 8) and 16 + 4t..16 + 4t + 3 (a[2], a[3]), while the accumulator holds
+// columns 8j + 2t, 8j + 2t + 1. Instead of shuffling between threads, each
+// thread packs its own columns 2t, 2t+1, 8+2t, 9+2t as "k = 4t..4t+3" (and
+// 16 + the same): A's k index is a fixed permutation of the key index, and
+// the V operand is stored with its keys permuted the same way
+// (scheme.py v_key_permutation), so the sum over k is unchanged.
 template <typename Element, int NR>
-JF_DEVICE void acc_to_a(const float (&d)[NR], uint32_t (&a)[NR / 8][4]) {
-  static_assert(NR % 8 == 0, "N must be a multiple of 16");
-  // 8-bit A fragments pack 4 elements per register in another order.
-  static_assert(ElementTraits<Element>::kBytes == 2, "the accumulator -> A layout of 16-bit types");
+JF_DEVICE void acc_to_a(const float (&d)[NR],
+                        uint32_t (&a)[NR * 2 / ElementTraits<Element>::kMmaK][4]) {
+  if constexpr (ElementTraits<Element>::kBytes == 2) {
+    static_assert(NR % 8 == 0, "N must be a multiple of 16");
 #pragma unroll
-  for (int k = 0; k < NR / 8; ++k)
+    for (int k = 0; k < NR / 8; ++k)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) a[k][i] = pack2<Element>(d[8 * k + 2 * i], d[8 * k + 2 * i + 1]);
+      for (int i = 0; i < 4; ++i) a[k][i] = pack2<Element>(d[8 * k + 2 * i], d[8 * k + 2 * i + 1]);
+  } else {
+    static_assert(ElementTraits<Element>::kBytes == 1 && NR % 16 == 0, "e4m3: N a multiple of 32");
+#pragma unroll
+    for (int k = 0; k < NR / 16; ++k)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        // i: (row h = i % 2, column half = i / 2) of the k-step.
+        const float* c = d + 16 * k + 8 * (i / 2) + 2 * (i % 2);
+        a[k][i] = pack4_e4m3(c[0], c[1], c[4], c[5]);
+      }
+  }
 }
 
 // A fragments of k-steps 0..kSteps-1 of a warpgroup's 64 rows [row0, row0 + 64)

@@ -1,0 +1,209 @@
+// XLA FFI handlers of the FP8 path (jax_flash/_src/fp8/cuda.py): the
+// quantisation pre-pass and the sm90 FP8 forward. Both exist only in builds
+// with the sm90 family (JAX_FLASH_HAS_SM90); elsewhere they return an error,
+// and Python never calls them (cuda.check refuses first).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "ffi/handler_util.h"
+#include "jax_flash/params.h"
+#ifdef JAX_FLASH_HAS_SM90
+#include "fp8/quantize.h"
+#include "sm90/launch.h"
+#endif
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_flash {
+namespace {
+
+ffi::Error Check16Bit(const ffi::AnyBuffer& x, const char* name, DType* dtype) {
+  if (x.dimensions().size() != 4) return Invalid(std::string(name) + " must be rank 4; got " + ShapeStr(x));
+  const auto t = x.element_type();
+  if (t != ffi::DataType::BF16 && t != ffi::DataType::F16) {
+    return Invalid(std::string(name) + " must be bfloat16 or float16");
+  }
+  *dtype = t == ffi::DataType::BF16 ? DType::kBFloat16 : DType::kFloat16;
+  return ffi::Error::Success();
+}
+
+ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                        ffi::Buffer<ffi::F32> signs, ffi::Result<ffi::AnyBuffer> q8,
+                        ffi::Result<ffi::Buffer<ffi::F32>> q_descale, ffi::Result<ffi::AnyBuffer> k8,
+                        ffi::Result<ffi::Buffer<ffi::F32>> k_descale, ffi::Result<ffi::AnyBuffer> vt8,
+                        ffi::Result<ffi::Buffer<ffi::F32>> v_descale,
+                        ffi::Result<ffi::Buffer<ffi::S32>> v_amax, bool rotate) {
+#ifndef JAX_FLASH_HAS_SM90
+  return Invalid("the FP8 pre-pass needs a build with the sm90 kernel family");
+#else
+  DType dq, dk, dv;
+  if (auto e = Check16Bit(q, "q", &dq); e.failure()) return e;
+  if (auto e = Check16Bit(k, "k", &dk); e.failure()) return e;
+  if (auto e = Check16Bit(v, "v", &dv); e.failure()) return e;
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), td = vt8->dimensions();
+  const int D = static_cast<int>(qd[3]);
+  if (kd[3] != D || vd[3] != D || signs.element_count() != static_cast<size_t>(D)) {
+    return Invalid("q, k, v and signs must share head_dim");
+  }
+  if (td.size() != 4) return Invalid("vt8 must be rank 4 [batch, heads_k, head_dim, seq_pad]");
+  fp8::RowsArgs qa{q.untyped_data(), dq, rotate ? signs.typed_data() : nullptr, q8->untyped_data(),
+                   q_descale->typed_data(), static_cast<int>(qd[0]), static_cast<int>(qd[1]),
+                   static_cast<int>(qd[2]), D, 64};
+  fp8::RowsArgs ka{k.untyped_data(), dk, rotate ? signs.typed_data() : nullptr, k8->untyped_data(),
+                   k_descale->typed_data(), static_cast<int>(kd[0]), static_cast<int>(kd[1]),
+                   static_cast<int>(kd[2]), D, 128};
+  fp8::ChannelsArgs va{v.untyped_data(), dv, vt8->untyped_data(), v_descale->typed_data(),
+                       reinterpret_cast<uint32_t*>(v_amax->typed_data()), static_cast<int>(vd[0]),
+                       static_cast<int>(vd[1]), static_cast<int>(td[3]), static_cast<int>(vd[2]), D};
+  if (v_amax->element_count() < static_cast<size_t>(va.batch) * va.heads * D) {
+    return Invalid("v_amax workspace too small");
+  }
+  if (!fp8::quantize_rows_supported(qa) || !fp8::quantize_rows_supported(ka) ||
+      !fp8::quantize_v_supported(va)) {
+    return Invalid("the FP8 pre-pass takes head_dim 64, 128 or 256, bf16/fp16, seq_pad a multiple of 32");
+  }
+  Poison(q8->untyped_data(), q8->size_bytes(), stream);
+  Poison(k8->untyped_data(), k8->size_bytes(), stream);
+  Poison(vt8->untyped_data(), vt8->size_bytes(), stream);
+  Poison(q_descale->typed_data(), q_descale->size_bytes(), stream);
+  Poison(k_descale->typed_data(), k_descale->size_bytes(), stream);
+  Poison(v_descale->typed_data(), v_descale->size_bytes(), stream);
+  if (auto e = LaunchError(fp8::quantize_rows(qa, stream), "fp8 quantize q"); e.failure()) return e;
+  if (auto e = LaunchError(fp8::quantize_rows(ka, stream), "fp8 quantize k"); e.failure()) return e;
+  return LaunchError(fp8::quantize_v(va, stream), "fp8 quantize v");
+#endif
+}
+
+ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer vt8,
+                      ffi::Buffer<ffi::F32> q_descale, ffi::Buffer<ffi::F32> k_descale,
+                      ffi::Buffer<ffi::F32> v_descale, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
+                      ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                      ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale, float softcap,
+                      int32_t window_left, int32_t window_right, bool has_segment_ids) {
+#ifndef JAX_FLASH_HAS_SM90
+  return Invalid("the FP8 forward needs a build with the sm90 kernel family");
+#else
+  const auto e4m3 = ffi::DataType::F8E4M3FN;
+  if (q8.element_type() != e4m3 || k8.element_type() != e4m3 || vt8.element_type() != e4m3) {
+    return Invalid("q8, k8, vt8 must be float8_e4m3fn");
+  }
+  if (q8.dimensions().size() != 4 || k8.dimensions().size() != 4 || vt8.dimensions().size() != 4 ||
+      o->dimensions().size() != 4) {
+    return Invalid("q8, k8 [batch, seq, heads, head_dim], vt8 [batch, heads_k, head_dim, seq_pad] and o "
+                   "must be rank 4");
+  }
+  auto qd = q8.dimensions(), kd = k8.dimensions(), td = vt8.dimensions();
+  Fp8FwdParams p{};
+  p.dtype = DType::kFloat8E4M3;
+  p.batch = static_cast<int>(qd[0]);
+  p.seqlen_q = static_cast<int>(qd[1]);
+  p.num_heads = static_cast<int>(qd[2]);
+  p.head_dim = static_cast<int>(qd[3]);
+  p.seqlen_k = static_cast<int>(kd[1]);
+  p.num_heads_k = static_cast<int>(kd[2]);
+  p.seqlen_k_pad = static_cast<int>(td[3]);
+  if (kd[0] != qd[0] || kd[3] != qd[3] || td[0] != qd[0] || td[1] != kd[2] || td[2] != qd[3]) {
+    return Invalid("shapes disagree: q8 " + ShapeStr(q8) + ", k8 " + ShapeStr(k8) + ", vt8 " + ShapeStr(vt8));
+  }
+  if (p.num_heads_k < 1 ? p.num_heads != 0 : p.num_heads % p.num_heads_k != 0) {
+    return Invalid("q heads must be a multiple of kv heads");
+  }
+  const auto ot = o->element_type();
+  if (ot != ffi::DataType::BF16 && ot != ffi::DataType::F16) return Invalid("o must be bfloat16 or float16");
+  p.out_dtype = ot == ffi::DataType::BF16 ? DType::kBFloat16 : DType::kFloat16;
+  auto od = o->dimensions();
+  for (int i = 0; i < 4; ++i) {
+    if (od[i] != qd[i]) return Invalid("o must have q8's shape");
+  }
+  const int64_t D = p.head_dim;
+  p.q_head_stride = D;
+  p.q_row_stride = D * p.num_heads;
+  p.q_batch_stride = p.q_row_stride * p.seqlen_q;
+  p.k_head_stride = D;
+  p.k_row_stride = D * p.num_heads_k;
+  p.k_batch_stride = p.k_row_stride * p.seqlen_k;
+  p.o_head_stride = p.q_head_stride;
+  p.o_row_stride = p.q_row_stride;
+  p.o_batch_stride = p.q_batch_stride;
+  p.vt_dim_stride = p.seqlen_k_pad;
+  p.vt_head_stride = D * p.seqlen_k_pad;
+  p.vt_batch_stride = p.vt_head_stride * p.num_heads_k;
+  p.q = q8.untyped_data();
+  p.k = k8.untyped_data();
+  p.v = vt8.untyped_data();
+  const size_t qb = (static_cast<size_t>(p.seqlen_q) + 63) / 64, kb = (static_cast<size_t>(p.seqlen_k) + 127) / 128;
+  if (q_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads * qb ||
+      k_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads_k * kb ||
+      v_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads_k * D) {
+    return Invalid("descales must be q [batch, heads, ceil(T/64)], k [batch, heads_k, ceil(S/128)], "
+                   "v [batch, heads_k, head_dim] float32");
+  }
+  p.q_descale = q_descale.typed_data();
+  p.k_descale = k_descale.typed_data();
+  p.v_descale = v_descale.typed_data();
+  if (lse->element_count() != static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q) {
+    return Invalid("lse must be [batch, heads, seqlen_q] float32");
+  }
+  if (auto err = FillOptions(p, scale, softcap, window_left, window_right, has_segment_ids, q_seg, kv_seg);
+      err.failure()) {
+    return err;
+  }
+  p.o = o->untyped_data();
+  p.lse = lse->typed_data();
+  if (tile_counter->element_count() < 1) return Invalid("tile_counter workspace must hold one int32");
+  p.sm90_tile_counter = tile_counter->typed_data();
+  if (lse->element_count() == 0) return ffi::Error::Success();
+  if (!sm90::fwd_fp8_supported(p)) {
+    return Invalid("the sm90 FP8 forward cannot serve this call (needs an sm_90 GPU, head_dim 128 or 256, "
+                   "16-byte aligned rows, seq_pad a multiple of 32)");
+  }
+  Poison(p.o, o->size_bytes(), stream);
+  Poison(p.lse, lse->size_bytes(), stream);
+  return LaunchError(sm90::run_fwd_fp8(p, stream), "sm90 fp8 forward");
+#endif
+}
+
+}  // namespace
+}  // namespace jax_flash
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashFp8Quantize, jax_flash::QuantizeImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Arg<ffi::AnyBuffer>()            // q [B, T, H, D] bf16/fp16
+        .Arg<ffi::AnyBuffer>()            // k [B, S, H_kv, D]
+        .Arg<ffi::AnyBuffer>()            // v [B, S, H_kv, D]
+        .Arg<ffi::Buffer<ffi::F32>>()     // rotation signs [D]
+        .Ret<ffi::AnyBuffer>()            // q8
+        .Ret<ffi::Buffer<ffi::F32>>()     // q_descale [B, H, ceil(T/64)]
+        .Ret<ffi::AnyBuffer>()            // k8
+        .Ret<ffi::Buffer<ffi::F32>>()     // k_descale [B, H_kv, ceil(S/128)]
+        .Ret<ffi::AnyBuffer>()            // vt8 [B, H_kv, D, S_pad]
+        .Ret<ffi::Buffer<ffi::F32>>()     // v_descale [B, H_kv, D]
+        .Ret<ffi::Buffer<ffi::S32>>()     // v amax workspace [B * H_kv * D]
+        .Attr<bool>("rotate"),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashFwdFp8, jax_flash::FwdFp8Impl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Arg<ffi::AnyBuffer>()            // q8 [B, T, H, D] e4m3
+        .Arg<ffi::AnyBuffer>()            // k8 [B, S, H_kv, D] e4m3
+        .Arg<ffi::AnyBuffer>()            // vt8 [B, H_kv, D, S_pad] e4m3
+        .Arg<ffi::Buffer<ffi::F32>>()     // q_descale
+        .Arg<ffi::Buffer<ffi::F32>>()     // k_descale
+        .Arg<ffi::Buffer<ffi::F32>>()     // v_descale
+        .Arg<ffi::AnyBuffer>()            // q_segment (1-element dummy when absent)
+        .Arg<ffi::AnyBuffer>()            // kv_segment
+        .Ret<ffi::AnyBuffer>()            // o [B, T, H, D] bf16/fp16
+        .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, H, T]
+        .Ret<ffi::Buffer<ffi::S32>>()     // tile_counter workspace
+        .Attr<float>("scale")
+        .Attr<float>("softcap")
+        .Attr<int32_t>("window_left")
+        .Attr<int32_t>("window_right")
+        .Attr<bool>("has_segment_ids"),
+    {xla::ffi::Traits::kCmdBufferCompatible});

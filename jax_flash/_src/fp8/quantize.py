@@ -1,0 +1,91 @@
+"""FP8 quantisation of attention inputs, in plain JAX (scheme.py's rules).
+
+Arrays are batch-major [B, N, H, D] (N = T for queries, S for keys/values).
+Every backend's FP8 path starts from these arrays (the CUDA pre-pass computes
+the same values, cuda/fp8/quantize_kernel.cuh), so the simulated reference and
+the kernel see the same e4m3 inputs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flash._src.fp8 import scheme
+
+E4M3 = jnp.float8_e4m3fn
+_HI = jax.lax.Precision.HIGHEST
+
+
+def rotate(x, seed: int):
+  """x [..., D] times the rotation R of `seed` (float32)."""
+  r = jnp.asarray(scheme.rotation_matrix(x.shape[-1], seed), jnp.float32)
+  return jnp.einsum("...d,de->...e", x.astype(jnp.float32), r, precision=_HI)
+
+
+def _to_e4m3(x, inv):
+  m = scheme.E4M3_MAX
+  return jnp.clip(x * inv, -m, m).astype(E4M3)
+
+
+def _scales(amax):
+  """(descale, inv) of block maxima: amax / 448 and 448 / amax; 1 for 0."""
+  amax = amax.astype(jnp.float32)
+  nz = amax > 0
+  safe = jnp.where(nz, amax, 1.0)
+  descale = jnp.where(nz, safe / scheme.E4M3_MAX, 1.0)
+  inv = jnp.where(nz, scheme.E4M3_MAX / safe, 1.0)
+  return descale, inv
+
+
+def quantize_blocks(x, block: int):
+  """x [B, N, H, D] -> (e4m3 [B, N, H, D], descale [B, H, ceil(N / block)]
+  float32): one scale per `block` consecutive rows of a head."""
+  B, N, H, D = x.shape
+  nb = scheme.num_blocks(N, block)
+  x = x.astype(jnp.float32)
+  xp = jnp.pad(x, ((0, 0), (0, nb * block - N), (0, 0), (0, 0)))
+  xb = xp.reshape(B, nb, block, H, D)
+  amax = jnp.max(jnp.abs(xb), axis=(2, 4))  # [B, nb, H]
+  descale, inv = _scales(amax)
+  x8 = _to_e4m3(xb, inv[:, :, None, :, None]).reshape(B, nb * block, H, D)
+  return x8[:, :N], descale.transpose(0, 2, 1)
+
+
+def quantize_channels(x):
+  """x [B, S, H, D] -> (e4m3 [B, S, H, D], descale [B, H, D] float32): one
+  scale per head and head_dim column over the whole sequence."""
+  x = x.astype(jnp.float32)
+  amax = jnp.max(jnp.abs(x), axis=1)  # [B, H, D]
+  descale, inv = _scales(amax)
+  return _to_e4m3(x, inv[:, None]), descale
+
+
+def quantize_v_blocks(x, block: int = scheme.K_BLOCK):
+  """V with one scale per block of keys (the alternative to per-channel
+  scales that the accuracy study compares): quantize_blocks."""
+  return quantize_blocks(x, block)
+
+
+def v_kernel_layout(v8):
+  """[B, S, H_kv, D] e4m3 -> [B, H_kv, D, S_pad] with the keys of each group
+  of 32 permuted (scheme.v_key_permutation) and zero keys past S."""
+  B, S, H, D = v8.shape
+  s_pad = scheme.v_padded_len(S)
+  v = jnp.pad(v8, ((0, 0), (0, s_pad - S), (0, 0), (0, 0)))
+  perm = np.concatenate([g * scheme.V_GROUP + scheme.v_key_permutation()
+                         for g in range(s_pad // scheme.V_GROUP)])
+  return jnp.take(v, jnp.asarray(perm), axis=1).transpose(0, 2, 3, 1)
+
+
+def quantize_qkv(q, k, v, *, seed: int | None):
+  """The FP8 inputs of one call: rotated (seed not None) and block-scaled Q
+  and K, per-channel V. Returns (q8, q_descale, k8, k_descale, v8,
+  v_descale), V in [B, S, H_kv, D]."""
+  if seed is not None:
+    q, k = rotate(q, seed), rotate(k, seed)
+  q8, qd = quantize_blocks(q, scheme.Q_BLOCK)
+  k8, kd = quantize_blocks(k, scheme.K_BLOCK)
+  v8, vd = quantize_channels(v)
+  return q8, qd, k8, kd, v8, vd

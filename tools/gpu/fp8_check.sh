@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The FP8 check, run on the H200 (device machine) from the repo root in one call:
+#   tests      JAX_FLASH_POISON_OUTPUTS=1 pytest -q -m gpu tests/test_fp8.py tests/test_fp8_cuda.py
+#   sanitizer  compute-sanitizer memcheck on one small fp8_attention(implementation="cuda")
+#              call (B=1 T=200 S=333 H=2 D=128 causal: the quantisation pre-pass and the
+#              FP8 forward kernel), separate device allocations, outputs NaN-poisoned
+#   accuracy   benchmarks/fp8_accuracy.py --out $OUT/fp8_accuracy.json
+#   bench      benchmarks/bench_fp8.py --out $OUT/h200_fp8.json
+# each step's output in $OUT/<step>.log, the next step run whatever the last one gave,
+# a short summary printed last. Usage:
+#   tools/gpu/fp8_check.sh                       # all four steps
+#   FP8_STEPS=tests,sanitizer tools/gpu/fp8_check.sh
+# The extension is found as gpu_check.sh's build stage finds it: a carried
+# jax_flash/_jax_flash_cuda*.so (PYTHONPATH=repo root), else an installed jax_flash with
+# "cuda" (PYTHONSAFEPATH=1 keeps the source tree off sys.path), else pip install . from
+# cuda/CMakeLists.txt, else pure Python.
+# Knobs: FP8_STEPS, PYTHON, FP8_BUILD=0 (never pip install), FP8_TESTS (pytest paths; default
+# tests/test_fp8.py and tests/test_fp8_cuda.py, those present), FP8_PYTEST_ARGS, FP8_ACCURACY_ARGS,
+# FP8_BENCH_ARGS, FP8_BUDGET_S (wall-clock budget of the whole script, default 570: each
+# step's timeout is cut to what is left, so the summary is printed inside a 600 s call),
+# TESTS_TIMEOUT, SANITIZER_TIMEOUT, ACCURACY_TIMEOUT, BENCH_TIMEOUT (per-step limits).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+STEPS=",${FP8_STEPS:-tests,sanitizer,accuracy,bench},"
+PY=${PYTHON:-python3}
+BUDGET=${FP8_BUDGET_S:-570}
+declare -a SUMMARY=()
+note() { SUMMARY+=("$1"); echo "== $1"; }
+has() { [[ $STEPS == *",$1,"* ]]; }
+# limit STEP_DEFAULT -> seconds for the next step: its default, or what is left of the budget
+limit() { local left=$((BUDGET - SECONDS - 10)); ((left < 5)) && left=5; echo $(($1 < left ? $1 : left)); }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,noheader | tee "$OUT/gpu.txt"
+
+t0=$SECONDS
+if compgen -G "jax_flash/_jax_flash_cuda*.so" >/dev/null; then
+  # Built on the CPU machine (same nvcc, jax 0.11.2 FFI headers) and carried.
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  note "extension: carried $(ls jax_flash/_jax_flash_cuda*.so)"
+elif (cd /tmp && $PY -c "import sys, jax_flash; sys.exit('cuda' not in jax_flash.available_implementations())") 2>/dev/null; then
+  export PYTHONSAFEPATH=1
+  note "extension: installed jax_flash ($(cd /tmp && $PY -c 'import jax_flash, os; print(os.path.dirname(jax_flash.__file__))'))"
+elif [[ -f cuda/CMakeLists.txt && ${FP8_BUILD:-1} != 0 ]]; then
+  export PYTHONSAFEPATH=1
+  if timeout "$(limit 400)" $PY -m pip install --no-build-isolation --no-deps -q . >"$OUT/build.log" 2>&1; then
+    note "extension: pip install ok ($((SECONDS - t0)) s)"
+  else
+    tail -40 "$OUT/build.log"; note "extension: pip install FAILED (see build.log)"
+  fi
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  note "extension: none (pure Python: no cuda/CMakeLists.txt, or FP8_BUILD=0)"
+fi
+(cd /tmp && $PY -c "import jax, jax_flash; print('jax', jax.__version__, jax.devices(), 'jax_flash', jax_flash.available_implementations(), 'fp8_attention' in dir(jax_flash))") 2>&1 | tee "$OUT/env.txt"
+
+if has tests; then
+  t0=$SECONDS
+  tests=${FP8_TESTS:-$(ls tests/test_fp8.py tests/test_fp8_cuda.py 2>/dev/null | tr '\n' ' ')}
+  if [[ -n ${tests// /} ]] && compgen -G "${tests%% *}" >/dev/null; then
+    JAX_FLASH_POISON_OUTPUTS=1 timeout -k 10 "$(limit ${TESTS_TIMEOUT:-200})" $PY -m pytest -q -p no:cacheprovider -m gpu \
+        $tests ${FP8_PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -25
+    rc=${PIPESTATUS[0]}
+    note "tests: rc=$rc $(grep -E '[0-9]+ (passed|failed|error|skipped|deselected)' "$OUT/tests.log" | tail -1) ($((SECONDS - t0)) s)"
+  else
+    note "tests: ${tests:-tests/test_fp8.py} not found, skipped"
+  fi
+fi
+
+if has sanitizer; then
+  t0=$SECONDS
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  read -r -d '' CASE <<'EOF'
+import numpy as np, jax, jax.numpy as jnp, jax_flash
+rng = np.random.default_rng(3)
+B, T, S, H, D = 1, 200, 333, 2, 128
+q, k, v = (jnp.asarray(rng.standard_normal((B, n, H, D)), jnp.bfloat16) for n in (T, S, S))
+o, lse = jax_flash.fp8_attention(q, k, v, causal=True, return_lse=True, implementation="cuda")
+o, lse = jax.block_until_ready((o, lse))
+ok = bool(jnp.all(jnp.isfinite(o.astype(jnp.float32)))) and bool(jnp.all(jnp.isfinite(lse)))
+ref = jax_flash.attention(q, k, v, causal=True, implementation="xla")
+err = float(jnp.max(jnp.abs(o.astype(jnp.float32) - ref.astype(jnp.float32))))
+print(f"fp8_attention cuda B={B} T={T} S={S} H={H} D={D} causal: finite={ok} max|o - bf16 xla|={err:.3e}")
+raise SystemExit(0 if ok else 1)
+EOF
+  if [[ -z $SAN ]]; then
+    note "sanitizer: compute-sanitizer not found, skipped"
+  else
+    # Platform allocator: every buffer its own cudaMalloc, so memcheck sees the edges.
+    XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 \
+      timeout -k 10 "$(limit ${SANITIZER_TIMEOUT:-150})" "$SAN" --tool memcheck --error-exitcode 1 \
+      $PY -c "$CASE" 2>&1 | tee "$OUT/sanitizer.log" | tail -15
+    rc=${PIPESTATUS[0]}
+    note "sanitizer (memcheck): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) $(grep -E '^fp8_attention' "$OUT/sanitizer.log" | tail -1) ($((SECONDS - t0)) s)"
+  fi
+fi
+
+if has accuracy; then
+  t0=$SECONDS
+  timeout -k 10 "$(limit ${ACCURACY_TIMEOUT:-150})" $PY benchmarks/fp8_accuracy.py --out "$OUT/fp8_accuracy.json" \
+      ${FP8_ACCURACY_ARGS:-} 2>&1 | tee "$OUT/accuracy.log" | tail -40
+  rc=${PIPESTATUS[0]}
+  note "accuracy: rc=$rc $(grep -E '^outliers_0.1pct, ' "$OUT/accuracy.log" | tail -1) ($((SECONDS - t0)) s)"
+fi
+
+if has bench; then
+  t0=$SECONDS
+  timeout -k 10 "$(limit ${BENCH_TIMEOUT:-400})" $PY benchmarks/bench_fp8.py --out "$OUT/h200_fp8.json" \
+      ${FP8_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45
+  rc=${PIPESTATUS[0]}
+  note "bench: rc=$rc, $(grep -c '"impl"' "$OUT/h200_fp8.json" 2>/dev/null || echo 0) rows in h200_fp8.json ($((SECONDS - t0)) s)"
+fi
+
+echo; echo "==== summary ($SECONDS s) ===="
+printf '%s\n' "${SUMMARY[@]}"
