@@ -28,9 +28,14 @@ computing something else:
   `make_attention_fn(causal=..., window=...)`, or `SelfAttention(...)` with
   `segment_ids` for packed sequences / padding;
 * `bias=` arrays;
-* attention dropout (`dropout_rate > 0` with `deterministic=False`);
 * `sow_weights=True` (the weights do not exist);
 * custom/quantised einsums (`qk_attn_weights_einsum`, `einsum_dot_general`, ...).
+
+Attention dropout (`dropout_rate > 0`, `deterministic=False`) is honoured,
+`broadcast_dropout` included (one mask for every batch element and head, as
+flax draws it), with jax_flash's own generator (the masks differ from flax's
+`jax.random.bernoulli` ones; rates are realised in steps of 1/256); it runs
+on the xla backend.
 
 `precision` and `force_fp32_for_softmax` are accepted and ignored: every
 backend accumulates q·k and p·v and runs the softmax in float32 (float64 for
@@ -97,7 +102,7 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
                    einsum_dot_general=None, qk_attn_weights_einsum=None,
                    attn_weights_value_einsum=None, is_causal: bool = False,
                    segment_ids=None, **kwargs):
-    del broadcast_dropout, dropout_rng, precision, force_fp32_for_softmax
+    del precision, force_fp32_for_softmax
     if bias is not None:
       raise NotImplementedError(
           "jax_flash attention_fn: an attention `bias` is not supported (the "
@@ -115,12 +120,15 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
           "segment_ids=ids) for packed sequences or padding. Autoregressive "
           "decoding (decode=True), which installs a cache mask, is not "
           "supported by this drop-in either.")
+    dropout = {}
     if dropout_rate and not deterministic:
-      raise NotImplementedError(
-          f"jax_flash attention_fn: attention dropout (dropout_rate="
-          f"{dropout_rate}, deterministic=False) is not supported. Set the "
-          "module's dropout_rate=0.0 (dropout on the residual stream is "
-          "unaffected) or call it with deterministic=True.")
+      if dropout_rng is None:
+        raise ValueError(
+            f"jax_flash attention_fn: dropout_rate={dropout_rate} with "
+            "deterministic=False needs a dropout_rng (flax passes the module's "
+            "'dropout' rng stream)")
+      dropout = dict(dropout_rate=float(dropout_rate), dropout_rng=dropout_rng,
+                     dropout_broadcast=bool(broadcast_dropout))
     if module is not None:
       raise NotImplementedError(
           "jax_flash attention_fn: sow_weights=True is not supported: flash "
@@ -158,7 +166,7 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
             "alignment explicitly.")
       opts["causal"] = True
     return jax_flash.attention(query, key, value, segment_ids=segment_ids,
-                               **opts)
+                               **opts, **dropout)
 
   attention_fn.__name__ = "jax_flash_attention_fn"
   attention_fn.__qualname__ = "jax_flash_attention_fn"

@@ -12,8 +12,9 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._src import backends, jax_nn_names, kv_lengths, sharding
-from jax_flash._src.checks import (check_arrays, check_scale,
+from jax_flash._src import (backends, dropout_attention, jax_nn_names,
+                            kv_lengths, sharding)
+from jax_flash._src.checks import (check_arrays, check_dropout, check_scale,
                                    check_segment_ids, check_softcap,
                                    window_fields)
 from jax_flash._src.spec import AttentionSpec
@@ -24,7 +25,8 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
               scale: float | None = None,
               window: tuple[int, int] | None = None,
               softcap: float | None = None, segment_ids=None,
-              kv_seq_lengths=None,
+              kv_seq_lengths=None, dropout_rate: float = 0.0,
+              dropout_rng=None, dropout_broadcast: bool = False,
               return_lse: bool = False, implementation: str | None = None,
               deterministic: bool = False, **jax_nn_kwargs):
   """Exact attention softmax(scale * q k^T + mask) v, computed blockwise.
@@ -47,6 +49,16 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
       >= length are padding (a preallocated KV cache). The queries are then
       the last T of the valid keys: causal/window align to the length, not S
       (kv_lengths.py). Not together with segment_ids.
+    dropout_rate: attention dropout on the probabilities (a static float in
+      [0, 1); rates are realised in steps of 1/256): out = (P * Z / (1 -
+      rate)) V, the LSE from the undropped P. Needs dropout_rng.
+    dropout_rng: a jax.random key. The mask is a pure function of the key
+      and the global (batch, head, query, key) position, the same on every
+      backend and mesh (dropout.py); vmap over keys gives each element its
+      own mask, one key shared across a vmap the same one. Runs on the xla
+      backend (implementation None or "xla"); reverse-mode differentiable.
+    dropout_broadcast: one dropout mask for every batch element and head
+      (Flax's broadcast_dropout).
     return_lse: also return the natural-log logsumexp [..., H, T] (float32,
       float64 for float64 inputs; -inf for rows that see no key).
     implementation: "cuda", "pallas", "xla", or None for the best available.
@@ -64,6 +76,7 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
     jax_nn_names.refuse(jax_nn_args, jax_nn_kwargs, implementation)
   q, k, v = query, key, value
   check_arrays(q, k, v)
+  rate = check_dropout(dropout_rate, dropout_rng)
   batch_shape = q.shape[:-3]
   T, H, D = q.shape[-3:]
   S, H_kv = k.shape[-3], k.shape[-2]
@@ -78,6 +91,15 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv, head_dim=D,
       dtype=jnp.dtype(q.dtype).name,
       deterministic=bool(deterministic))
+  if rate > 0.0:
+    if kv_seq_lengths is not None:
+      raise ValueError("dropout_rate with kv_seq_lengths is not supported; "
+                       "give the padding as segment_ids instead")
+    if implementation not in (None, "xla"):
+      raise backends.Unsupported(
+          f"implementation={implementation!r} has no attention dropout yet; "
+          f"dropout runs on the xla backend (implementation=None or 'xla')")
+    k0, k1 = dropout_attention.key_words(dropout_rng)
   if kv_seq_lengths is None:
     segs = check_segment_ids(segment_ids, batch_shape, T, S)
   else:
@@ -86,17 +108,22 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
-  # One backend, or one per lowering platform (jax.export from a CPU host).
-  branches = backends.choose_per_platform(spec, implementation, _platform(q))
+  if rate == 0.0:
+    # One backend, or one per lowering platform (jax.export from a CPU host).
+    branches = backends.choose_per_platform(spec, implementation,
+                                            _platform(q))
   if no_rows(batch_shape + (H,)):
     return empty_result(q, return_lse)
-
   B = spec.batch
   fold = lambda x: x.reshape((B,) + x.shape[len(batch_shape):])
   args = [fold(q), fold(k), fold(v)]
-  args += [s.reshape(B, -1).astype(jnp.int32) for s in segs]
-  o, lse = backends.run(branches, lambda b: lambda *a: sharding.call(
-      lambda s: attention_fn(b.name, s), spec, *a), *args)
+  seg_args = [s.reshape(B, -1).astype(jnp.int32) for s in segs]
+  if rate > 0.0:
+    o, lse = dropout_attention.attention_fn(spec, rate, bool(dropout_broadcast))(
+        *args, k0, k1, *seg_args)
+  else:
+    o, lse = backends.run(branches, lambda b: lambda *a: sharding.call(
+        lambda s: attention_fn(b.name, s), spec, *a), *args, *seg_args)
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o

@@ -78,6 +78,21 @@ def check_softcap(softcap):
   return float(softcap)
 
 
+def check_dropout(dropout_rate, dropout_rng) -> float:
+  """The static dropout rate (0.0 = none); a rate > 0 needs a key."""
+  if isinstance(dropout_rate, jax.core.Tracer) or isinstance(
+      dropout_rate, bool) or not isinstance(dropout_rate, numbers.Real):
+    raise ValueError(f"dropout_rate must be a Python float in [0, 1) (a "
+                     f"static value), got {dropout_rate!r}")
+  rate = float(dropout_rate)
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+  if rate > 0.0 and dropout_rng is None:
+    raise ValueError(f"dropout_rate={rate} needs dropout_rng (a jax.random "
+                     f"key); pass dropout_rate=0.0 for no dropout")
+  return rate
+
+
 def window_fields(window, causal) -> dict:
   """window_left/right of AttentionSpec, with causal folded into the right."""
   left = right = UNBOUNDED

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_flash._src import dropout as dropout_rng
 from jax_flash._src import masking, softmax
 from jax_flash._src.backends import Unsupported, register
 from jax_flash._src.spec import AttentionSpec
@@ -88,8 +89,39 @@ def _qk(q_blk, k_blk, acc):
   return _einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk[:, :, 0], acc)
 
 
-def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
+def _block_keep(spec, dropout, i, j, bq, bk, batch):
+  """Attention dropout's keep mask of (q block i, kv block j), [B, H_kv, G,
+  bq, bk] at global positions (dropout.py), or None without dropout.
+  dropout: (rate, (k0, k1), broadcast); broadcast: one mask for every batch
+  element and head (drawn at batch 0, head 0)."""
+  if dropout is None:
+    return None
+  rate, key, broadcast = dropout
+  Hk, G = spec.num_kv_heads, spec.group_size
+  if broadcast:
+    b = h = jnp.zeros((1, 1, 1, 1, 1), jnp.int32)
+  else:
+    b = lax.broadcasted_iota(jnp.int32, (batch, 1, 1, 1, 1), 0)
+    h = (lax.broadcasted_iota(jnp.int32, (1, Hk, G, 1, 1), 1) * G +
+         lax.broadcasted_iota(jnp.int32, (1, Hk, G, 1, 1), 2))
+  rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, 1, 1, bq, 1), 3)
+  cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, bk), 4)
+  return dropout_rng.keep_mask(key, b, h, rows, cols, rate)
+
+
+def _dropped(x, keep, rate):
+  """x * Z / (1 - rate) (Z the keep mask); x itself without dropout."""
+  if keep is None:
+    return x
+  return jnp.where(keep, x * dropout_rng.keep_scale(rate), 0.0).astype(x.dtype)
+
+
+def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None):
+  """(o, lse). dropout: None, or (rate, (k0, k1), broadcast): O = (P * Z /
+  (1 - rate)) V with the LSE of the undropped P."""
   acc_t = softmax.accum_dtype(q.dtype)
+  B = q.shape[0]
+  rate = dropout[0] if dropout is not None else 0.0
   bq, bk = _block_sizes(spec)
   Hk = spec.num_kv_heads
   qb, kb, vb = (_to_blocks(x, b, Hk) for x, b in ((q, bq), (k, bk), (v, bk)))
@@ -103,7 +135,9 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
       ks_blk = None if ksb is None else ksb[j]
       s = softmax.scores(spec, _qk(q_blk, k_blk, acc_t))
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
-      pv = lambda p: _einsum("bhgqk,bhkd->bhgqd", p.astype(v.dtype),
+      keep = _block_keep(spec, dropout, i, j, bq, bk, B)
+      pv = lambda p: _einsum("bhgqk,bhkd->bhgqd",
+                             _dropped(p, keep, rate).astype(v.dtype),
                              v_blk[:, :, 0], acc_t)
       return softmax.update(state, s, mask, pv)
 
@@ -127,9 +161,14 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
   return o, lse.astype(jnp.float64 if acc_t == jnp.float64 else jnp.float32)
 
 
-def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg):
+def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
+             dropout=None):
+  """(dq, dk, dv); with dropout (forward's argument) the mask is drawn again:
+  dV = (P Z')^T dO, dS = P (Z' (dO V^T) - delta), Z' = Z / (1 - rate)."""
   del o  # only needed through delta
   acc_t = softmax.accum_dtype(q.dtype)
+  B = q.shape[0]
+  rate = dropout[0] if dropout is not None else 0.0
   bq, bk = _block_sizes(spec)
   Hk, G = spec.num_kv_heads, spec.group_size
   qb, dob = _to_blocks(q, bq, Hk), _to_blocks(do, bq, Hk)
@@ -157,9 +196,12 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg):
       s = softmax.scores(spec, qk)
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
       p = softmax.probs_from_lse(s, lseb[i], mask)
-      dv = dv + _einsum("bhgqk,bhgqd->bhkd", p.astype(do.dtype), do_blk,
+      keep = _block_keep(spec, dropout, i, j, bq, bk, B)
+      dv = dv + _einsum("bhgqk,bhgqd->bhkd",
+                        _dropped(p, keep, rate).astype(do.dtype), do_blk,
                         acc_t)
-      dp = _einsum("bhgqd,bhkd->bhgqk", do_blk, v2, acc_t)
+      dp = _dropped(_einsum("bhgqd,bhkd->bhgqk", do_blk, v2, acc_t), keep,
+                    rate)
       ds = p * (dp - deltab[i][..., None])
       ds = softmax.scores_grad(spec, qk, ds).astype(q.dtype)
       dk = dk + _einsum("bhgqk,bhgqd->bhkd", ds, q_blk, acc_t)

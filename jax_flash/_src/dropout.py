@@ -1,0 +1,113 @@
+"""Attention dropout's random numbers: one counter-based generator for every
+backend.
+
+The keep decision of score element (b, h, i, j) (batch, query head, query row,
+key column, all global positions) is a pure function of the call's 64-bit key
+and that position, so every backend draws the same mask, a backward pass
+regenerates it instead of storing it, and sharded or ring-parallel calls do
+not depend on the mesh:
+
+  counter = (i, 4 * (j // 64) + (j % 8) // 2, h, b),  key = (k0, k1)
+  w = Philox4x32-10(counter, key)                        (4 x 32 bits)
+  c = 2 * ((j % 64) // 8) + j % 2                        (byte 0..15 of w)
+  keep(b, h, i, j) = byte c of w  >=  threshold
+
+One Philox call serves the 16 elements of a row that one thread of an MMA
+accumulator fragment holds in a 64-column chunk (columns 8m + 2t + e, t =
+lane % 4, for both the sm80 mma.m16n8 and the sm90 wgmma layouts), so a kernel
+draws exactly its own elements. threshold = round(rate * 256): rates are
+multiples of 1/256 (as in FlashAttention-2); kept elements are scaled by
+256 / (256 - threshold), so the expectation is exact for the rate used.
+cuda/include/jax_flash/philox.h is the same generator for the kernels
+(tests/test_dropout_rng.py checks that they agree bit for bit).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Philox4x32 constants (Salmon et al., "Parallel random numbers: as easy as
+# 1, 2, 3", SC'11; Random123).
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+ROUNDS = 10
+COLUMN_CHUNK = 64  # columns of one row per Philox call (16 of them per thread)
+
+
+def _mulhilo(a, m: int):
+  """(hi, lo) 32-bit halves of the 64-bit product a * m, in uint32 arithmetic
+  only (16-bit halves; no uint64, which needs x64 mode)."""
+  u16 = jnp.uint32(0xFFFF)
+  m0, m1 = jnp.uint32(m & 0xFFFF), jnp.uint32(m >> 16)
+  a0, a1 = a & u16, a >> 16
+  t = a0 * m0
+  u = a1 * m0 + (t >> 16)
+  v = a0 * m1 + (u & u16)
+  hi = a1 * m1 + (u >> 16) + (v >> 16)
+  return hi, a * jnp.uint32(m)
+
+
+def philox4x32(counter, key, rounds: int = ROUNDS):
+  """Philox4x32-`rounds` of uint32 arrays: counter (c0, c1, c2, c3), key (k0,
+  k1), all broadcastable; returns the 4 output words."""
+  c0, c1, c2, c3 = (jnp.asarray(c, jnp.uint32) for c in counter)
+  k0, k1 = (jnp.asarray(k, jnp.uint32) for k in key)
+  for _ in range(rounds):
+    hi0, lo0 = _mulhilo(c0, _M0)
+    hi1, lo1 = _mulhilo(c2, _M1)
+    c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    k0 = k0 + jnp.uint32(_W0)
+    k1 = k1 + jnp.uint32(_W1)
+  return c0, c1, c2, c3
+
+
+def threshold(rate: float) -> int:
+  """The byte threshold of a dropout rate in [0, 1): round(rate * 256)."""
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1); got {rate}")
+  return min(int(round(rate * 256)), 255)
+
+
+def keep_scale(rate: float) -> float:
+  """The factor of kept elements: 1 / (1 - effective rate)."""
+  return 256.0 / (256 - threshold(rate))
+
+
+def effective_rate(rate: float) -> float:
+  """The rate the generator realises (a multiple of 1/256)."""
+  return threshold(rate) / 256.0
+
+
+def seed_words(rng):
+  """The generator's key (k0, k1) from a jax.random key (any implementation):
+  two uint32 words drawn from it."""
+  words = jax.random.bits(rng, (2,), jnp.uint32)
+  return words[0], words[1]
+
+
+def keep_mask(key, batch, head, row, col, rate: float):
+  """Keep decisions (bool) at broadcastable integer positions batch, head,
+  row, col (global positions; int32 arrays), for key = (k0, k1)."""
+  row, col = jnp.asarray(row, jnp.uint32), jnp.asarray(col, jnp.uint32)
+  chunk = col // COLUMN_CHUNK
+  sub = (col % 8) // 2
+  counter = (row, chunk * 4 + sub, jnp.asarray(head, jnp.uint32),
+             jnp.asarray(batch, jnp.uint32))
+  words = philox4x32(counter, key)
+  c = 2 * ((col % COLUMN_CHUNK) // 8) + col % 2  # byte 0..15
+  word = c // 4
+  w = jnp.where(word == 0, words[0],
+                jnp.where(word == 1, words[1],
+                          jnp.where(word == 2, words[2], words[3])))
+  byte = (w >> (8 * (c % 4))) & jnp.uint32(0xFF)
+  return byte >= jnp.uint32(threshold(rate))
+
+
+def keep_mask_np(key, batch, head, rows, cols, rate: float) -> np.ndarray:
+  """keep_mask as a numpy [len(rows), len(cols)] array for one (batch,
+  head): what tests and references use."""
+  r = np.asarray(rows)[:, None]
+  c = np.asarray(cols)[None, :]
+  return np.asarray(keep_mask(key, batch, head, r, c, rate))
