@@ -208,6 +208,11 @@ class SelfAttention(nn.Module):
     causal, window, softcap, scale, implementation: as in
       `jax_flash.attention`.
     deterministic_backward: `jax_flash.attention(deterministic=...)`.
+    dropout_rate: attention dropout on the probabilities (as flax's
+      `dropout_rate`; drawn from the module's 'dropout' rng stream, off when
+      `deterministic`); broadcast_dropout: one mask for every batch element
+      and head, as flax.
+    deterministic: switches dropout off (may also be given at call time).
     dtype: computation dtype (default: inferred from inputs and params).
     param_dtype: parameter dtype.
     use_bias: biases in the projections.
@@ -226,6 +231,9 @@ class SelfAttention(nn.Module):
   scale: float | None = None
   implementation: str | None = None
   deterministic_backward: bool = False
+  dropout_rate: float = 0.0
+  broadcast_dropout: bool = True
+  deterministic: bool | None = None
   dtype: Any = None
   param_dtype: Any = jnp.float32
   use_bias: bool = True
@@ -235,7 +243,8 @@ class SelfAttention(nn.Module):
   precision: Any = None
 
   @nn.compact
-  def __call__(self, x, segment_ids=None, *, return_lse: bool = False):
+  def __call__(self, x, segment_ids=None, *, return_lse: bool = False,
+               deterministic: bool | None = None):
     """x: [batch..., T, features]; segment_ids: [batch..., T] ints or None.
 
     Tokens attend only to tokens with the same segment id (sequence packing;
@@ -263,11 +272,18 @@ class SelfAttention(nn.Module):
     q = dense(features=(self.num_heads, head_dim), name="query")(x)
     k = dense(features=(kv_heads, head_dim), name="key")(x)
     v = dense(features=(kv_heads, head_dim), name="value")(x)
+    dropout = {}
+    if self.dropout_rate > 0.0:
+      if not nn.merge_param("deterministic", self.deterministic,
+                            deterministic):
+        dropout = dict(dropout_rate=self.dropout_rate,
+                       dropout_rng=self.make_rng("dropout"),
+                       dropout_broadcast=self.broadcast_dropout)
     res = jax_flash.attention(
         q, k, v, causal=self.causal, scale=self.scale, window=self.window,
         softcap=self.softcap, segment_ids=segment_ids, return_lse=return_lse,
         implementation=self.implementation,
-        deterministic=self.deterministic_backward)
+        deterministic=self.deterministic_backward, **dropout)
     o, lse = res if return_lse else (res, None)
     out = nn.DenseGeneral(
         features=self.out_features or features, axis=(-2, -1),

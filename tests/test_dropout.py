@@ -229,6 +229,24 @@ def test_flax_drop_in_dropout(rng):
     assert float(jnp.max(jnp.abs(a - off))) > 1e-3
 
 
+def test_self_attention_module_dropout(rng):
+  pytest.importorskip("flax.linen")
+  import jax_flash.flax as jff
+  x = jnp.asarray(rng.standard_normal((2, 12, 16)), jnp.float32)
+  m = jff.SelfAttention(num_heads=2, causal=True, dropout_rate=0.3)
+  params = m.init(jax.random.key(0), x, deterministic=True)
+  run = lambda seed: m.apply(params, x, deterministic=False,
+                             rngs={"dropout": jax.random.key(seed)})
+  np.testing.assert_array_equal(run(1), run(1))
+  assert float(jnp.max(jnp.abs(run(1) - run(2)))) > 1e-3
+  off = m.apply(params, x, deterministic=True)
+  assert float(jnp.max(jnp.abs(run(1) - off))) > 1e-3
+  plain = jff.SelfAttention(num_heads=2, causal=True).apply(params, x)
+  np.testing.assert_allclose(off, plain, atol=0)
+  with pytest.raises(ValueError, match="deterministic"):
+    m.apply(params, x, rngs={"dropout": jax.random.key(1)})
+
+
 def test_errors(rng):
   q, k, v = _qkv(rng, 1, 8, 8, 2, 2, 8, np.float32)
   with pytest.raises(ValueError, match="needs dropout_rng"):
