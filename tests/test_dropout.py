@@ -247,6 +247,27 @@ def test_self_attention_module_dropout(rng):
     m.apply(params, x, rngs={"dropout": jax.random.key(1)})
 
 
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window=(9, 2), softcap=4.0),
+                                dict(broadcast=True)], ids=["causal", "window_softcap", "broadcast"])
+def test_pallas_draws_the_same_mask_as_xla(kw, rng, x64):
+  """Pallas (interpret mode here) and xla: the same generator at the same
+  global positions, so values and gradients agree to float64 rounding (a
+  different mask would differ by O(1))."""
+  kw = dict(kw)
+  broadcast = kw.pop("broadcast", False)
+  B, T, S, H, Hk, D = 2, 45, 70, 4, 2, 32
+  q, k, v = _qkv(rng, B, T, S, H, Hk, D)
+  do = jnp.asarray(rng.standard_normal(q.shape))
+  def run(impl):
+    f = lambda q, k, v: jax_flash.attention(
+        q, k, v, dropout_rate=0.3, dropout_rng=jax.random.key(11),
+        dropout_broadcast=broadcast, implementation=impl, **kw)
+    o, vjp = jax.vjp(f, q, k, v)
+    return (o,) + vjp(do)
+  for a, b in zip(run("pallas"), run("xla")):
+    np.testing.assert_allclose(a, b, atol=1e-10)
+
+
 def test_errors(rng):
   q, k, v = _qkv(rng, 1, 8, 8, 2, 2, 8, np.float32)
   with pytest.raises(ValueError, match="needs dropout_rng"):
@@ -263,7 +284,7 @@ def test_errors(rng):
                         dropout_rng=jax.random.split(jax.random.key(0), 2))
   with pytest.raises(jax_flash.Unsupported, match="no attention dropout"):
     jax_flash.attention(q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0),
-                        implementation="pallas")
+                        implementation="cuda")
   with pytest.raises(ValueError, match="kv_seq_lengths"):
     jax_flash.attention(q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0),
                         kv_seq_lengths=jnp.array([4]))

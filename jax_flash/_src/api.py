@@ -56,7 +56,7 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
       and the global (batch, head, query, key) position, the same on every
       backend and mesh (dropout.py); vmap over keys gives each element its
       own mask, one key shared across a vmap the same one. Runs on the xla
-      backend (implementation None or "xla"); reverse-mode differentiable.
+      backend (the default) and "pallas"; reverse-mode differentiable.
     dropout_broadcast: one dropout mask for every batch element and head
       (Flax's broadcast_dropout).
     return_lse: also return the natural-log logsumexp [..., H, T] (float32,
@@ -95,10 +95,13 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
     if kv_seq_lengths is not None:
       raise ValueError("dropout_rate with kv_seq_lengths is not supported; "
                        "give the padding as segment_ids instead")
-    if implementation not in (None, "xla"):
+    if implementation not in (None, "xla", "pallas"):
       raise backends.Unsupported(
           f"implementation={implementation!r} has no attention dropout yet; "
-          f"dropout runs on the xla backend (implementation=None or 'xla')")
+          f"dropout runs on the xla and pallas backends (implementation=None "
+          f"picks xla)")
+    if implementation == "pallas":
+      backends.get("pallas").check(spec, _platform(q))
     k0, k1 = dropout_attention.key_words(dropout_rng)
   if kv_seq_lengths is None:
     segs = check_segment_ids(segment_ids, batch_shape, T, S)
@@ -119,8 +122,9 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
   args = [fold(q), fold(k), fold(v)]
   seg_args = [s.reshape(B, -1).astype(jnp.int32) for s in segs]
   if rate > 0.0:
-    o, lse = dropout_attention.attention_fn(spec, rate, bool(dropout_broadcast))(
-        *args, k0, k1, *seg_args)
+    o, lse = dropout_attention.attention_fn(
+        spec, rate, bool(dropout_broadcast), implementation or "xla")(
+            *args, k0, k1, *seg_args)
   else:
     o, lse = backends.run(branches, lambda b: lambda *a: sharding.call(
         lambda s: attention_fn(b.name, s), spec, *a), *args, *seg_args)

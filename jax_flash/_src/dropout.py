@@ -105,6 +105,28 @@ def keep_mask(key, batch, head, row, col, rate: float):
   return byte >= jnp.uint32(threshold(rate))
 
 
+def tile_keep(dropout, batch, head, rows, cols):
+  """The keep mask of a tile for a kernel's `dropout` argument, or None.
+
+  dropout: None (no dropout) or (rate, (k0, k1), broadcast); broadcast draws
+  every batch element and head at (0, 0) (one mask for all, as Flax's
+  broadcast_dropout). batch, head, rows, cols: broadcastable global
+  positions."""
+  if dropout is None:
+    return None
+  rate, key, broadcast = dropout
+  if broadcast:
+    batch, head = 0, 0
+  return keep_mask(key, batch, head, rows, cols, rate)
+
+
+def apply(x, keep, rate: float):
+  """x * Z / (1 - rate) for the keep mask Z (x itself when keep is None)."""
+  if keep is None:
+    return x
+  return jnp.where(keep, x * keep_scale(rate), 0.0).astype(x.dtype)
+
+
 def keep_mask_np(key, batch, head, rows, cols, rate: float) -> np.ndarray:
   """keep_mask as a numpy [len(rows), len(cols)] array for one (batch,
   head): what tests and references use."""

@@ -7,8 +7,9 @@ residual besides q, k, v, o and the LSE) and vmap / sharding keep each
 element's mask. The LSE is that of the undropped P; rows that see no key
 give zeros and zero gradients.
 
-Served by the blockwise XLA backend (xla.py); reverse-mode differentiable
-(a custom_vjp: jax.grad / jax.vjp, not jax.jvp).
+Served by the blockwise XLA backend (xla.py) and the Pallas kernels (the
+same generator inside the kernels); reverse-mode differentiable (a
+custom_vjp: jax.grad / jax.vjp, not jax.jvp).
 """
 
 from __future__ import annotations
@@ -18,20 +19,24 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src import xla
+from jax_flash._src import backends, xla
 from jax_flash._src.derivatives import softmax_delta
 from jax_flash._src.spec import AttentionSpec
 
 
 @functools.lru_cache(maxsize=None)
-def attention_fn(spec: AttentionSpec, rate: float, broadcast: bool = False):
+def attention_fn(spec: AttentionSpec, rate: float, broadcast: bool = False,
+                 backend: str = "xla"):
   """fn(q, k, v, k0, k1, *segment_ids) -> (o, lse) on batch-major arrays;
   (k0, k1) uint32 scalars, the generator's key; broadcast: one mask for all
-  batch elements and heads (Flax's broadcast_dropout)."""
+  batch elements and heads (Flax's broadcast_dropout); backend: "xla" or
+  "pallas" (whose forward/backward take the same `dropout` argument)."""
+  impl = xla if backend == "xla" else backends.get(backend)
 
   def forward(q, k, v, k0, k1, *segs):
     q_seg, kv_seg = segs if segs else (None, None)
-    return xla.forward(spec, q, k, v, q_seg, kv_seg, dropout=(rate, (k0, k1), broadcast))
+    return impl.forward(spec, q, k, v, q_seg, kv_seg,
+                        dropout=(rate, (k0, k1), broadcast))
 
   @jax.custom_vjp
   def attention(q, k, v, k0, k1, *segs):
@@ -46,8 +51,9 @@ def attention_fn(spec: AttentionSpec, rate: float, broadcast: bool = False):
     do, dlse = cotangents
     q_seg, kv_seg = segs if segs else (None, None)
     delta = softmax_delta(o, do, dlse)
-    dq, dk, dv = xla.backward(spec, q, k, v, o, lse, do.astype(o.dtype), delta,
-                              q_seg, kv_seg, dropout=(rate, (k0, k1), broadcast))
+    dq, dk, dv = impl.backward(spec, q, k, v, o, lse, do.astype(o.dtype),
+                               delta, q_seg, kv_seg,
+                               dropout=(rate, (k0, k1), broadcast))
     return (dq, dk, dv, None, None) + tuple(None for _ in segs)
 
   attention.defvjp(attention_fwd, attention_bwd)

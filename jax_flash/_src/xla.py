@@ -91,29 +91,16 @@ def _qk(q_blk, k_blk, acc):
 
 def _block_keep(spec, dropout, i, j, bq, bk, batch):
   """Attention dropout's keep mask of (q block i, kv block j), [B, H_kv, G,
-  bq, bk] at global positions (dropout.py), or None without dropout.
-  dropout: (rate, (k0, k1), broadcast); broadcast: one mask for every batch
-  element and head (drawn at batch 0, head 0)."""
+  bq, bk] at global positions (dropout.py), or None without dropout."""
   if dropout is None:
     return None
-  rate, key, broadcast = dropout
   Hk, G = spec.num_kv_heads, spec.group_size
-  if broadcast:
-    b = h = jnp.zeros((1, 1, 1, 1, 1), jnp.int32)
-  else:
-    b = lax.broadcasted_iota(jnp.int32, (batch, 1, 1, 1, 1), 0)
-    h = (lax.broadcasted_iota(jnp.int32, (1, Hk, G, 1, 1), 1) * G +
-         lax.broadcasted_iota(jnp.int32, (1, Hk, G, 1, 1), 2))
+  b = lax.broadcasted_iota(jnp.int32, (batch, 1, 1, 1, 1), 0)
+  h = (lax.broadcasted_iota(jnp.int32, (1, Hk, G, 1, 1), 1) * G +
+       lax.broadcasted_iota(jnp.int32, (1, Hk, G, 1, 1), 2))
   rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, 1, 1, bq, 1), 3)
   cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, bk), 4)
-  return dropout_rng.keep_mask(key, b, h, rows, cols, rate)
-
-
-def _dropped(x, keep, rate):
-  """x * Z / (1 - rate) (Z the keep mask); x itself without dropout."""
-  if keep is None:
-    return x
-  return jnp.where(keep, x * dropout_rng.keep_scale(rate), 0.0).astype(x.dtype)
+  return dropout_rng.tile_keep(dropout, b, h, rows, cols)
 
 
 def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None):
@@ -137,7 +124,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None):
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
       keep = _block_keep(spec, dropout, i, j, bq, bk, B)
       pv = lambda p: _einsum("bhgqk,bhkd->bhgqd",
-                             _dropped(p, keep, rate).astype(v.dtype),
+                             dropout_rng.apply(p, keep, rate).astype(v.dtype),
                              v_blk[:, :, 0], acc_t)
       return softmax.update(state, s, mask, pv)
 
@@ -198,10 +185,10 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
       p = softmax.probs_from_lse(s, lseb[i], mask)
       keep = _block_keep(spec, dropout, i, j, bq, bk, B)
       dv = dv + _einsum("bhgqk,bhgqd->bhkd",
-                        _dropped(p, keep, rate).astype(do.dtype), do_blk,
+                        dropout_rng.apply(p, keep, rate).astype(do.dtype), do_blk,
                         acc_t)
-      dp = _dropped(_einsum("bhgqd,bhkd->bhgqk", do_blk, v2, acc_t), keep,
-                    rate)
+      dp = dropout_rng.apply(_einsum("bhgqd,bhkd->bhgqk", do_blk, v2, acc_t),
+                             keep, rate)
       ds = p * (dp - deltab[i][..., None])
       ds = softmax.scores_grad(spec, qk, ds).astype(q.dtype)
       dk = dk + _einsum("bhgqk,bhgqd->bhkd", ds, q_blk, acc_t)

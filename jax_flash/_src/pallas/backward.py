@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_flash._src import dropout as dropout_rng
 from jax_flash._src import masking, softmax
 from jax_flash._src.pallas import common
 from jax_flash._src.pallas.config import KernelConfig
@@ -33,9 +34,12 @@ from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                spec: AttentionSpec, block_q: int, block_k: int,
                num_q_blocks: int, num_kv_blocks: int, mode: common.MaskMode,
-               reverse: bool, acc_dtype):
+               reverse: bool, acc_dtype, dropout):
   dq_ref = refs[-1]
   q_seg_ref, kv_seg_ref = refs[:2] if spec.has_segment_ids else (None, None)
+  key = common.dropout_key(refs, spec, dropout)
+  rate = dropout[0] if dropout else 0.0
+  batch, head = pl.program_id(1), pl.program_id(2)  # (not inside loops: interpret mode)
 
   i = pl.program_id(0)
   if reverse:
@@ -58,7 +62,10 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
       mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
     p = softmax.probs_from_lse(s, lse, mask, base2=True)
-    dp = common.dot(do, v, acc_dtype, trans_b=True)
+    keep = common.dropout_keep(dropout, key, batch, head, q_pos,
+                               common.positions(k_start, block_k, axis=1))
+    dp = dropout_rng.apply(common.dot(do, v, acc_dtype, trans_b=True), keep,
+                           rate)
     ds = softmax.scores_grad(spec, qk, p * (dp - delta[:, None]))
     return dq + common.dot(ds.astype(k.dtype), k, acc_dtype)
 
@@ -72,9 +79,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                  spec: AttentionSpec, block_q: int, block_k: int, group: int,
-                 num_q_blocks: int, mode: common.MaskMode, acc_dtype):
+                 num_q_blocks: int, mode: common.MaskMode, acc_dtype, dropout):
   dk_ref, dv_ref = refs[-2:]
   q_seg_ref, kv_seg_ref = refs[:2] if spec.has_segment_ids else (None, None)
+  key = common.dropout_key(refs, spec, dropout)
+  rate = dropout[0] if dropout else 0.0
+  batch, kv_head = pl.program_id(1), pl.program_id(2)  # (not inside loops)
 
   k_start = pl.program_id(0) * block_k
   k, v = k_ref[...], v_ref[...]  # [block_k, D]
@@ -96,8 +106,14 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
       mask_t = masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
     p_t = softmax.probs_from_lse(s_t, lse, mask_t, base2=True,
                                  transposed=True)
-    dv = dv + common.dot(p_t.astype(do.dtype), do, acc_dtype)
-    dp_t = common.dot(v, do, acc_dtype, trans_b=True)
+    # Transposed tiles: rows are keys, columns queries (q head h G + g).
+    keep_t = common.dropout_keep(dropout, key, batch, kv_head * group + g,
+                                 common.positions(q_start, block_q, axis=1),
+                                 k_pos)
+    dv = dv + common.dot(dropout_rng.apply(p_t, keep_t, rate).astype(do.dtype),
+                         do, acc_dtype)
+    dp_t = dropout_rng.apply(common.dot(v, do, acc_dtype, trans_b=True),
+                             keep_t, rate)
     ds_t = softmax.scores_grad(spec, qk_t, p_t * (dp_t - delta[None, :]))
     dk = dk + common.dot(ds_t.astype(q.dtype), q, acc_dtype)
     return dk, dv
@@ -121,8 +137,9 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
 
 def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
              *, dq_cfg: KernelConfig, dkdv_cfg: KernelConfig,
-             interpret: bool):
-  """(dq, dk, dv) for canonical inputs; delta = rowsum(do*o) - dlse."""
+             interpret: bool, dropout=None):
+  """(dq, dk, dv) for canonical inputs; delta = rowsum(do*o) - dlse.
+  dropout: as forward (the mask is drawn again)."""
   del o  # only needed through delta
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
@@ -148,15 +165,15 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
     segs = [common.pad_to(q_seg, {1: Tp}), common.pad_to(kv_seg, {1: Sp})]
 
   dq = _dq(spec, q, k, v, do, lse, delta, segs, bq_dq, bk_dq, group, mode,
-           acc_dtype, dq_cfg, interpret)
+           acc_dtype, dq_cfg, interpret, dropout)
   dk, dv = _dkdv(spec, q, k, v, do, lse, delta, segs, bq_kv, bk_kv, group,
-                 mode, acc_dtype, dkdv_cfg, interpret)
+                 mode, acc_dtype, dkdv_cfg, interpret, dropout)
   return (common.unpad(dq, {1: T, 3: D}), common.unpad(dk, {1: S, 3: D}),
           common.unpad(dv, {1: S, 3: D}))
 
 
 def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
-        cfg, interpret):
+        cfg, interpret, dropout):
   B, Tp, H, Dp = q.shape
   Sp = k.shape[1]
   nq, nk = Tp // bq, Sp // bk
@@ -177,19 +194,22 @@ def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
   if segs:
     in_specs += [pl.BlockSpec((None, bq), lambda i, b, h: (b, q_block(i))),
                  pl.BlockSpec((None, Sp), lambda i, b, h: (b, 0))]
+  args, in_specs, static_dropout = common.with_dropout_key(
+      [q, k, v, do, lse, delta, *segs], in_specs, dropout)
   kernel = functools.partial(
       _dq_kernel, spec=spec, block_q=bq, block_k=bk, num_q_blocks=nq,
-      num_kv_blocks=nk, mode=mode, reverse=reverse, acc_dtype=acc_dtype)
+      num_kv_blocks=nk, mode=mode, reverse=reverse, acc_dtype=acc_dtype,
+      dropout=static_dropout)
   (dq,) = common.launch(
       kernel, name="jax_flash_bwd_dq", grid=(nq, B, H),
-      args=[q, k, v, do, lse, delta, *segs], in_specs=in_specs,
+      args=args, in_specs=in_specs,
       out_specs=[q_tile], out_shapes=[common.sds(q.shape, q.dtype)],
       interpret=interpret, cfg=cfg)
   return dq
 
 
 def _dkdv(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode,
-          acc_dtype, cfg, interpret):
+          acc_dtype, cfg, interpret, dropout):
   B, Tp, H, Dp = q.shape
   Sp, H_kv = k.shape[1], k.shape[2]
   nq, nk = Tp // bq, Sp // bk
@@ -202,12 +222,14 @@ def _dkdv(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode,
   if segs:
     in_specs += [pl.BlockSpec((None, Tp), lambda j, b, h: (b, 0)),
                  pl.BlockSpec((None, bk), lambda j, b, h: (b, j))]
+  args, in_specs, static_dropout = common.with_dropout_key(
+      [q, k, v, do, lse, delta, *segs], in_specs, dropout)
   kernel = functools.partial(
       _dkdv_kernel, spec=spec, block_q=bq, block_k=bk, group=group,
-      num_q_blocks=nq, mode=mode, acc_dtype=acc_dtype)
+      num_q_blocks=nq, mode=mode, acc_dtype=acc_dtype, dropout=static_dropout)
   dk, dv = common.launch(
       kernel, name="jax_flash_bwd_dkdv", grid=(nk, B, H_kv),
-      args=[q, k, v, do, lse, delta, *segs], in_specs=in_specs,
+      args=args, in_specs=in_specs,
       out_specs=[kv_tile, kv_tile],
       out_shapes=[common.sds(k.shape, k.dtype), common.sds(v.shape, v.dtype)],
       interpret=interpret, cfg=cfg)

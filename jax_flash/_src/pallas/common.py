@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_flash._src import dropout as dropout_rng
 from jax_flash._src.pallas.config import KernelConfig
 from jax_flash._src.spec import AttentionSpec
 
@@ -98,6 +99,34 @@ def positions(start, size: int, axis: int):
   """Absolute indices start + [0, size) laid out along `axis` of a 2-D tile."""
   shape = (size, 1) if axis == 0 else (1, size)
   return start + lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def with_dropout_key(args: list, in_specs: list, dropout):
+  """Append the dropout key words (a uint32 [2] input, after the segment ids)
+  and return (args, in_specs, static dropout): (rate, None, broadcast) for
+  the kernel, whose key comes from the input, or None without dropout."""
+  if dropout is None:
+    return list(args), list(in_specs), None
+  rate, (k0, k1), broadcast = dropout
+  words = jnp.stack([jnp.asarray(k0, jnp.uint32), jnp.asarray(k1, jnp.uint32)])
+  spec = pl.BlockSpec((2,), lambda *_: (0,))
+  return list(args) + [words], list(in_specs) + [spec], (rate, None, broadcast)
+
+
+def dropout_key(refs, spec, dropout):
+  """The kernel's (k0, k1) from its dropout input (with_dropout_key), or None."""
+  if dropout is None:
+    return None
+  words = refs[2 if spec.has_segment_ids else 0][...]
+  return words[0], words[1]
+
+
+def dropout_keep(dropout, key, batch, head, rows, cols):
+  """The keep mask of a kernel tile (dropout.tile_keep) or None."""
+  if dropout is None:
+    return None
+  rate, _, broadcast = dropout
+  return dropout_rng.tile_keep((rate, key, broadcast), batch, head, rows, cols)
 
 
 def block_start(idx, block: int):

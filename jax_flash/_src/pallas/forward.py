@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_flash._src import dropout as dropout_rng
 from jax_flash._src import masking, softmax
 from jax_flash._src.pallas import common
 from jax_flash._src.pallas.config import KernelConfig
@@ -28,9 +29,12 @@ from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
             block_k: int, num_q_blocks: int, num_kv_blocks: int,
-            mode: common.MaskMode, reverse: bool, acc_dtype):
+            mode: common.MaskMode, reverse: bool, acc_dtype, dropout):
   o_ref, lse_ref = refs[-2:]  # inputs may also hold aliased poison buffers
   q_seg_ref, kv_seg_ref = refs[:2] if spec.has_segment_ids else (None, None)
+  # Dropout: the generator's key words follow the segment ids.
+  key = common.dropout_key(refs, spec, dropout)
+  batch, head = pl.program_id(1), pl.program_id(2)  # (not inside loops: interpret mode)
 
   i = pl.program_id(0)
   if reverse:
@@ -51,7 +55,11 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
       mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
     v = v_ref[rows, :]
-    pv = lambda p: common.dot(p.astype(v.dtype), v, acc_dtype)
+    keep = common.dropout_keep(dropout, key, batch, head, q_pos,
+                               common.positions(k_start, block_k, axis=1))
+    rate = dropout[0] if dropout else 0.0
+    pv = lambda p: common.dot(dropout_rng.apply(p, keep, rate).astype(v.dtype),
+                              v, acc_dtype)
     return softmax.update(state, s, mask, pv, base2=True)
 
   first, last = masking.kv_block_range(spec, q_start, block_q, block_k,
@@ -65,8 +73,9 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
 
 
 def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
-            cfg: KernelConfig, interpret: bool):
-  """(o [B,T,H,D], lse [B,H,T]) for canonical inputs (see spec.py)."""
+            cfg: KernelConfig, interpret: bool, dropout=None):
+  """(o [B,T,H,D], lse [B,H,T]) for canonical inputs (see spec.py).
+  dropout: None or (rate, (k0, k1), broadcast), as xla.forward."""
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
   group = H // H_kv
@@ -96,6 +105,8 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
     args += [common.pad_to(q_seg, {1: Tp}), common.pad_to(kv_seg, {1: Sp})]
     in_specs += [pl.BlockSpec((None, bq), lambda i, b, h: (b, q_block(i))),
                  pl.BlockSpec((None, Sp), lambda i, b, h: (b, 0))]
+  args, in_specs, static_dropout = common.with_dropout_key(args, in_specs,
+                                                           dropout)
   out_specs = [q_tile,
                pl.BlockSpec((None, None, bq),
                             lambda i, b, h: (b, h, q_block(i)))]
@@ -105,7 +116,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
   kernel = functools.partial(
       _kernel, spec=spec, block_q=bq, block_k=bk, num_q_blocks=nq,
       num_kv_blocks=nk, mode=common.mask_mode(spec, Tp, Sp), reverse=reverse,
-      acc_dtype=acc_dtype)
+      acc_dtype=acc_dtype, dropout=static_dropout)
   o, lse = common.launch(kernel, name="jax_flash_fwd", grid=(nq, B, H),
                          args=args, in_specs=in_specs, out_specs=out_specs,
                          out_shapes=out_shapes, interpret=interpret, cfg=cfg)
