@@ -102,6 +102,11 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
           f"picks xla)")
     if implementation == "pallas":
       backends.get("pallas").check(spec, _platform(q))
+    if sharding._explicit_spec(q) is not None:
+      raise ValueError(
+          "dropout_rate with inputs sharded over explicit mesh axes is not "
+          "supported yet; shard over Auto axes (plain NamedSharding), where "
+          "the mask is the same as on one device")
     k0, k1 = dropout_attention.key_words(dropout_rng)
   if kv_seq_lengths is None:
     segs = check_segment_ids(segment_ids, batch_shape, T, S)
