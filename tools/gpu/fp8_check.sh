@@ -6,6 +6,7 @@
 #              FP8 forward kernel), separate device allocations, outputs NaN-poisoned
 #   accuracy   benchmarks/fp8_accuracy.py --out $OUT/fp8_accuracy.json
 #   bench      benchmarks/bench_fp8.py --out $OUT/h200_fp8.json
+#   gap        tools/gpu/fp8_sim_gap.py: kernel vs simulation as S grows (not in the default steps)
 # each step's output in $OUT/<step>.log, the next step run whatever the last one gave,
 # a short summary printed last. Usage:
 #   tools/gpu/fp8_check.sh                       # all four steps
@@ -110,6 +111,13 @@ if has bench; then
       ${FP8_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45
   rc=${PIPESTATUS[0]}
   note "bench: rc=$rc, $(grep -c '"impl"' "$OUT/h200_fp8.json" 2>/dev/null || echo 0) rows in h200_fp8.json ($((SECONDS - t0)) s)"
+fi
+
+if has gap; then
+  t0=$SECONDS
+  timeout -k 10 "$(limit ${GAP_TIMEOUT:-150})" $PY tools/gpu/fp8_sim_gap.py ${FP8_GAP_ARGS:-} 2>&1 \
+      | tee "$OUT/gap.log" | tail -8
+  note "gap: rc=${PIPESTATUS[0]} ($((SECONDS - t0)) s), table in gap.log"
 fi
 
 echo; echo "==== summary ($SECONDS s) ===="
