@@ -38,16 +38,8 @@ def _mask(rng_key, B, H, T, S, rate=RATE, broadcast=False):
   return np.asarray(keep, np.float64) * dropout.keep_scale(rate)
 
 
-def _reference(q, k, v, z, *, causal=False, window=None, softcap=None,
-               segs=None):
-  """float64 dense attention with dropout mask z [B, H, T, S] (scaled)."""
-  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-  B, T, H, D = q.shape
-  S, Hk = k.shape[1], k.shape[2]
-  k, v = np.repeat(k, H // Hk, axis=2), np.repeat(v, H // Hk, axis=2)
-  s = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(D)
-  if softcap:
-    s = softcap * np.tanh(s / softcap)
+def _visible(B, T, S, *, causal=False, window=None, segs=None):
+  """[B, 1, T, S] bool: the bottom-right masking convention (spec.py)."""
   i = np.arange(T)[:, None] + (S - T)
   j = np.arange(S)[None, :]
   vis = np.ones((T, S), bool)
@@ -62,6 +54,20 @@ def _reference(q, k, v, z, *, causal=False, window=None, softcap=None,
   if segs is not None:
     qs, ks = (np.asarray(x) for x in segs)
     vis = vis & (qs[:, None, :, None] == ks[:, None, None, :])
+  return vis
+
+
+def _reference(q, k, v, z, *, causal=False, window=None, softcap=None,
+               segs=None):
+  """float64 dense attention with dropout mask z [B, H, T, S] (scaled)."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  B, T, H, D = q.shape
+  S, Hk = k.shape[1], k.shape[2]
+  k, v = np.repeat(k, H // Hk, axis=2), np.repeat(v, H // Hk, axis=2)
+  s = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(D)
+  if softcap:
+    s = softcap * np.tanh(s / softcap)
+  vis = _visible(B, T, S, causal=causal, window=window, segs=segs)
   s = np.where(vis, s, -np.inf)
   m = np.max(s, -1, keepdims=True)
   m = np.where(np.isfinite(m), m, 0.0)
@@ -117,19 +123,7 @@ def _dense_jnp(q, k, v, z, *, causal=False, window=None, softcap=None, segs=None
   s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(D)
   if softcap:
     s = softcap * jnp.tanh(s / softcap)
-  i = np.arange(T)[:, None] + (S - T)
-  j = np.arange(S)[None, :]
-  vis = np.ones((T, S), bool)
-  left, right = window if window is not None else (-1, -1)
-  if causal:
-    right = 0 if right < 0 else min(right, 0)
-  if left >= 0:
-    vis &= j >= i - left
-  if right >= 0:
-    vis &= j <= i + right
-  vis = jnp.broadcast_to(vis, (B, 1, T, S))
-  if segs is not None:
-    vis = vis & (segs[0][:, None, :, None] == segs[1][:, None, None, :])
+  vis = jnp.asarray(_visible(B, T, S, causal=causal, window=window, segs=segs))
   s = jnp.where(vis, s, -jnp.inf)
   m = jax.lax.stop_gradient(jnp.max(jnp.where(vis, s, -1e300), -1, keepdims=True))
   p = jnp.where(vis, jnp.exp(s - m), 0.0)

@@ -96,13 +96,8 @@ ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
   }
   auto qd = q8.dimensions(), kd = k8.dimensions(), td = vt8.dimensions();
   Fp8FwdParams p{};
+  FillShapes(p, q8, k8, vt8);  // v: V^T, its strides are the vt_* ones below
   p.dtype = DType::kFloat8E4M3;
-  p.batch = static_cast<int>(qd[0]);
-  p.seqlen_q = static_cast<int>(qd[1]);
-  p.num_heads = static_cast<int>(qd[2]);
-  p.head_dim = static_cast<int>(qd[3]);
-  p.seqlen_k = static_cast<int>(kd[1]);
-  p.num_heads_k = static_cast<int>(kd[2]);
   p.seqlen_k_pad = static_cast<int>(td[3]);
   if (kd[0] != qd[0] || kd[3] != qd[3] || td[0] != qd[0] || td[1] != kd[2] || td[2] != qd[3]) {
     return Invalid("shapes disagree: q8 " + ShapeStr(q8) + ", k8 " + ShapeStr(k8) + ", vt8 " + ShapeStr(vt8));
@@ -118,21 +113,9 @@ ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
     if (od[i] != qd[i]) return Invalid("o must have q8's shape");
   }
   const int64_t D = p.head_dim;
-  p.q_head_stride = D;
-  p.q_row_stride = D * p.num_heads;
-  p.q_batch_stride = p.q_row_stride * p.seqlen_q;
-  p.k_head_stride = D;
-  p.k_row_stride = D * p.num_heads_k;
-  p.k_batch_stride = p.k_row_stride * p.seqlen_k;
-  p.o_head_stride = p.q_head_stride;
-  p.o_row_stride = p.q_row_stride;
-  p.o_batch_stride = p.q_batch_stride;
   p.vt_dim_stride = p.seqlen_k_pad;
   p.vt_head_stride = D * p.seqlen_k_pad;
   p.vt_batch_stride = p.vt_head_stride * p.num_heads_k;
-  p.q = q8.untyped_data();
-  p.k = k8.untyped_data();
-  p.v = vt8.untyped_data();
   const size_t qb = (static_cast<size_t>(p.seqlen_q) + 63) / 64, kb = (static_cast<size_t>(p.seqlen_k) + 127) / 128;
   if (q_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads * qb ||
       k_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads_k * kb ||

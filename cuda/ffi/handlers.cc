@@ -58,31 +58,6 @@ ffi::Error CheckQkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   return ffi::Error::Success();
 }
 
-void FillShapes(FwdParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                const ffi::AnyBuffer& v) {
-  auto qd = q.dimensions(), kd = k.dimensions();
-  p.batch = static_cast<int>(qd[0]);
-  p.seqlen_q = static_cast<int>(qd[1]);
-  p.num_heads = static_cast<int>(qd[2]);
-  p.head_dim = static_cast<int>(qd[3]);
-  p.seqlen_k = static_cast<int>(kd[1]);
-  p.num_heads_k = static_cast<int>(kd[2]);
-  // Contiguous BTHD strides (elements).
-  const int64_t D = p.head_dim;
-  p.q_head_stride = D;
-  p.q_row_stride = D * p.num_heads;
-  p.q_batch_stride = p.q_row_stride * p.seqlen_q;
-  p.k_head_stride = p.v_head_stride = D;
-  p.k_row_stride = p.v_row_stride = D * p.num_heads_k;
-  p.k_batch_stride = p.v_batch_stride = p.k_row_stride * p.seqlen_k;
-  p.o_head_stride = p.q_head_stride;
-  p.o_row_stride = p.q_row_stride;
-  p.o_batch_stride = p.q_batch_stride;
-  p.q = q.untyped_data();
-  p.k = k.untyped_data();
-  p.v = v.untyped_data();
-}
-
 // Forward kernel family: 0 = the best that serves the request (sm90 on an
 // sm_90 GPU when jax_flash::sm90::fwd_supported, else sm80), 80 or 90 = that
 // family only (90 fails with a message when it cannot serve the call).

@@ -154,6 +154,18 @@ def _pspec(x, ndim):
   return spec + (None,) * (ndim - len(spec))
 
 
+def mesh_or_replica(mesh, arg_shapes):
+  """`mesh`, or where jax could not name one (shardings then come as
+  GSPMDSharding), a 1-axis mesh of the first operand's devices to replicate
+  over (for custom_partitioning callbacks)."""
+  if mesh is not None and not getattr(mesh, "empty", False):
+    return mesh
+  sharding = arg_shapes[0].sharding
+  devices = getattr(sharding, "_device_assignment", None) or sorted(
+      sharding.device_set, key=lambda d: d.id)
+  return jax.sharding.Mesh(np.asarray(devices), ("_jax_flash_replica",))
+
+
 def partitioned(kind: str, spec, body):
   """custom_partitioning of body(local_spec, *arrays) -> tuple of arrays.
 
@@ -180,25 +192,15 @@ def partitioned(kind: str, spec, body):
     return tuple(NamedSharding(mesh, _role_spec(r, batch_axes, head_axes))
                  for r in roles)
 
-  def _mesh(mesh, arg_shapes):
-    """`mesh`, or where jax could not name one (shardings then come as
-    GSPMDSharding), a 1-axis mesh of q's devices to replicate over."""
-    if mesh is not None and not getattr(mesh, "empty", False):
-      return mesh
-    sharding = arg_shapes[0].sharding
-    devices = getattr(sharding, "_device_assignment", None) or sorted(
-        sharding.device_set, key=lambda d: d.id)
-    return jax.sharding.Mesh(np.asarray(devices), ("_jax_flash_replica",))
-
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
-    mesh = _mesh(mesh, arg_shapes)
+    mesh = mesh_or_replica(mesh, arg_shapes)
     batch_axes, head_axes = _decide(mesh, arg_shapes)
     return _shardings(mesh, out_roles, batch_axes, head_axes)
 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
-    mesh = _mesh(mesh, arg_shapes)
+    mesh = mesh_or_replica(mesh, arg_shapes)
     batch_axes, head_axes = _decide(mesh, arg_shapes)
     arg_shardings = _shardings(mesh, in_roles, batch_axes, head_axes)
     out_shardings = _shardings(mesh, out_roles, batch_axes, head_axes)

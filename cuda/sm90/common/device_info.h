@@ -40,16 +40,18 @@ inline DeviceInfo device_info() {
 
 // TMA: strides are multiples of 16 bytes and below 2^40 bytes. A dimension
 // with a single index may have any stride (the launcher substitutes one).
-inline bool stride_ok(int64_t stride, int64_t size) {
+inline bool stride_ok(int64_t stride, int64_t size, int elem_bytes = 2) {
   if (size <= 1) return true;
-  return stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39);
+  const int64_t bytes = stride * elem_bytes;
+  return stride > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40);
 }
 
-// A [batch, seq, heads, head_dim] tensor with these element strides.
+// A tensor of three strided dimensions (e.g. [batch, seq, heads, head_dim]:
+// seq, heads, batch) with these element strides.
 inline bool tensor_ok(const void* ptr, int64_t seq, int64_t heads, int64_t batch, int64_t rs,
-                      int64_t hs, int64_t bs) {
-  return ptr != nullptr && aligned16(ptr) && stride_ok(rs, seq) && stride_ok(hs, heads) &&
-         stride_ok(bs, batch);
+                      int64_t hs, int64_t bs, int elem_bytes = 2) {
+  return ptr != nullptr && aligned16(ptr) && stride_ok(rs, seq, elem_bytes) &&
+         stride_ok(hs, heads, elem_bytes) && stride_ok(bs, batch, elem_bytes);
 }
 
 }  // namespace jax_flash::sm90

@@ -81,23 +81,30 @@ bool fp8_bucket_ok(const Fp8FwdParams& p, const DeviceInfo& dev) {
   return alloc <= dev.smem_optin;
 }
 
-// 1-byte elements: TMA strides are multiples of 16 elements.
-bool fp8_stride_ok(int64_t stride, int64_t size) {
-  if (size <= 1) return true;
-  return stride > 0 && stride % 16 == 0 && stride < (int64_t(1) << 40);
-}
-bool fp8_tensor_ok(const void* ptr, int64_t n1, int64_t n2, int64_t n3, int64_t s1, int64_t s2,
-                   int64_t s3) {
-  return ptr != nullptr && aligned16(ptr) && fp8_stride_ok(s1, n1) && fp8_stride_ok(s2, n2) &&
-         fp8_stride_ok(s3, n3);
+// What every sm90 forward call needs, whatever its element type: shapes, the
+// optional pieces in pairs, a positive scale, a tile count that fits an int,
+// and the dynamic scheduler's counter (4-byte aligned device int) when the
+// configuration uses it.
+bool fwd_call_ok(const FwdParams& p, bool needs_tile_counter) {
+  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
+    return false;
+  if (p.num_heads % p.num_heads_k != 0) return false;
+  if (p.lse == nullptr) return false;
+  if ((p.q_segment == nullptr) != (p.kv_segment == nullptr)) return false;
+  if (!(p.scale > 0.f) || !(p.softcap >= 0.f)) return false;
+  // Tile count (blocks of >= 64 rows x heads x batch) fits an int.
+  if (int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + 63) / 64) >= (int64_t(1) << 31))
+    return false;
+  if (needs_tile_counter &&
+      (p.sm90_tile_counter == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_tile_counter) & 3) != 0))
+    return false;
+  return true;
 }
 
 }  // namespace
 
 bool fwd_fp8_supported(const Fp8FwdParams& p) {
-  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
-    return false;
-  if (p.num_heads % p.num_heads_k != 0) return false;
+  if (!fwd_call_ok(p, fwd_fp8_needs_tile_counter(p))) return false;
   if (p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.dtype != DType::kFloat8E4M3) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
@@ -105,24 +112,16 @@ bool fwd_fp8_supported(const Fp8FwdParams& p) {
 #else
   if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16) return false;
 #endif
-  if (p.lse == nullptr || p.q_descale == nullptr || p.k_descale == nullptr || p.v_descale == nullptr)
-    return false;
-  if ((p.q_segment == nullptr) != (p.kv_segment == nullptr)) return false;
-  if (!(p.scale > 0.f) || !(p.softcap >= 0.f)) return false;
+  if (p.q_descale == nullptr || p.k_descale == nullptr || p.v_descale == nullptr) return false;
   if (p.seqlen_k_pad < p.seqlen_k || p.seqlen_k_pad % 32 != 0) return false;
-  if (int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + 63) / 64) >= (int64_t(1) << 31))
-    return false;
-  if (!fp8_tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
-                     p.q_batch_stride) ||
-      !fp8_tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
-                     p.k_batch_stride) ||
-      !fp8_tensor_ok(p.v, p.head_dim, p.num_heads_k, p.batch, p.vt_dim_stride, p.vt_head_stride,
-                     p.vt_batch_stride) ||
+  if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
+                 p.q_batch_stride, 1) ||
+      !tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
+                 p.k_batch_stride, 1) ||
+      !tensor_ok(p.v, p.head_dim, p.num_heads_k, p.batch, p.vt_dim_stride, p.vt_head_stride,
+                 p.vt_batch_stride, 1) ||
       !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
                  p.o_batch_stride))
-    return false;
-  if (fwd_fp8_needs_tile_counter(p) &&
-      (p.sm90_tile_counter == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_tile_counter) & 3) != 0))
     return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
@@ -155,21 +154,13 @@ cudaError_t run_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
 }
 
 bool fwd_supported(const FwdParams& p) {
-  if (p.batch < 0 || p.seqlen_q < 0 || p.seqlen_k < 0 || p.num_heads <= 0 || p.num_heads_k <= 0)
-    return false;
-  if (p.num_heads % p.num_heads_k != 0) return false;
+  if (!fwd_call_ok(p, fwd_needs_tile_counter(p))) return false;
   if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
-  if (p.lse == nullptr) return false;
-  if ((p.q_segment == nullptr) != (p.kv_segment == nullptr)) return false;
-  if (!(p.scale > 0.f) || !(p.softcap >= 0.f)) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;
 #else
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
 #endif
-  // Tile count (blocks of >= 64 rows x heads x batch) fits an int.
-  if (int64_t(p.batch) * p.num_heads * ((int64_t(p.seqlen_q) + 63) / 64) >= (int64_t(1) << 31))
-    return false;
   if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
                  p.q_batch_stride) ||
       !tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
@@ -178,10 +169,6 @@ bool fwd_supported(const FwdParams& p) {
                  p.v_batch_stride) ||
       !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
                  p.o_batch_stride))
-    return false;
-  // The dynamic scheduler's per-call tile counter (4-byte aligned device int).
-  if (fwd_needs_tile_counter(p) &&
-      (p.sm90_tile_counter == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_tile_counter) & 3) != 0))
     return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;

@@ -667,17 +667,6 @@ def sharding_rule(spec, in_roles, out_roles, axis_sizes=None):
   return rule, kw
 
 
-def _mesh_of(mesh, arg_shapes):
-  """As sharding.partitioned: `mesh`, or a 1-axis mesh of q's devices to
-  replicate over where jax could not name one."""
-  if mesh is not None and not getattr(mesh, "empty", False):
-    return mesh
-  sh = arg_shapes[0].sharding
-  devices = getattr(sh, "_device_assignment", None) or sorted(
-      sh.device_set, key=lambda d: d.id)
-  return jax.sharding.Mesh(np.asarray(devices), ("_jax_flash_replica",))
-
-
 def _partitioned(spec, in_roles, out_roles, body):
   """custom_partitioning of body(local_spec, *arrays) -> tuple of arrays,
   each device running its batch/head shard: sharding.partitioned for the
@@ -710,12 +699,12 @@ def _partitioned(spec, in_roles, out_roles, body):
 
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
-    mesh = _mesh_of(mesh, arg_shapes)
+    mesh = sharding.mesh_or_replica(mesh, arg_shapes)
     return shardings(mesh, out_roles, *decide(mesh, arg_shapes))
 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
-    mesh = _mesh_of(mesh, arg_shapes)
+    mesh = sharding.mesh_or_replica(mesh, arg_shapes)
     axes = decide(mesh, arg_shapes)
 
     return (mesh, local_body, shardings(mesh, out_roles, *axes),
