@@ -6,9 +6,12 @@ import numpy as np
 
 
 def mask(T, S, *, causal=False, window=None, q_seg=None, kv_seg=None,
-         offset=None):
+         offset=None, visibility=None):
   """[B or 1, T, S] boolean visibility, bottom-right aligned unless
-  `offset` (the key position of query row 0, AttentionSpec.q_offset)."""
+  `offset` (the key position of query row 0, AttentionSpec.q_offset);
+  `visibility` [B or 1, T, S], if given, is the answer (varlen_mask)."""
+  if visibility is not None:
+    return np.asarray(visibility, bool)
   i = np.arange(T)[:, None] + (S - T if offset is None else offset)
   j = np.arange(S)[None, :]
   ok = np.ones((T, S), bool)
@@ -25,8 +28,21 @@ def mask(T, S, *, causal=False, window=None, q_seg=None, kv_seg=None,
   return ok
 
 
+def varlen_mask(cu_q, cu_k, total_q, total_k, *, causal=False, window=None):
+  """[1, total_q, total_k] visibility of packed sequences (varlen_attention):
+  within each sequence, bottom-right aligned to its own keys."""
+  ok = np.zeros((1, total_q, total_k), bool)
+  for s in range(len(cu_q) - 1):
+    qa, qb, ka, kb = (int(x) for x in (cu_q[s], cu_q[s + 1], cu_k[s],
+                                        cu_k[s + 1]))
+    if qb > qa and kb > ka:
+      ok[:, qa:qb, ka:kb] = mask(qb - qa, kb - ka, causal=causal,
+                                 window=window)
+  return ok
+
+
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
-              segment_ids=None, offset=None):
+              segment_ids=None, offset=None, visibility=None):
   """Returns (o [B,T,H,D], lse [B,H,T]) in float64. Empty rows: 0, -inf."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, D = q.shape
@@ -41,7 +57,7 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
   if segment_ids is not None:
     q_seg, kv_seg = segment_ids
   m = mask(T, S, causal=causal, window=window, q_seg=q_seg, kv_seg=kv_seg,
-           offset=offset)
+           offset=offset, visibility=visibility)
   s = np.where(m[:, None], s, -np.inf)
   mx = s.max(-1, keepdims=True)
   mx = np.where(np.isfinite(mx), mx, 0)
@@ -71,7 +87,7 @@ def attention_vjp(q, k, v, do, *, dlse=None, **kw):
   m = mask(T, S, causal=kw.get("causal", False), window=kw.get("window"),
            q_seg=None if seg is None else seg[0],
            kv_seg=None if seg is None else seg[1],
-           offset=kw.get("offset"))[:, None]
+           offset=kw.get("offset"), visibility=kw.get("visibility"))[:, None]
   lse_safe = np.where(np.isfinite(lse), lse, 0)[..., None]
   p = np.where(m, np.exp(np.where(m, s, 0) - lse_safe), 0)
   dv = np.einsum("bhts,bthd->bshd", p, do, optimize=True)
@@ -145,7 +161,8 @@ def _round_cotangent(x, dtype):
 
 
 def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
-                        softcap=None, segment_ids=None, offset=None):
+                        softcap=None, segment_ids=None, offset=None,
+                        visibility=None):
   """Dense attention in the input dtype, the way plain XLA code computes it.
 
   The "same-dtype XLA attention" of the error criterion: q·k^T in the input
@@ -178,7 +195,8 @@ def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
   if segment_ids is not None:
     q_seg, kv_seg = (np.asarray(x) for x in segment_ids)
   m = jnp.asarray(mask(T, S, causal=causal, window=window, q_seg=q_seg,
-                       kv_seg=kv_seg, offset=offset))[:, None]
+                       kv_seg=kv_seg, offset=offset,
+                       visibility=visibility))[:, None]
   s = jnp.where(m, s, -jnp.inf)
   mx = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
   mx = jnp.where(jnp.isfinite(mx), mx, 0.0)

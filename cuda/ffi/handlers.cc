@@ -95,11 +95,11 @@ ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t strea
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
-                   ffi::Result<ffi::AnyBuffer> o,
+                   ffi::AnyBuffer packing, ffi::Result<ffi::AnyBuffer> o,
                    ffi::Result<ffi::Buffer<ffi::F32>> lse,
                    ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool has_segment_ids, int32_t kernel_family) {
+                   bool has_segment_ids, bool has_shifts, int32_t kernel_family) {
   FwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
@@ -112,6 +112,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
       err.failure()) {
     return err;
   }
+  if (auto err = FillPacking(p, packing, has_shifts); err.failure()) return err;
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
   // Workspace of the sm90 dynamic tile scheduler (one int32, zeroed by the
@@ -129,7 +130,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
 ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
                    ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> delta,
-                   ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
+                   ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg, ffi::AnyBuffer packing,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv,
                    ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
@@ -137,7 +138,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::Result<ffi::Buffer<ffi::F32>> dv_accum,
                    ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool has_segment_ids, bool deterministic,
+                   bool has_segment_ids, bool has_shifts, bool deterministic,
                    int32_t kernel_family) {
   BwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
@@ -157,6 +158,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
       err.failure()) {
     return err;
   }
+  if (auto err = FillPacking(p, packing, has_shifts); err.failure()) return err;
   p.seqlen_q_rounded = rounded_seqlen(p.seqlen_q);
   p.seqlen_k_rounded = rounded_seqlen(p.seqlen_k);
   p.head_dim_rounded = rounded_head_dim(p.head_dim);
@@ -215,6 +217,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // v
         .Arg<ffi::AnyBuffer>()  // q_segment (1-element dummy when absent)
         .Arg<ffi::AnyBuffer>()  // kv_segment
+        .Arg<ffi::AnyBuffer>()  // packing: tile spans (+ shifts), FillPacking
         .Ret<ffi::AnyBuffer>()  // o
         .Ret<ffi::Buffer<ffi::F32>>()  // lse
         .Ret<ffi::Buffer<ffi::S32>>()  // tile_counter workspace (sm90 dynamic scheduler)
@@ -223,6 +226,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("window_left")
         .Attr<int32_t>("window_right")
         .Attr<bool>("has_segment_ids")
+        .Attr<bool>("has_shifts")
         .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});
 
@@ -239,6 +243,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()  // delta
         .Arg<ffi::AnyBuffer>()  // q_segment
         .Arg<ffi::AnyBuffer>()  // kv_segment
+        .Arg<ffi::AnyBuffer>()  // packing
         .Ret<ffi::AnyBuffer>()  // dq
         .Ret<ffi::AnyBuffer>()  // dk
         .Ret<ffi::AnyBuffer>()  // dv
@@ -251,6 +256,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("window_left")
         .Attr<int32_t>("window_right")
         .Attr<bool>("has_segment_ids")
+        .Attr<bool>("has_shifts")
         .Attr<bool>("deterministic")
         .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});

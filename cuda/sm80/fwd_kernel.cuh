@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const int rows_valid = p.seqlen_q - m0;
 
   int n_first, n_last;
-  mi.kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+  mi.kv_block_range(batch, m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
   if (n_last <= n_first) {  // every row fully masked: O = 0, LSE = -inf
     write_empty_rows<Element, Cfg>(o_ptr(batch, head), p.o_row_stride, lse_ptr(batch, head),
                                    rows_valid, p.head_dim, tid);
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           acc_s, sQ, (t / 32) * Cfg::kMT * 16, sK, 0, LdsmLane{t % 32});
     }
     if constexpr (kSoftcap) apply_softcap(acc_s, softcap_pre);
-    if (mi.block_needs_mask(m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
+    if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
       const int t = opaque_tid();
       apply_mask(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32);
     }

@@ -30,7 +30,7 @@ JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int bat
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + m * 16 + g + 8 * h;
       int lo, hi;
-      mi.row_bounds(row, lo, hi);
+      mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
       // Key c0 + d visible iff lo - c0 <= d <= hi - c0; d is an immediate.
       lo -= c0;
       hi -= c0;

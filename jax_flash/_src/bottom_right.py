@@ -32,10 +32,12 @@ def _pad_to(x, n: int, axis: int = 1, value=0.0):
   return jnp.pad(x, widths, constant_values=value)
 
 
-def forward(kernel, spec, q, k, v, q_seg, kv_seg):
-  """`kernel(spec, q, k, v, q_seg, kv_seg) -> (o, lse)` for any alignment."""
+def forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts=None):
+  """`kernel(spec, q, k, v, q_seg, kv_seg, shifts) -> (o, lse)` for any
+  alignment (shifts: only with the bottom-right one)."""
   if spec.bottom_right:
-    return kernel(spec, q, k, v, q_seg, kv_seg)
+    return kernel(spec, q, k, v, q_seg, kv_seg, shifts)
+  assert shifts is None, "diagonal shifts come only with the API's alignment"
   B, T, H, _ = q.shape
   view = masking.bottom_right_view(spec)
   if view is None:  # nothing visible (callers normally skip such blocks)
@@ -46,11 +48,13 @@ def forward(kernel, spec, q, k, v, q_seg, kv_seg):
   return _pad_to(o, T), _pad_to(lse, T, axis=2, value=NEG_INF)
 
 
-def backward(kernel, spec, q, k, v, o, lse, do, delta, q_seg, kv_seg):
-  """`kernel(spec, q, k, v, o, lse, do, delta, q_seg, kv_seg) -> (dq, dk, dv)`
-  for any alignment."""
+def backward(kernel, spec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
+             shifts=None):
+  """`kernel(spec, q, k, v, o, lse, do, delta, q_seg, kv_seg, shifts) ->
+  (dq, dk, dv)` for any alignment (shifts as in `forward`)."""
   if spec.bottom_right:
-    return kernel(spec, q, k, v, o, lse, do, delta, q_seg, kv_seg)
+    return kernel(spec, q, k, v, o, lse, do, delta, q_seg, kv_seg, shifts)
+  assert shifts is None, "diagonal shifts come only with the API's alignment"
   T, S = q.shape[1], k.shape[1]
   view = masking.bottom_right_view(spec)
   if view is None:

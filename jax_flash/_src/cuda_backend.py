@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src import bottom_right, ffi
+from jax_flash._src import bottom_right, ffi, tile_spans
 from jax_flash._src.backends import Unsupported, register
 from jax_flash._src.spec import AttentionSpec
 
@@ -49,11 +49,20 @@ def _compute_capability() -> tuple[int, int] | None:
   return int(major), int(minor)
 
 
-def _segments(spec, q_seg, kv_seg):
-  if spec.has_segment_ids:
-    return q_seg, kv_seg
-  dummy = jnp.zeros((1,), jnp.int32)  # the handler ignores them
-  return dummy, dummy
+def _segments(spec, q_seg, kv_seg, shifts):
+  """(q_seg, kv_seg, packing) as the handlers take them: the packing buffer
+  holds the tile spans of the ids (tile_spans.py) and, with spec.has_shifts,
+  the diagonal shifts (cuda/ffi/handler_util.h FillPacking)."""
+  if not spec.has_segment_ids:
+    dummy = jnp.zeros((1,), jnp.int32)  # the handler ignores them
+    return dummy, dummy, dummy
+  q_shift, kv_shift = shifts if shifts is not None else (None, None)
+  parts = [tile_spans.q_spans(spec, q_seg, kv_seg, q_shift).reshape(-1),
+           tile_spans.kv_spans(spec, q_seg, kv_seg, kv_shift).reshape(-1)]
+  if spec.has_shifts:
+    parts += [q_shift.reshape(-1).astype(jnp.int32),
+              kv_shift.reshape(-1).astype(jnp.int32)]
+  return q_seg, kv_seg, jnp.concatenate(parts)
 
 
 class CudaBackend:
@@ -81,34 +90,36 @@ class CudaBackend:
       raise Unsupported(f"implementation='cuda' needs scale > 0; got "
                         f"{spec.scale}")
 
-  def forward(self, spec: AttentionSpec, q, k, v, q_seg, kv_seg):
-    return bottom_right.forward(_forward, spec, q, k, v, q_seg, kv_seg)
+  def forward(self, spec: AttentionSpec, q, k, v, q_seg, kv_seg,
+              shifts=None):
+    return bottom_right.forward(_forward, spec, q, k, v, q_seg, kv_seg,
+                                shifts)
 
   def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
-               kv_seg):
+               kv_seg, shifts=None):
     return bottom_right.backward(_backward, spec, q, k, v, o, lse, do, delta,
-                                 q_seg, kv_seg)
+                                 q_seg, kv_seg, shifts)
 
 
-def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg):
+def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None):
   B, T, H, _ = q.shape
-  q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
+  q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
   # The third result is a 4-byte workspace: the sm90 dynamic tile scheduler's
   # counter (a per-call buffer, so concurrent calls never share one).
   out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
                 jax.ShapeDtypeStruct((1,), jnp.int32))
-  o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg,
+  o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg, packing,
                     kernel_family=ffi.kernel_family(),
                     **ffi.mask_attrs(spec))
   return o, lse
 
 
 def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
-              kv_seg):
+              kv_seg, shifts=None):
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
-  q_seg, kv_seg = _segments(spec, q_seg, kv_seg)
+  q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
   d_round = rounded_head_dim(D)
   f32 = jnp.float32
   dq_accum = (B * H * _round_up(T, 128) * d_round,)
@@ -129,7 +140,7 @@ def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
                 jax.ShapeDtypeStruct(dq_semaphore, jnp.int32))
   dq, dk, dv, *_ = ffi.call(ffi.BWD, out_shapes, q, k, v, o,
                             lse.astype(f32), do, delta.astype(f32), q_seg,
-                            kv_seg, deterministic=bool(spec.deterministic),
+                            kv_seg, packing, deterministic=bool(spec.deterministic),
                             kernel_family=ffi.kernel_family(),
                             **ffi.mask_attrs(spec))
   return dq, dk, dv

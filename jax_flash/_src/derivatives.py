@@ -45,7 +45,7 @@ from jax_flash._src.spec import AttentionSpec
 # kernels get a custom_partitioning rule (sharding.partitioned).
 CUSTOM_CALL_BACKENDS = frozenset({"pallas", "cuda"})
 
-N_FLOAT_RES = 5  # q, k, v, o, lse; then 0 or 2 integer segment-id arrays
+N_FLOAT_RES = 5  # q, k, v, o, lse; then 0, 2 (segment ids) or 4 (+ shifts) int arrays
 
 
 def softmax_delta(o, do, dlse):
@@ -69,9 +69,11 @@ def _kernel_call(kind, backend_name, spec):
   def body(local, q, k, v, *rest):
     n = 0 if kind == "forward" else 4  # o, lse, do, delta
     arrays, segs = rest[:n], rest[n:]
-    q_seg, kv_seg = segs if segs else (None, None)
+    q_seg, kv_seg = segs[:2] if segs else (None, None)
+    # Diagonal shifts (spec.has_shifts) follow the segment ids.
+    extra = {"shifts": tuple(segs[2:4])} if len(segs) == 4 else {}
     fn = backend.forward if kind == "forward" else backend.backward
-    return tuple(fn(local, q, k, v, *arrays, q_seg, kv_seg))
+    return tuple(fn(local, q, k, v, *arrays, q_seg, kv_seg, **extra))
 
   if backend_name in CUSTOM_CALL_BACKENDS:
     return sharding.partitioned(kind, spec, body)
@@ -85,7 +87,8 @@ def _split(args, n_lin):
 
 
 def _res7(res):
-  """(q, k, v, o, lse, q_seg, kv_seg) with None segments when absent."""
+  """(q, k, v, o, lse, q_seg, kv_seg[, q_shift, kv_shift]) with None
+  segments when absent."""
   segs = tuple(res[N_FLOAT_RES:]) or (None, None)
   return tuple(res[:N_FLOAT_RES]) + segs
 

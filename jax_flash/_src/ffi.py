@@ -85,6 +85,7 @@ def mask_attrs(spec) -> dict:
       window_left=np.int32(spec.window_left),
       window_right=np.int32(spec.window_right),
       has_segment_ids=bool(spec.has_segment_ids),
+      has_shifts=bool(spec.has_shifts),
   )
 
 

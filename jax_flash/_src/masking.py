@@ -18,10 +18,16 @@ import jax.numpy as jnp
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 
-def visible(spec: AttentionSpec, q_pos, k_pos, q_seg=None, k_seg=None):
-  """Boolean mask, broadcasting q_pos [..., bq, 1] against k_pos [..., 1, bk]."""
+def visible(spec: AttentionSpec, q_pos, k_pos, q_seg=None, k_seg=None,
+            q_shift=None):
+  """Boolean mask, broadcasting q_pos [..., bq, 1] against k_pos [..., 1, bk].
+
+  q_shift (like q_seg, with spec.has_shifts): the rows' diagonal shifts.
+  """
   ok = (q_pos < spec.q_len) & (k_pos < spec.kv_len)
   diag = q_pos + spec.kv_offset  # the key aligned with this query (bottom-right)
+  if q_shift is not None:
+    diag = diag + q_shift
   if spec.window_left != UNBOUNDED:
     ok = ok & (k_pos >= diag - spec.window_left)
   if spec.window_right != UNBOUNDED:
@@ -37,10 +43,13 @@ def kv_block_range(spec: AttentionSpec, q_start, block_q: int, block_k: int,
 
   Blocks outside the range are skipped entirely (causal/window sparsity). The
   result may still contain partially masked blocks; the mask handles those.
-  Works on Python ints and traced int32 scalars alike.
+  Works on Python ints and traced int32 scalars alike. With diagonal shifts
+  positions say nothing by themselves (the tile spans bound such calls).
   """
   first = 0
   last = num_kv_blocks
+  if spec.has_shifts:
+    return first, last
   q_last = jnp.minimum(q_start + block_q, spec.q_len) - 1
   if spec.window_right != UNBOUNDED:
     hi = q_last + spec.kv_offset + spec.window_right  # last visible key
@@ -56,6 +65,8 @@ def q_block_range(spec: AttentionSpec, k_start, block_k: int, block_q: int,
   """[first, last) query block indices that can see a key of this KV block."""
   first = 0
   last = num_q_blocks
+  if spec.has_shifts:
+    return first, last
   k_last = jnp.minimum(k_start + block_k, spec.kv_len) - 1
   if spec.window_right != UNBOUNDED:
     # query i sees key j only if i >= j - offset - right

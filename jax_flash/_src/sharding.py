@@ -48,7 +48,8 @@ _Q, _KV, _LSE, _QSEG, _KVSEG = "q", "kv", "lse", "qseg", "kvseg"
 
 
 def _roles(kind: str, n_segs: int):
-  segs = (_QSEG, _KVSEG)[:n_segs]
+  # Segment ids, then (with spec.has_shifts) the shifts, laid out like them.
+  segs = (_QSEG, _KVSEG, _QSEG, _KVSEG)[:n_segs]
   if kind == "forward":
     return (_Q, _KV, _KV) + segs, (_Q, _LSE)
   if kind == "backward":
@@ -172,7 +173,7 @@ def partitioned(kind: str, spec, body):
   kind: "forward" or "backward" (fixes the operand/result layout above).
   Returns fn(*arrays) -> tuple of arrays.
   """
-  n_segs = 2 if spec.has_segment_ids else 0
+  n_segs = (4 if spec.has_shifts else 2) if spec.has_segment_ids else 0
   in_roles, out_roles = _roles(kind, n_segs)
 
   @custom_partitioning

@@ -8,6 +8,8 @@ Canonical array shapes seen by backends:
   k, v       [B, S, H_kv, D]       (H % H_kv == 0)
   q_segment  [B, T] int32          (only when spec.has_segment_ids)
   kv_segment [B, S] int32
+  q_shift    [B, T] int32          (only when spec.has_shifts)
+  kv_shift   [B, S] int32
   o          [B, T, H, D]          (q.dtype)
   lse        [B, H, T] float32     natural-log logsumexp; -inf for fully masked rows
 """
@@ -29,7 +31,12 @@ class AttentionSpec:
   is visible from query i when
       window_left  == -1 or  j >= i + kv_offset - window_left
       window_right == -1 or  j <= i + kv_offset + window_right
-  and, with segment ids, q_segment[i] == kv_segment[j]. `causal=True` is
+  and, with segment ids, q_segment[i] == kv_segment[j]. With `has_shifts`
+  each token carries a diagonal shift (packed sequences of unequal query and
+  key lengths, `varlen_attention`): row i sits at i + kv_offset + q_shift[i],
+  and q_shift[i] == kv_shift[j] whenever q_segment[i] == kv_segment[j] (one
+  shift per sequence), so a key may use its own shift for the same test.
+  `causal=True` is
   folded into window_right = 0 by the API layer; `causal` is kept for
   backends that specialise on it.
 
@@ -46,6 +53,8 @@ class AttentionSpec:
   window_right: int = UNBOUNDED
   softcap: float | None = None
   has_segment_ids: bool = False
+  # Per-token diagonal shifts (see above); only with segment ids.
+  has_shifts: bool = False
   # Shapes, so that backends can decide support without seeing arrays.
   batch: int = 1
   q_len: int = 1

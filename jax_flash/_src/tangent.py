@@ -49,19 +49,21 @@ def _rows_from_blocks(x, spec):
 
 
 def attention_tangent(spec: AttentionSpec, res, lin, *, sparse: bool):
-  """(dO, dlse) for residuals res = (q, k, v, o, lse, q_seg, kv_seg) and
-  tangents lin = (dq, dk, dv); shapes as in spec.py (segments may be None).
+  """(dO, dlse) for residuals res = (q, k, v, o, lse, q_seg, kv_seg[, q_shift,
+  kv_shift]) and tangents lin = (dq, dk, dv); shapes as in spec.py (segments
+  may be None).
 
   Linear in lin; dO has o's dtype, dlse lse's.
   """
-  q, k, v, o, lse, q_seg, kv_seg = res
+  q, k, v, o, lse, q_seg, kv_seg = res[:7]
+  shifts = tuple(res[7:9]) or None
   dq, dk, dv = lin
   acc_t = softmax.accum_dtype(q.dtype)
   bq, bk = xla._block_sizes(spec)
   Hk = spec.num_kv_heads
   qb, dqb, ob = (xla._to_blocks(x, bq, Hk) for x in (q, dq, o))
   kb, dkb, vb, dvb = (xla._to_blocks(x, bk, Hk) for x in (k, dk, v, dv))
-  qsb, ksb = xla._seg_blocks(q_seg, bq), xla._seg_blocks(kv_seg, bk)
+  qsb, ksb = xla.q_seg_blocks(q_seg, shifts, bq), xla._seg_blocks(kv_seg, bk)
   nq, nk = qb.shape[0], kb.shape[0]
   lseb = _rows_to_blocks(lse.astype(acc_t), nq, bq, spec)
   qk = lambda a, b: xla._qk(a, b, acc_t)

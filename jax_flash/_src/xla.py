@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_flash._src import dropout as dropout_rng
-from jax_flash._src import masking, softmax
+from jax_flash._src import masking, softmax, tile_spans
 from jax_flash._src.backends import Unsupported, register
 from jax_flash._src.spec import AttentionSpec
 
@@ -63,14 +63,53 @@ def _seg_blocks(seg, block):
 
 
 def _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk):
-  """Visibility of (q block i, kv block j): [B or 1, 1, 1, bq, bk]."""
+  """Visibility of (q block i, kv block j): [B or 1, 1, 1, bq, bk].
+
+  qs_blk: the q block's segment ids [B, bq], or (ids, shifts) with
+  spec.has_shifts (see `_seg_blocks`); ks_blk the kv block's ids.
+  """
   q_pos = i * bq + lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
   k_pos = j * bk + lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-  q_seg = k_seg = None
+  q_seg = k_seg = q_shift = None
   if qs_blk is not None:
+    if isinstance(qs_blk, tuple):
+      qs_blk, shift_blk = qs_blk
+      q_shift = shift_blk[:, None, None, :, None]
     q_seg = qs_blk[:, None, None, :, None]
     k_seg = ks_blk[:, None, None, None, :]
-  return masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
+  return masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
+
+
+def q_seg_blocks(q_seg, shifts, block):
+  """The q side's per-block mask data: ids, or (ids, shifts) with shifts."""
+  if q_seg is None or shifts is None:
+    return _seg_blocks(q_seg, block)
+  return _seg_blocks(q_seg, block), _seg_blocks(shifts[0], block)
+
+
+def span_block_range(spans, i, first, last, block: int):
+  """[first, last) narrowed to the blocks of `block` keys (or rows) that meet
+  the span [lo, hi) of tile i (tile_spans.py, computed at this tile size)."""
+  if spans is None:
+    return first, last
+  span = spans[:, i]  # [B, 4]
+  lo, hi = span[:, 0].min(), span[:, 1].max()
+  first = jnp.maximum(first, lo // block)
+  last = jnp.minimum(last, -(-hi // block))
+  return first, jnp.maximum(last, first)
+
+
+def _spans(spec, q_seg, kv_seg, shifts, rows, kind):
+  """The tile spans of tiles of `rows` (None without segment ids or with
+  symbolic lengths, where only positions bound the loops)."""
+  if q_seg is None or not isinstance(spec.q_len, int) or not isinstance(
+      spec.kv_len, int):
+    return None
+  if kind == "q":
+    return tile_spans.q_spans(spec, q_seg, kv_seg,
+                              None if shifts is None else shifts[0], rows)
+  return tile_spans.kv_spans(spec, q_seg, kv_seg,
+                             None if shifts is None else shifts[1], rows)
 
 
 def _precision(dtype):
@@ -103,17 +142,20 @@ def _block_keep(spec, dropout, i, j, bq, bk, batch):
   return dropout_rng.tile_keep(dropout, b, h, rows, cols)
 
 
-def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None):
+def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None,
+            shifts=None):
   """(o, lse). dropout: None, or (rate, (k0, k1), broadcast): O = (P * Z /
-  (1 - rate)) V with the LSE of the undropped P."""
+  (1 - rate)) V with the LSE of the undropped P. shifts: None, or (q_shift,
+  kv_shift) with spec.has_shifts."""
   acc_t = softmax.accum_dtype(q.dtype)
   B = q.shape[0]
   rate = dropout[0] if dropout is not None else 0.0
   bq, bk = _block_sizes(spec)
   Hk = spec.num_kv_heads
   qb, kb, vb = (_to_blocks(x, b, Hk) for x, b in ((q, bq), (k, bk), (v, bk)))
-  qsb, ksb = _seg_blocks(q_seg, bq), _seg_blocks(kv_seg, bk)
+  qsb, ksb = q_seg_blocks(q_seg, shifts, bq), _seg_blocks(kv_seg, bk)
   nk = kb.shape[0]
+  spans = _spans(spec, q_seg, kv_seg, shifts, bq, "q")
 
   def one_q_block(args):
     i, q_blk, qs_blk = args
@@ -129,6 +171,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None):
       return softmax.update(state, s, mask, pv)
 
     first, last = masking.kv_block_range(spec, i * bq, bq, bk, nk)
+    first, last = span_block_range(spans, i, first, last, bk)
     state = lax.fori_loop(first, last, body,
                           softmax.init_state_like(q_blk, acc_t))
     o, lse = softmax.finalize(state)
@@ -149,7 +192,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None):
 
 
 def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
-             dropout=None):
+             dropout=None, shifts=None):
   """(dq, dk, dv); with dropout (forward's argument) the mask is drawn again:
   dV = (P Z')^T dO, dS = P (Z' (dO V^T) - delta), Z' = Z / (1 - rate)."""
   del o  # only needed through delta
@@ -160,8 +203,9 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
   Hk, G = spec.num_kv_heads, spec.group_size
   qb, dob = _to_blocks(q, bq, Hk), _to_blocks(do, bq, Hk)
   kb, vb = _to_blocks(k, bk, Hk), _to_blocks(v, bk, Hk)
-  qsb, ksb = _seg_blocks(q_seg, bq), _seg_blocks(kv_seg, bk)
+  qsb, ksb = q_seg_blocks(q_seg, shifts, bq), _seg_blocks(kv_seg, bk)
   nq, nk = qb.shape[0], kb.shape[0]
+  spans = _spans(spec, q_seg, kv_seg, shifts, bk, "kv")
 
   def rows_to_blocks(x):  # [B, H, T] -> [nq, B, Hk, G, bq]
     B = x.shape[0]
@@ -178,7 +222,7 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
     def body(i, carry):
       dk, dv, dq_acc = carry
       q_blk, do_blk = qb[i], dob[i]
-      qs_blk = None if qsb is None else qsb[i]
+      qs_blk = None if qsb is None else jax.tree.map(lambda x: x[i], qsb)
       qk = _qk(q_blk, k_blk, acc_t)
       s = softmax.scores(spec, qk)
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
@@ -197,6 +241,7 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
       return dk, dv, dq_acc
 
     first, last = masking.q_block_range(spec, j * bk, bk, bq, nq)
+    first, last = span_block_range(spans, j, first, last, bq)
     zeros = jnp.zeros_like(k2, dtype=acc_t)  # keeps k's sharding
     dk, dv, dq_acc = lax.fori_loop(first, last, body, (zeros, zeros, dq_acc))
     return dq_acc, (dk, dv)

@@ -97,9 +97,10 @@ struct BlockMath {
   }
 
   // Visible key interval [lo, hi] of absolute row i (clamped to [0, seqlen_k)).
-  JF_HOST_DEVICE void row_bounds(int i, int& lo, int& hi) const {
+  // shift: the row's diagonal shift (packed sequences, MaskInfo::row_shift).
+  JF_HOST_DEVICE void row_bounds(int i, int& lo, int& hi, int shift = 0) const {
     const Self& b = self();
-    const int64_t d = int64_t(i) + b.off;
+    const int64_t d = int64_t(i) + b.off + shift;
     lo = b.wl < 0 ? 0 : int(max64(d - b.wl, 0));
     hi = b.wr < 0 ? b.seqlen_k - 1 : int(min64(d + b.wr, b.seqlen_k - 1));
   }
@@ -107,9 +108,10 @@ struct BlockMath {
   // Visible query interval [lo, hi] of absolute key k (the transpose of
   // row_bounds, for kernels that hold S^T): not clamped (+-2^62 when a side
   // is unbounded), empty (hi < lo) for keys past seqlen_k.
-  JF_HOST_DEVICE void key_bounds(int k, int64_t& lo, int64_t& hi) const {
+  // shift: the key's diagonal shift (MaskInfo::key_shift).
+  JF_HOST_DEVICE void key_bounds(int k, int64_t& lo, int64_t& hi, int shift = 0) const {
     const Self& b = self();
-    const int64_t k64 = k;
+    const int64_t k64 = int64_t(k) - shift;
     lo = b.wr >= 0 ? k64 - b.off - b.wr : INT64_MIN / 2;
     hi = b.wl >= 0 ? k64 - b.off + b.wl : INT64_MAX / 2;
     if (k >= b.seqlen_k) hi = lo - 1;  // keys past the end: nothing visible

@@ -14,19 +14,131 @@
 
 namespace jax_flash {
 
-// BlockInfo's fields (and its math, BlockMath) plus the segment ids.
+// What a tile of rows (or keys) can see, from the segment ids
+// (jax_flash/_src/tile_spans.py computes it per kSpanRows-row group): no row
+// of the tile sees a key outside [lo, hi); every real row sees every key of
+// [full_lo, full_hi) (possibly empty). The kv spans are the transpose (per
+// group of keys: which query rows).
+constexpr int kSpanRows = 64;
+struct alignas(16) SpanEntry {  // one group's {lo, hi, full_lo, full_hi}
+  int lo, hi, full_lo, full_hi;
+};
+struct TileSpan {
+  int lo, hi, full_lo, full_hi;
+  JF_HOST_DEVICE bool covers(int a0, int n) const { return a0 >= full_lo && a0 + n <= full_hi; }
+};
+
+// BlockInfo's fields (and its math, BlockMath) plus the segment ids, their
+// tile spans and the diagonal shifts of packed sequences.
 struct MaskInfo : BlockMath<MaskInfo> {
   int seqlen_q, seqlen_k;
   int off;     // seqlen_k - seqlen_q
   int wl, wr;  // window sides; -1 = unbounded
   const int32_t* q_seg;   // [batch, seqlen_q], or nullptr
   const int32_t* kv_seg;  // [batch, seqlen_k], or nullptr
+  // With segment ids (else nullptr), each optional: {lo, hi, full_lo, full_hi}
+  // per group of kSpanRows rows [batch, ceil(seqlen_q / 64)] (keys) and of
+  // kSpanRows keys [batch, ceil(seqlen_k / 64)] (rows). Without them every
+  // block of the positional range takes the element mask.
+  const SpanEntry* q_span;
+  const SpanEntry* kv_span;
+  // Diagonal shifts [batch, seqlen_q] / [batch, seqlen_k] (or nullptr): row i
+  // sits at key i + off + q_shift[i]; equal for a row and a key of one
+  // segment, so the mask may take either (jax_flash/_src/spec.py).
+  const int32_t* q_shift;
+  const int32_t* kv_shift;
 
   JF_HOST_DEVICE bool has_seg() const { return q_seg != nullptr; }
 
-  // Segment ids make every block need the element mask.
-  JF_HOST_DEVICE bool block_needs_mask(int m0, int bm, int n0, int bn) const {
-    return BlockMath::block_needs_mask(m0, bm, n0, bn, [this] { return has_seg(); });
+  // The union of the spans of the groups meeting [t0, t0 + n) (clamped to
+  // the axis of length len): lo/hi the outer bounds, full the intersection.
+  JF_HOST_DEVICE static TileSpan combine(const SpanEntry* spans, int len, int t0, int n) {
+    const int g0 = t0 / kSpanRows;
+    const int g1 = (min32(t0 + n, len) - 1) / kSpanRows;
+    TileSpan s{0x7fffffff, 0, -0x7fffffff, 0x7fffffff};
+    for (int g = g0; g <= g1; ++g) {
+#ifdef __CUDA_ARCH__
+      const int4 v = __ldg(reinterpret_cast<const int4*>(spans + g));
+      const SpanEntry e{v.x, v.y, v.z, v.w};
+#else
+      const SpanEntry e = spans[g];
+#endif
+      if (e.hi > e.lo) {
+        s.lo = s.lo < e.lo ? s.lo : e.lo;
+        s.hi = s.hi > e.hi ? s.hi : e.hi;
+      }
+      s.full_lo = s.full_lo > e.full_lo ? s.full_lo : e.full_lo;
+      s.full_hi = s.full_hi < e.full_hi ? s.full_hi : e.full_hi;
+    }
+    if (s.hi <= s.lo) s.lo = s.hi = 0;
+    if (s.full_hi <= s.full_lo) s.full_lo = s.full_hi = 0;
+    return s;
+  }
+  JF_HOST_DEVICE TileSpan rows_span(int batch, int m0, int bm) const {
+    const int groups = (seqlen_q + kSpanRows - 1) / kSpanRows;
+    return combine(q_span + int64_t(batch) * groups, seqlen_q, m0, bm);
+  }
+  JF_HOST_DEVICE TileSpan keys_span(int batch, int n0, int bn) const {
+    const int groups = (seqlen_k + kSpanRows - 1) / kSpanRows;
+    return combine(kv_span + int64_t(batch) * groups, seqlen_k, n0, bn);
+  }
+
+  // The positional ranges (BlockMath) narrowed by the spans. With shifts
+  // positions alone bound nothing (make_mask_info keeps shifts only with
+  // both spans, which include the shifted band).
+  JF_HOST_DEVICE void kv_block_range(int batch, int m0, int bm, int bn, int& first, int& last) const {
+    if (q_shift != nullptr) {
+      first = 0;
+      last = (seqlen_k + bn - 1) / bn;
+    } else {
+      BlockMath::kv_block_range(m0, bm, bn, first, last);
+    }
+    if (q_span != nullptr) narrow(rows_span(batch, m0, bm), bn, first, last);
+  }
+  JF_HOST_DEVICE void q_block_range(int batch, int n0, int bn, int bm, int& first, int& last) const {
+    if (q_shift != nullptr) {
+      first = 0;
+      last = (seqlen_q + bm - 1) / bm;
+    } else {
+      BlockMath::q_block_range(n0, bn, bm, first, last);
+    }
+    if (kv_span != nullptr) narrow(keys_span(batch, n0, bn), bm, first, last);
+  }
+  JF_HOST_DEVICE static void narrow(const TileSpan& s, int b, int& first, int& last) {
+    const int lo = s.lo / b, hi = (s.hi + b - 1) / b;
+    first = first > lo ? first : lo;
+    last = last < hi ? last : hi;
+    if (last < first) last = first;
+  }
+
+  // Whether the (rows [m0, m0 + bm), keys [n0, n0 + bn)) block needs the
+  // element mask. Segment ids: every block, unless the spans show the keys
+  // visible from every row (they then also bound the positions).
+  JF_HOST_DEVICE bool block_needs_mask(int batch, int m0, int bm, int n0, int bn) const {
+    if (has_seg()) {
+      if (q_span != nullptr) return !rows_span(batch, m0, bm).covers(n0, bn);
+      if (kv_span != nullptr) return !keys_span(batch, n0, bn).covers(m0, bm);
+      return true;
+    }
+    return BlockMath::block_needs_mask(m0, bm, n0, bn);
+  }
+
+  // Diagonal shifts of an in-range row / key (0 without shifts).
+  JF_HOST_DEVICE int row_shift(int batch, int row) const {
+    if (q_shift == nullptr || row >= seqlen_q) return 0;
+#ifdef __CUDA_ARCH__
+    return __ldg(q_shift + int64_t(batch) * seqlen_q + row);
+#else
+    return q_shift[int64_t(batch) * seqlen_q + row];
+#endif
+  }
+  JF_HOST_DEVICE int key_shift(int batch, int key) const {
+    if (kv_shift == nullptr || key >= seqlen_k) return 0;
+#ifdef __CUDA_ARCH__
+    return __ldg(kv_shift + int64_t(batch) * seqlen_k + key);
+#else
+    return kv_shift[int64_t(batch) * seqlen_k + key];
+#endif
   }
 };
 
@@ -46,7 +158,18 @@ inline MaskInfo make_mask_info(const FwdParams& p) {
   mi.wr = b.wr;
   mi.q_seg = p.q_segment;
   mi.kv_seg = p.kv_segment;
-  if (mi.q_seg == nullptr || mi.kv_seg == nullptr) mi.q_seg = mi.kv_seg = nullptr;
+  mi.q_span = reinterpret_cast<const SpanEntry*>(p.q_span);
+  mi.kv_span = reinterpret_cast<const SpanEntry*>(p.kv_span);
+  mi.q_shift = p.q_shift;
+  mi.kv_shift = p.kv_shift;
+  if (mi.q_seg == nullptr || mi.kv_seg == nullptr) {
+    mi.q_seg = mi.kv_seg = nullptr;
+    mi.q_span = mi.kv_span = nullptr;
+    mi.q_shift = mi.kv_shift = nullptr;
+  }
+  if (mi.q_shift == nullptr || mi.kv_shift == nullptr || mi.q_span == nullptr ||
+      mi.kv_span == nullptr)
+    mi.q_shift = mi.kv_shift = nullptr;
   return mi;
 }
 

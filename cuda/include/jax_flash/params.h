@@ -16,7 +16,8 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat8E4M3 = 2 };
 //   query row i sits at position i + (seqlen_k - seqlen_q);
 //   key j visible iff (window_left  < 0 || j >= i + off - window_left)
 //                  && (window_right < 0 || j <= i + off + window_right)
-//                  && (!q_segment || q_segment[b, i] == kv_segment[b, j]).
+//                  && (!q_segment || q_segment[b, i] == kv_segment[b, j]),
+// with off shifted by q_shift[b, i] for packed sequences (see below).
 // Causal is window_right = 0 (folded in Python); kernels that specialise on
 // it derive it from the window (BlockInfo::causal_like). Fully masked rows:
 // O = 0, LSE = -inf.
@@ -46,6 +47,15 @@ struct FwdParams {
 
   const int32_t* q_segment;   // [batch, seqlen_q] or nullptr
   const int32_t* kv_segment;  // [batch, seqlen_k] or nullptr
+  // With segment ids, optional (nullptr): the tile spans, int32 {lo, hi,
+  // full_lo, full_hi} per 64 rows [batch, ceil(seqlen_q / 64), 4] and per 64
+  // keys [batch, ceil(seqlen_k / 64), 4], 16-byte aligned (mask_info.h), and
+  // the diagonal shifts [batch, seqlen_q] / [batch, seqlen_k] of packed
+  // sequences: row i sits at key i + seqlen_k - seqlen_q + q_shift[b, i].
+  const int32_t* q_span = nullptr;
+  const int32_t* kv_span = nullptr;
+  const int32_t* q_shift = nullptr;
+  const int32_t* kv_shift = nullptr;
 
   DType dtype;
   int num_sms;  // filled by the handler (for persistent schedulers)

@@ -205,7 +205,7 @@ struct BwdConsumerHd256 {
             dp[i] = (dp[i] - dl[(i / 2) % 2]) * (1.f - t * t);
           }
         }
-        if (a.mask.block_needs_mask(m0, kBM, n0 + kWN * wg, kWN))
+        if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
           apply_mask(sc, a.mask, w.batch, m0 + r0, key0);
         // P into its own registers (see BwdConsumer: in place, ptxas would
         // wait for the dP GEMM before writing them); in place with softcap.

@@ -49,6 +49,9 @@ bool bwd_supported(const BwdParams& p) {
   if (p.deterministic &&
       (p.sm90_dq_semaphore == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_dq_semaphore) & 3) != 0))
     return false;
+  // Its dQ order follows the positional query-block ranges, which diagonal
+  // shifts (packed sequences of unequal lengths) invalidate: sm80 serves those.
+  if (p.deterministic && p.q_shift != nullptr) return false;
   if (!problem_ok(p) || !bwd_buffers_ok(p) || !dq_accum_ok(p)) return false;
   if (p.dq == nullptr || !aligned16(p.dq)) return false;
 #ifdef JAX_FLASH_DISABLE_FP16

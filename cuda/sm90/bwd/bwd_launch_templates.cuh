@@ -96,6 +96,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                        p.head_dim_rounded, p.num_heads, p.batch, Cfg::kDqRows))
     return cudaErrorNotSupported;
   args.mask = make_mask_info(p);
+  // The deterministic dQ order (bwd_mask.cuh dq_pred_range) needs the
+  // positional query-block ranges, monotone in the KV block: the kv spans
+  // must not narrow them (the q spans still spare interior blocks the mask).
+  if (p.deterministic) args.mask.kv_span = nullptr;
   // kBlockM 80 (FA3's non-causal tile) only without a causal / local bound.
   if (Cfg::kDqSwapAB && args.mask.bounded()) return cudaErrorNotSupported;
   args.sm = make_softmax_scale(p.scale, p.softcap);

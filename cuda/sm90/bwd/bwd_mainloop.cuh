@@ -72,7 +72,7 @@ JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, const TileCoord& c, int 
   w.n_block = c.block;
   w.head_k = c.head;
   w.batch = c.batch;
-  a.mask.q_block_range(w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
+  a.mask.q_block_range(w.batch, w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
   w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
   return w;
 }
@@ -526,7 +526,7 @@ struct BwdConsumer {
             }
           }
         }
-        if (a.mask.block_needs_mask(m0, kBM, n0 + 64 * wg, 64))
+        if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + 64 * wg, 64))
           apply_mask_t<kSR, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
                                             m0 + 2 * (lane % 4));
         // P^T into its own registers: ptxas holds back writes to the S^T

@@ -26,7 +26,7 @@ namespace jax_flash::sm90 {
 JF_DEVICE void dq_pred_range(const MaskInfo& mi, int n_block, int num_n_blocks, int bn, int bm,
                              int& first, int& last) {
   first = last = 0;
-  if (n_block + 1 < num_n_blocks) mi.q_block_range((n_block + 1) * bn, bn, bm, first, last);
+  if (n_block + 1 < num_n_blocks) mi.BlockMath::q_block_range((n_block + 1) * bn, bn, bm, first, last);
 }
 
 // Masks a warpgroup's S^T fragment (64 keys x NQ queries, wgmma layout,
@@ -47,7 +47,7 @@ JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int k
     // clamped to [-1, 2 NR] (the column offsets d are in [0, 2 NR)) so that the
     // compare below is on small ints.
     int64_t lo, hi;
-    mi.key_bounds(key, lo, hi);
+    mi.key_bounds(key, lo, hi, mi.key_shift(batch, key));
     const int rlo = int(max64(min64(lo - q0, 2 * NR), -1));
     const int rhi = int(max64(min64(hi - q0, 2 * NR), -1));
 #pragma unroll

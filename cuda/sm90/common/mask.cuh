@@ -24,7 +24,7 @@ JF_DEVICE void apply_mask(float (&s)[NR], const MaskInfo& mi, int batch, int row
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + 8 * h;
     int lo, hi;
-    mi.row_bounds(row, lo, hi);
+    mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
     lo -= col0;  // key col0 + d visible iff lo <= d <= hi; d is an immediate
     hi -= col0;
 #pragma unroll

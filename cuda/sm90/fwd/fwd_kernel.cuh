@@ -122,7 +122,7 @@ struct FwdKernel {
       const TileCoord c = Scheduler::coord(p.scheduler, work);
       const int m0 = c.block * Mainloop::kBlockM;
       int n_first, n_last;
-      Mainloop::kv_block_range(p.mainloop, m0, n_first, n_last);
+      Mainloop::kv_block_range(p.mainloop, c.batch, m0, n_first, n_last);
 
       float o[Mainloop::kOR];
 #pragma unroll

@@ -204,8 +204,8 @@ struct FwdMainloop {
   }
 
   // [first, last) KV blocks the tile starting at query row m0 visits.
-  JF_DEVICE static void kv_block_range(const Params& p, int m0, int& n_first, int& n_last) {
-    p.mask.kv_block_range(m0, kBlockM, kBlockN, n_first, n_last);
+  JF_DEVICE static void kv_block_range(const Params& p, int batch, int m0, int& n_first, int& n_last) {
+    p.mask.kv_block_range(batch, m0, kBlockM, kBlockN, n_first, n_last);
   }
 
   // ---------------------------------------------------------------- producer
@@ -216,7 +216,7 @@ struct FwdMainloop {
     const int batch = c.batch, head = c.head;
     const int m0 = c.block * kBlockM;
     int n_first, n_last;
-    kv_block_range(a, m0, n_first, n_last);
+    kv_block_range(a, batch, m0, n_first, n_last);
     const int head_k = head / a.heads_per_kv;
 
     auto load_k = [&](int n) {
@@ -412,7 +412,7 @@ struct FwdMainloop {
       if constexpr (!kBlockScaled) softcap_pre = a.sm.softcap_pre;
       if (softcap_pre != 0.f) apply_softcap(s, softcap_pre);
       const int n0 = n * kBlockN;
-      if (a.mask.block_needs_mask(m0_wg, 64, n0, kBlockN))
+      if (a.mask.block_needs_mask(batch, m0_wg, 64, n0, kBlockN))
         apply_mask(s, a.mask, batch, m0_wg + 16 * warp + lane / 4, n0 + 2 * (lane % 4));
     }
 

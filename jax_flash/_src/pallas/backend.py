@@ -55,19 +55,21 @@ class PallasBackend:
     # lowering, so batch and heads need no limit here.)
 
   @staticmethod
-  def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None):
+  def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None,
+              shifts=None):
     cfg, interpret = _config(q)
     return _forward.forward(spec, q, k, v, q_seg, kv_seg, cfg=cfg.forward,
-                            interpret=interpret, dropout=dropout)
+                            interpret=interpret, dropout=dropout,
+                            shifts=shifts)
 
   @staticmethod
   def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
-               kv_seg, dropout=None):
+               kv_seg, dropout=None, shifts=None):
     cfg, interpret = _config(q)
     return _backward.backward(
         spec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
         dq_cfg=cfg.backward_dq, dkdv_cfg=cfg.backward_dkdv,
-        interpret=interpret, dropout=dropout)
+        interpret=interpret, dropout=dropout, shifts=shifts)
 
 
 register("pallas", PallasBackend)

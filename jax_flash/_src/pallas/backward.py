@@ -25,7 +25,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_flash._src import dropout as dropout_rng
-from jax_flash._src import masking, softmax
+from jax_flash._src import masking, softmax, tile_spans
 from jax_flash._src.pallas import common
 from jax_flash._src.pallas.config import KernelConfig
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
@@ -36,7 +36,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                num_q_blocks: int, num_kv_blocks: int, mode: common.MaskMode,
                reverse: bool, acc_dtype, dropout):
   dq_ref = refs[-1]
-  q_seg_ref, kv_seg_ref = refs[:2] if spec.has_segment_ids else (None, None)
+  q_seg_ref, kv_seg_ref, q_shift_ref, _, span_ref = common.mask_refs(refs, spec)
   key = common.dropout_key(refs, spec, dropout)
   rate = dropout[0] if dropout else 0.0
   batch, head = pl.program_id(1), pl.program_id(2)  # (not inside loops: interpret mode)
@@ -49,6 +49,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
   lse, delta = lse_ref[...], delta_ref[...]  # [block_q]
   q_pos = common.positions(q_start, block_q, axis=0)
   q_seg = None if q_seg_ref is None else q_seg_ref[...][:, None]
+  q_shift = None if q_shift_ref is None else q_shift_ref[...][:, None]
 
   def kv_block(j, dq, masked):
     k_start = common.block_start(j, block_k)
@@ -60,7 +61,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
     if masked:
       k_pos = common.positions(k_start, block_k, axis=1)
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
-      mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
+      mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
     p = softmax.probs_from_lse(s, lse, mask, base2=True)
     keep = common.dropout_keep(dropout, key, batch, head, q_pos,
                                common.positions(k_start, block_k, axis=1))
@@ -72,6 +73,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
   first, last = masking.kv_block_range(spec, q_start, block_q, block_k,
                                        num_kv_blocks)
   full = masking.kv_block_full_range(spec, q_start, block_q, block_k)
+  first, last, full = common.narrow(span_ref, i, first, last, full)
   dq = jnp.zeros(q.shape, acc_dtype)
   dq = common.visit_blocks(first, last, full, kv_block, dq, mode)
   dq_ref[...] = dq.astype(dq_ref.dtype)
@@ -81,7 +83,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                  spec: AttentionSpec, block_q: int, block_k: int, group: int,
                  num_q_blocks: int, mode: common.MaskMode, acc_dtype, dropout):
   dk_ref, dv_ref = refs[-2:]
-  q_seg_ref, kv_seg_ref = refs[:2] if spec.has_segment_ids else (None, None)
+  q_seg_ref, kv_seg_ref, q_shift_ref, _, span_ref = common.mask_refs(refs, spec)
   key = common.dropout_key(refs, spec, dropout)
   rate = dropout[0] if dropout else 0.0
   batch, kv_head = pl.program_id(1), pl.program_id(2)  # (not inside loops)
@@ -103,7 +105,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
     if masked:
       q_pos = common.positions(q_start, block_q, axis=1)
       q_seg = None if q_seg_ref is None else q_seg_ref[rows][None, :]
-      mask_t = masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
+      q_shift = None if q_shift_ref is None else q_shift_ref[rows][None, :]
+      mask_t = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
     p_t = softmax.probs_from_lse(s_t, lse, mask_t, base2=True,
                                  transposed=True)
     # Transposed tiles: rows are keys, columns queries (q head h G + g).
@@ -121,6 +124,8 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
   first, last = masking.q_block_range(spec, k_start, block_k, block_q,
                                       num_q_blocks)
   full = masking.q_block_full_range(spec, k_start, block_k, block_q)
+  first, last, full = common.narrow(span_ref, pl.program_id(0), first, last,
+                                    full)
 
   def q_head(g, carry):
     return common.visit_blocks(first, last, full,
@@ -137,9 +142,9 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
 
 def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
              *, dq_cfg: KernelConfig, dkdv_cfg: KernelConfig,
-             interpret: bool, dropout=None):
+             interpret: bool, dropout=None, shifts=None):
   """(dq, dk, dv) for canonical inputs; delta = rowsum(do*o) - dlse.
-  dropout: as forward (the mask is drawn again)."""
+  dropout: as forward (the mask is drawn again); shifts as forward."""
   del o  # only needed through delta
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
@@ -160,9 +165,19 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
   # Padded rows are masked, so their lse/delta values are never used.
   lse, delta = (common.pad_to(x.astype(acc_dtype), {2: Tp})
                 for x in (lse, delta))
-  segs = []
+  segs = None
   if spec.has_segment_ids:
-    segs = [common.pad_to(q_seg, {1: Tp}), common.pad_to(kv_seg, {1: Sp})]
+    pad = lambda pair: (common.pad_to(pair[0], {1: Tp}),
+                        common.pad_to(pair[1], {1: Sp}))
+    q_shift, kv_shift = shifts if shifts else (None, None)
+    dq_spans = common.span_blocks(tile_spans.q_spans(
+        spec, q_seg, kv_seg, q_shift, rows=bq_dq), bk_dq, Sp // bk_dq,
+        Tp // bq_dq)
+    kv_spans = common.span_blocks(tile_spans.kv_spans(
+        spec, q_seg, kv_seg, kv_shift, rows=bk_kv), bq_kv, Tp // bq_kv,
+        Sp // bk_kv)
+    segs = (pad((q_seg, kv_seg)), pad(shifts) if shifts else None,
+            dq_spans, kv_spans)
 
   dq = _dq(spec, q, k, v, do, lse, delta, segs, bq_dq, bk_dq, group, mode,
            acc_dtype, dq_cfg, interpret, dropout)
@@ -191,11 +206,17 @@ def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
                         lambda i, b, h: (b, 0, kv_head(h), 0))
   row_tile = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, q_block(i)))
   in_specs = [q_tile, kv_all, kv_all, q_tile, row_tile, row_tile]
+  mask_args = []
   if segs:
-    in_specs += [pl.BlockSpec((None, bq), lambda i, b, h: (b, q_block(i))),
-                 pl.BlockSpec((None, Sp), lambda i, b, h: (b, 0))]
+    ids, shifts, spans, _ = segs
+    mask_args, mask_specs = common.mask_inputs(
+        spec, ids, shifts, spans,
+        [pl.BlockSpec((None, bq), lambda i, b, h: (b, q_block(i))),
+         pl.BlockSpec((None, Sp), lambda i, b, h: (b, 0))],
+        pl.BlockSpec((None,) + spans.shape[1:], lambda i, b, h: (b, 0, 0)))
+    in_specs += mask_specs
   args, in_specs, static_dropout = common.with_dropout_key(
-      [q, k, v, do, lse, delta, *segs], in_specs, dropout)
+      [q, k, v, do, lse, delta, *mask_args], in_specs, dropout)
   kernel = functools.partial(
       _dq_kernel, spec=spec, block_q=bq, block_k=bk, num_q_blocks=nq,
       num_kv_blocks=nk, mode=mode, reverse=reverse, acc_dtype=acc_dtype,
@@ -219,11 +240,17 @@ def _dkdv(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode,
   q_group = pl.BlockSpec((None, Tp, group, Dp), lambda j, b, h: (b, 0, h, 0))
   rows_group = pl.BlockSpec((None, group, Tp), lambda j, b, h: (b, h, 0))
   in_specs = [q_group, kv_tile, kv_tile, q_group, rows_group, rows_group]
+  mask_args = []
   if segs:
-    in_specs += [pl.BlockSpec((None, Tp), lambda j, b, h: (b, 0)),
-                 pl.BlockSpec((None, bk), lambda j, b, h: (b, j))]
+    ids, shifts, _, spans = segs
+    mask_args, mask_specs = common.mask_inputs(
+        spec, ids, shifts, spans,
+        [pl.BlockSpec((None, Tp), lambda j, b, h: (b, 0)),
+         pl.BlockSpec((None, bk), lambda j, b, h: (b, j))],
+        pl.BlockSpec((None,) + spans.shape[1:], lambda j, b, h: (b, 0, 0)))
+    in_specs += mask_specs
   args, in_specs, static_dropout = common.with_dropout_key(
-      [q, k, v, do, lse, delta, *segs], in_specs, dropout)
+      [q, k, v, do, lse, delta, *mask_args], in_specs, dropout)
   kernel = functools.partial(
       _dkdv_kernel, spec=spec, block_q=bq, block_k=bk, group=group,
       num_q_blocks=nq, mode=mode, acc_dtype=acc_dtype, dropout=static_dropout)

@@ -68,8 +68,10 @@ class MaskMode(enum.Enum):
 
 def mask_mode(spec: AttentionSpec, q_len_padded: int,
               kv_len_padded: int) -> MaskMode:
+  # Segment ids: the tile spans (`span_blocks`) give each tile its fully
+  # visible blocks, so only the edges take the mask there too.
   if spec.has_segment_ids:
-    return MaskMode.ALL
+    return MaskMode.EDGES
   if (spec.has_window or q_len_padded != spec.q_len or
       kv_len_padded != spec.kv_len):
     return MaskMode.EDGES
@@ -117,8 +119,61 @@ def dropout_key(refs, spec, dropout):
   """The kernel's (k0, k1) from its dropout input (with_dropout_key), or None."""
   if dropout is None:
     return None
-  words = refs[2 if spec.has_segment_ids else 0][...]
+  words = refs[n_mask_refs(spec)][...]
   return words[0], words[1]
+
+
+def n_mask_refs(spec: AttentionSpec) -> int:
+  """Mask inputs before the dropout key: segment ids (q, kv), with
+  spec.has_shifts the shifts (q, kv), then the span blocks."""
+  if not spec.has_segment_ids:
+    return 0
+  return 5 if spec.has_shifts else 3
+
+
+def mask_refs(refs, spec: AttentionSpec):
+  """(q_seg, kv_seg, q_shift, kv_shift, spans) refs (None when absent)."""
+  if not spec.has_segment_ids:
+    return (None,) * 5
+  if spec.has_shifts:
+    return tuple(refs[:5])
+  return refs[0], refs[1], None, None, refs[2]
+
+
+def mask_inputs(spec, segs, shifts, spans, seg_specs, span_spec):
+  """(args, in_specs) of the mask inputs in `mask_refs` order: segs and
+  shifts (each a (q, kv) pair, padded) with their BlockSpecs seg_specs."""
+  if not spec.has_segment_ids:
+    return [], []
+  args, specs = list(segs), list(seg_specs)
+  if spec.has_shifts:
+    args += list(shifts)
+    specs += list(seg_specs)
+  return args + [spans], specs + [span_spec]
+
+
+def span_blocks(spans, block: int, n_blocks: int, n_tiles: int):
+  """Tile spans (tile_spans.py, one tile per kernel block) as block indices
+  [B, 4, P] int32 (P = a power of two >= n_tiles, the kernel's tiles; tiles
+  past the spans' end see nothing): the first and
+  last + 1 blocks of `block` that meet [lo, hi), and the first and last + 1
+  blocks inside [full_lo, full_hi)."""
+  lo, hi, full_lo, full_hi = (spans[..., c] for c in range(4))
+  out = jnp.stack([lo // block, -(-hi // block), -(-full_lo // block),
+                   full_hi // block], axis=1)
+  out = jnp.minimum(out, n_blocks).astype(jnp.int32)
+  P = next_pow2(max(n_tiles, out.shape[-1]))
+  return jnp.pad(out, ((0, 0), (0, 0), (0, P - out.shape[-1])))
+
+
+def narrow(span_ref, tile, first, last, full):
+  """[first, last) and the full range narrowed by the tile's span blocks."""
+  if span_ref is None:
+    return first, last, full
+  lo, hi = span_ref[0, tile], span_ref[1, tile]
+  first = jnp.maximum(first, lo)
+  last = jnp.maximum(jnp.minimum(last, hi), first)
+  return first, last, (span_ref[2, tile], span_ref[3, tile])
 
 
 def dropout_keep(dropout, key, batch, head, rows, cols):

@@ -21,7 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_flash._src import dropout as dropout_rng
-from jax_flash._src import masking, softmax
+from jax_flash._src import masking, softmax, tile_spans
 from jax_flash._src.pallas import common
 from jax_flash._src.pallas.config import KernelConfig
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
@@ -31,7 +31,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
             block_k: int, num_q_blocks: int, num_kv_blocks: int,
             mode: common.MaskMode, reverse: bool, acc_dtype, dropout):
   o_ref, lse_ref = refs[-2:]  # inputs may also hold aliased poison buffers
-  q_seg_ref, kv_seg_ref = refs[:2] if spec.has_segment_ids else (None, None)
+  q_seg_ref, kv_seg_ref, q_shift_ref, _, span_ref = common.mask_refs(refs, spec)
   # Dropout: the generator's key words follow the segment ids.
   key = common.dropout_key(refs, spec, dropout)
   batch, head = pl.program_id(1), pl.program_id(2)  # (not inside loops: interpret mode)
@@ -43,6 +43,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
   q = q_ref[...]  # [block_q, D]
   q_pos = common.positions(q_start, block_q, axis=0)
   q_seg = None if q_seg_ref is None else q_seg_ref[...][:, None]
+  q_shift = None if q_shift_ref is None else q_shift_ref[...][:, None]
 
   def kv_block(j, state, masked):
     k_start = common.block_start(j, block_k)
@@ -53,7 +54,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
     if masked:
       k_pos = common.positions(k_start, block_k, axis=1)
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
-      mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg)
+      mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
     v = v_ref[rows, :]
     keep = common.dropout_keep(dropout, key, batch, head, q_pos,
                                common.positions(k_start, block_k, axis=1))
@@ -65,6 +66,7 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
   first, last = masking.kv_block_range(spec, q_start, block_q, block_k,
                                        num_kv_blocks)
   full = masking.kv_block_full_range(spec, q_start, block_q, block_k)
+  first, last, full = common.narrow(span_ref, i, first, last, full)
   state = softmax.init_state((block_q,), q.shape, acc_dtype)
   state = common.visit_blocks(first, last, full, kv_block, state, mode)
   o, lse = softmax.finalize(state, base2=True)
@@ -73,9 +75,10 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
 
 
 def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
-            cfg: KernelConfig, interpret: bool, dropout=None):
+            cfg: KernelConfig, interpret: bool, dropout=None, shifts=None):
   """(o [B,T,H,D], lse [B,H,T]) for canonical inputs (see spec.py).
-  dropout: None or (rate, (k0, k1), broadcast), as xla.forward."""
+  dropout: None or (rate, (k0, k1), broadcast), as xla.forward; shifts: None
+  or (q_shift, kv_shift) with spec.has_shifts."""
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
   group = H // H_kv
@@ -102,9 +105,18 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
                         lambda i, b, h: (b, 0, kv_head(h), 0))
   in_specs = [q_tile, kv_all, kv_all]
   if spec.has_segment_ids:
-    args += [common.pad_to(q_seg, {1: Tp}), common.pad_to(kv_seg, {1: Sp})]
-    in_specs += [pl.BlockSpec((None, bq), lambda i, b, h: (b, q_block(i))),
-                 pl.BlockSpec((None, Sp), lambda i, b, h: (b, 0))]
+    pad = lambda pair: (common.pad_to(pair[0], {1: Tp}),
+                        common.pad_to(pair[1], {1: Sp}))
+    spans = common.span_blocks(tile_spans.q_spans(
+        spec, q_seg, kv_seg, shifts[0] if shifts else None, rows=bq), bk, nk,
+        nq)
+    more, more_specs = common.mask_inputs(
+        spec, pad((q_seg, kv_seg)), pad(shifts) if shifts else None, spans,
+        [pl.BlockSpec((None, bq), lambda i, b, h: (b, q_block(i))),
+         pl.BlockSpec((None, Sp), lambda i, b, h: (b, 0))],
+        pl.BlockSpec((None,) + spans.shape[1:], lambda i, b, h: (b, 0, 0)))
+    args += more
+    in_specs += more_specs
   args, in_specs, static_dropout = common.with_dropout_key(args, in_specs,
                                                            dropout)
   out_specs = [q_tile,
