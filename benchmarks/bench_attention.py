@@ -59,7 +59,7 @@ except ImportError:  # run from a checkout without installing
 
 TRACKED_RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "h200.json"
 KEY_FIELDS = ("impl", "mode", "dtype", "B", "T", "S", "H", "H_kv", "D",
-              "causal")
+              "causal", "case")  # case: named packings (bench_packing.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,8 +70,9 @@ def families() -> tuple[str, ...]:
   return tuple(ext.families()) if ext is not None else ()
 
 
-def mask_attrs(spec) -> dict:
-  """FFI attributes shared by forward and backward (typed as the handler binds them)."""
+def mask_attrs(spec, *, shifts: bool = True) -> dict:
+  """FFI attributes shared by forward and backward (typed as the handler
+  binds them); shifts=False for handlers without diagonal shifts (FP8)."""
   if not spec.bottom_right:
     # The handlers assume query row i sits at key i + S - T; another
     # alignment must go through bottom_right.py first, never silently here.
@@ -79,13 +80,16 @@ def mask_attrs(spec) -> dict:
                      f"(q_offset = kv_len - q_len = "
                      f"{spec.kv_len - spec.q_len}); got q_offset="
                      f"{spec.q_offset}")
+  if spec.has_shifts and not shifts:
+    raise ValueError("this kernel takes no diagonal shifts (varlen)")
+  extra = dict(has_shifts=bool(spec.has_shifts)) if shifts else {}
   return dict(
+      **extra,
       scale=np.float32(spec.scale),
       softcap=np.float32(spec.softcap or 0.0),
       window_left=np.int32(spec.window_left),
       window_right=np.int32(spec.window_right),
       has_segment_ids=bool(spec.has_segment_ids),
-      has_shifts=bool(spec.has_shifts),
   )
 
 

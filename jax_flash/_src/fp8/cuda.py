@@ -112,6 +112,6 @@ def forward(spec, q8, q_descale, k8, k_descale, vt8, v_descale, q_seg, kv_seg,
                        q_descale.astype(jnp.float32),
                        k_descale.astype(jnp.float32),
                        v_descale.astype(jnp.float32), *segs,
-                       **ffi.mask_attrs(spec))
+                       **ffi.mask_attrs(spec, shifts=False))
   return o[..., :D], lse
 

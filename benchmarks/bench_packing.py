@@ -1,0 +1,206 @@
+"""Packed sequences side by side (ms, useful TF/s) in one process.
+
+    python benchmarks/bench_packing.py                       # both cases
+    python benchmarks/bench_packing.py --out benchmarks/results/h200.json
+
+Cases (bf16, H=16, D=128, causal):
+  packed_8x1k   B=2 rows of T=8192, each 8 documents of 1,024 tokens, as
+                segment ids (jax_flash.attention) and as varlen offsets
+                (jax_flash.varlen_attention, flash-attn3-jax's
+                flash_mha_varlen), against the same documents as a batch
+                of 16 x 1,024 (batched_ms).
+  mixed_40      40 sequences of long-tailed lengths (seeded log-normal, at
+                most 4,096, summing to 16,384 tokens): varlen, the same packing as segment ids
+                (B=1, T=16,384), and flash_mha_varlen (fa3_varlen_ms).
+Modes: fwd, fwd_bwd (gradient of sum(o * do) w.r.t. q, k, v).
+
+Useful FLOPs count each sequence on its own: 4 * H * D * l^2 / 2 per causal
+sequence of l tokens (x3.5 for fwd_bwd), whatever the packing. Timing as
+bench_attention.py: warm-up, rounds of --iters back-to-back calls between two
+syncs (>= 100: the card runs at its power cap), the implementations of a case
+interleaved round by round in alternating order, median of --repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_attention as ba  # noqa: E402
+
+jax_flash = ba.jax_flash
+H, D = 16, 128
+
+
+def mixed_lengths(n=40, total=16384, cap=4096, seed=0):
+  """n long-tailed lengths (seeded log-normal, sigma 1.2; at most `cap`)
+  summing to `total`."""
+  rng = np.random.default_rng(seed)
+  w = rng.lognormal(0.0, 1.2, n)
+  lens = np.maximum(1, np.floor(w / w.sum() * total)).astype(int)
+  while lens.max() > cap:  # cut the longest, spread the excess over the rest
+    i = int(np.argmax(lens))
+    extra, lens[i] = lens[i] - cap, cap
+    lens[np.arange(n) != i] += extra // (n - 1)
+  lens[np.argmin(lens)] += total - lens.sum()
+  return [int(x) for x in lens]
+
+
+def useful_flops(lens, mode):
+  f = sum(4.0 * H * D * l * l / 2 for l in lens)
+  return f * {"fwd": 1.0, "fwd_bwd": 3.5}[mode]
+
+
+def _fa3():
+  try:
+    from flash_attn3_jax import flash_mha_varlen
+    return flash_mha_varlen
+  except Exception as e:  # noqa: BLE001 - report why the peer is absent
+    print(f"flash-attn3-jax unavailable: {type(e).__name__}: {e}")
+    return None
+
+
+def impls_for(case, lens, rows):
+  """{name: (fn(q, k, v) -> o, layout)}; layout 'packed' [total, H, D] or
+  'rows' [rows, total / rows, H, D] or 'batch' [n, l, H, D]."""
+  cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+  lmax = max(lens)
+  T = sum(lens) // rows
+  seg = np.concatenate([np.full(l, i, np.int32) for i, l in enumerate(lens)])
+  seg = jnp.asarray(seg.reshape(rows, T))
+  out = {
+      "jax_flash_cuda_segment_ids": (lambda q, k, v: jax_flash.attention(
+          q, k, v, causal=True, segment_ids=seg, implementation="cuda"),
+                                     "rows"),
+      "jax_flash_cuda_varlen": (lambda q, k, v: jax_flash.varlen_attention(
+          q, k, v, cu, cu, max_seqlen_q=lmax, max_seqlen_k=lmax, causal=True,
+          implementation="cuda"), "packed"),
+  }
+  fa3 = _fa3()
+  if fa3 is not None:
+    out["fa3_varlen"] = (lambda q, k, v: fa3(
+        q, k, v, cu, cu, max_seqlen_q=lmax, max_seqlen_k=lmax,
+        is_causal=True), "packed")
+  if len(set(lens)) == 1:
+    out["jax_flash_cuda_batched"] = (lambda q, k, v: jax_flash.attention(
+        q, k, v, causal=True, implementation="cuda"), "batch")
+  return out
+
+
+def _layout(x, layout, lens, rows):
+  if layout == "packed":
+    return x
+  if layout == "rows":
+    return x.reshape(rows, -1, *x.shape[1:])
+  return x.reshape(len(lens), lens[0], *x.shape[1:])
+
+
+def _step(fn, layout, mode, lens, rows, do):
+  def f(q, k, v):
+    o = fn(*(_layout(x, layout, lens, rows) for x in (q, k, v)))
+    return o.reshape(-1, H, D)
+  if mode == "fwd":
+    return jax.jit(f)
+
+  def loss(q, k, v):
+    return jnp.sum(f(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def run(cases, modes, *, iters, repeats, warmup, command, device, out=None):
+  date = datetime.date.today().isoformat()
+  records = []
+  for case, lens, rows in cases:
+    total = sum(lens)
+    kq, kk, kv, kd = jax.random.split(jax.random.key(0), 4)
+    q, k, v, do = (jax.random.normal(x, (total, H, D), jnp.bfloat16)
+                   for x in (kq, kk, kv, kd))
+    impls = impls_for(case, lens, rows)
+    for mode in modes:
+      steps = {}
+      for name, (fn, layout) in impls.items():
+        steps[name] = (_step(fn, layout, mode, lens, rows, do), (q, k, v))
+      timed = ba.time_interleaved(steps, iters=iters, repeats=repeats,
+                                  warmup=warmup)
+      ms_of = lambda n: (timed.get(n) if isinstance(timed.get(n), float)
+                         else None)
+      rows_out = []
+      for name in impls:
+        ms = timed[name]
+        rec = dict(impl=name, mode=mode, case=case, dtype="bfloat16",
+                   B=1 if name.endswith("varlen") else
+                   (len(lens) if name.endswith("batched") else rows),
+                   T=total, S=total, H=H, H_kv=H, D=D, causal=True,
+                   num_seqs=len(lens), max_seqlen=max(lens), ms=None,
+                   tflops=None, date=date, command=command, device=device)
+        if name.endswith("batched"):
+          rec.update(T=lens[0], S=lens[0])
+        elif not name.endswith("varlen"):
+          rec.update(T=total // rows, S=total // rows)
+        if isinstance(ms, Exception):
+          rec["error"] = f"{type(ms).__name__}: {ms}"[:500]
+        else:
+          rec.update(ms=float(f"{ms:.6g}"), tflops=float(
+              f"{useful_flops(lens, mode) / (ms * 1e-3) / 1e12:.6g}"))
+        rec["batched_ms"] = ms_of("jax_flash_cuda_batched")
+        rec["fa3_varlen_ms"] = ms_of("fa3_varlen")
+        rec["varlen_ms"] = ms_of("jax_flash_cuda_varlen")
+        rows_out.append(rec)
+        status = (f"{ba.format_ms(rec['ms'])}  {ba.format_rate(rec['tflops'])}"
+                  if rec["ms"] is not None else rec["error"][:120])
+        print(f"  {case:12s} {mode:7s} {name:28s} {status}", flush=True)
+      records += rows_out
+      if out is not None:
+        ba.merge_into(out, rows_out)
+  return records
+
+
+def print_table(records):
+  print()
+  print(f"{'case':12s} {'mode':7s} {'impl':28s} {'ms':>9s} {'TF/s':>7s} "
+        f"{'vs batched':>10s} {'vs FA3':>7s} {'vs varlen':>9s}")
+  for r in records:
+    if r["ms"] is None:
+      print(f"{r['case']:12s} {r['mode']:7s} {r['impl']:28s} failed: "
+            f"{r['error'][:50]}")
+      continue
+    rel = lambda key: (f"{r[key] / r['ms']:.2f}x" if r.get(key) else "-")
+    print(f"{r['case']:12s} {r['mode']:7s} {r['impl']:28s} {r['ms']:9.4f} "
+          f"{r['tflops']:7.1f} {rel('batched_ms'):>10s} "
+          f"{rel('fa3_varlen_ms'):>7s} {rel('varlen_ms'):>9s}")
+  print("(ratios: the other's time / this one's, > 1 = this one faster)")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--cases", default="packed_8x1k,mixed_40")
+  p.add_argument("--modes", default="fwd,fwd_bwd")
+  p.add_argument("--iters", type=int, default=200)
+  p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--out", type=pathlib.Path)
+  a = p.parse_args(argv)
+  known = {"packed_8x1k": ("packed_8x1k", [1024] * 16, 2),
+           "mixed_40": ("mixed_40", mixed_lengths(), 1)}
+  cases = [known[c] for c in a.cases.split(",")]
+  device = jax.devices()[0].device_kind
+  command = "python benchmarks/bench_packing.py " + " ".join(argv or
+                                                             sys.argv[1:])
+  if a.out is not None:
+    ba.check_same_device(a.out, device)
+  print(f"mixed_40 lengths: {mixed_lengths()}")
+  records = run(cases, a.modes.split(","), iters=a.iters, repeats=a.repeats,
+                warmup=a.warmup, command=command.strip(), device=device,
+                out=a.out)
+  print_table(records)
+
+
+if __name__ == "__main__":
+  main()

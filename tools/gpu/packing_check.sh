@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Packed sequences on the H200 (device machine), from the repo root, with the
+# extension built on the CPU machine and carried xz-compressed in .ab/ and
+# the flash-attn3-jax wheel in .whl/ (the peer of the benchmark):
+#   tools/gpu/packing_check.sh [test] [bench]
+# test: the GPU tests of varlen / segment ids and the CUDA suite, outputs
+# NaN-poisoned; bench: benchmarks/bench_packing.py into the results file.
+# Logs and the results file go to $OUT (or ./gpu_out); a table is printed last.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+STAGES=${*:-test bench}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+for f in .ab/jax_flash/*.xz; do xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"; done
+cp .ab/jax_flash/_build.json jax_flash/ 2>/dev/null
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
+SUMMARY=()
+if has test; then
+  t0=$SECONDS
+  JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu -n 8 \
+    ${GPU_TESTS:-tests/test_varlen.py tests/test_cuda.py} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -30
+  SUMMARY+=("test: $(tail -1 "$OUT/test.log") ($((SECONDS-t0)) s)")
+fi
+if has bench; then
+  cp benchmarks/results/h200.json "$OUT/h200.json"
+  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_packing.py --out "$OUT/h200.json" \
+    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40
+fi
+printf '%s\n' "${SUMMARY[@]}"
