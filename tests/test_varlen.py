@@ -216,6 +216,62 @@ def test_tile_spans_bound_visibility(layout, band, shifted, rng):
       assert tile[:, flo:fhi].all(), (g, flo, fhi)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not ffi.available(), reason="CUDA extension not built")
+@pytest.mark.parametrize("layout", ["packed", "padded", "interleaved"])
+@pytest.mark.parametrize("band", [(-1, -1), (-1, 0), (30, 5)])
+@pytest.mark.parametrize("shifted", [False, True])
+def test_cuda_prepass(layout, band, shifted, rng):
+  """The CUDA tile-span pre-pass: tile_spans.py's spans, and where it says
+  exact, each token's run is the first and last index of its id."""
+  from jax_flash._src import cuda_backend
+  B, T, S = 2, 261, 300
+  q_seg = np.stack([_layout(layout, rng, T) for _ in range(B)]).astype(np.int32)
+  kv_seg = np.stack([_layout(layout, rng, S) for _ in range(B)]).astype(np.int32)
+  spec = AttentionSpec(scale=1.0, window_left=band[0], window_right=band[1],
+                       has_segment_ids=True, has_shifts=shifted, batch=B,
+                       q_len=T, kv_len=S)
+  shifts = None
+  if shifted:
+    per_id = rng.integers(-40, 40, size=8).astype(np.int32)
+    shifts = (jnp.asarray(per_id[q_seg % 8]), jnp.asarray(per_id[kv_seg % 8]))
+  packing = np.asarray(cuda_backend._segments(
+      spec, jnp.asarray(q_seg), jnp.asarray(kv_seg), shifts)[2])
+  gq, gk = -(-T // 64), -(-S // 64)
+  q_span = packing[:B * gq * 8].reshape(B, gq, 8)
+  kv_span = packing[B * gq * 8:B * (gq + gk) * 8].reshape(B, gk, 8)
+  runs = packing[B * (gq + gk) * 8:]
+  q_run = runs[:B * T * 2].reshape(B, T, 2)
+  kv_run = runs[B * T * 2:B * (T + S) * 2].reshape(B, S, 2)
+  want_q = tile_spans.q_spans(spec, jnp.asarray(q_seg), jnp.asarray(kv_seg),
+                              None if shifts is None else shifts[0])
+  want_k = tile_spans.kv_spans(spec, jnp.asarray(q_seg), jnp.asarray(kv_seg),
+                               None if shifts is None else shifts[1])
+  np.testing.assert_array_equal(q_span[..., :4], np.asarray(want_q))
+  np.testing.assert_array_equal(kv_span[..., :4], np.asarray(want_k))
+  for span, run, own, other in ((q_span, q_run, q_seg, kv_seg),
+                                (kv_span, kv_run, kv_seg, q_seg)):
+    for b in range(B):
+      for g in range(span.shape[1]):
+        ids = own[b, 64 * g:64 * g + 64]
+        def one_run(v):
+          w = np.flatnonzero(other[b] == v)
+          return w.size == 0 or w[-1] - w[0] + 1 == w.size
+        contiguous = all(one_run(v) for v in ids)
+        if int(ids.max()) - int(ids.min()) < 64:
+          assert span[b, g, 4] == int(contiguous), (b, g)
+        if span[b, g, 4]:
+          for t, v in enumerate(ids):
+            where = np.flatnonzero(other[b] == v)
+            want = (where[0], where[-1] + 1) if where.size else (0, 0)
+            assert tuple(run[b, 64 * g + t]) == want, (b, g, t)
+  if shifted:
+    np.testing.assert_array_equal(runs[B * (T + S) * 2:],
+                                  np.concatenate([np.asarray(s).ravel()
+                                                  for s in shifts]))
+  assert packing.size == cuda_backend.packing_ints(B, T, S, shifted)
+
+
 def test_varlen_matches_attention_segment_ids(rng, x64):
   """Equal query and key lengths: varlen is segment-id attention."""
   lens = (40, 1, 70, 19)
@@ -284,8 +340,8 @@ def test_varlen_no_sequences(rng):
 
 
 def test_packing_span_rows_match_kernels():
-  """The tile-span granularity is the kernels' (mask_info.h kSpanRows)."""
+  """The tile-span granularity is the kernels' (packing_layout.h)."""
   import pathlib
   header = (pathlib.Path(__file__).resolve().parents[1] / "cuda/include/"
-            "jax_flash/mask_info.h").read_text()
+            "jax_flash/packing_layout.h").read_text()
   assert f"constexpr int kSpanRows = {tile_spans.ROWS};" in header

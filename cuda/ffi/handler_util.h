@@ -9,7 +9,7 @@
 #include <string>
 
 #include "jax_flash/device_attribute.h"
-#include "jax_flash/mask_info.h"  // kSpanRows
+#include "jax_flash/packing_layout.h"
 #include "jax_flash/params.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -117,26 +117,27 @@ inline ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
   return ffi::Error::Success();
 }
 
-// The packing buffer (int32; jax_flash/_src/cuda_backend.py packs it): the
-// tile spans of the segment ids, [batch, ceil(seqlen_q / 64), 4] then [batch,
-// ceil(seqlen_k / 64), 4], then with has_shifts the diagonal shifts [batch,
-// seqlen_q] and [batch, seqlen_k]. Only with segment ids; else ignored.
+// The packing buffer (int32, jax_flash/packing_layout.h), written by the
+// tile-span pre-pass (PackingImpl). Only with segment ids; else ignored.
 inline ffi::Error FillPacking(FwdParams& p, const ffi::AnyBuffer& packing, bool has_shifts) {
   if (p.q_segment == nullptr) return ffi::Error::Success();
-  const size_t gq = (static_cast<size_t>(p.seqlen_q) + kSpanRows - 1) / kSpanRows;
-  const size_t gk = (static_cast<size_t>(p.seqlen_k) + kSpanRows - 1) / kSpanRows;
-  const size_t spans = 4 * static_cast<size_t>(p.batch) * (gq + gk);
-  const size_t shifts = has_shifts ? static_cast<size_t>(p.batch) * (p.seqlen_q + p.seqlen_k) : 0;
-  if (packing.element_type() != ffi::DataType::S32 || packing.element_count() != spans + shifts) {
-    return Invalid("packing must be int32 [" + std::to_string(spans + shifts) +
-                   "] (tile spans then shifts); got " + ShapeStr(packing));
+  const PackingLayout l = packing_layout(p.batch, p.seqlen_q, p.seqlen_k, has_shifts);
+  if (packing.element_type() != ffi::DataType::S32 ||
+      packing.element_count() != static_cast<size_t>(l.total)) {
+    return Invalid("packing must be int32 [" + std::to_string(l.total) +
+                   "] (jax_flash/packing_layout.h); got " + ShapeStr(packing));
+  }
+  if ((reinterpret_cast<uintptr_t>(packing.untyped_data()) & 31) != 0) {
+    return Invalid("packing must be 32-byte aligned");
   }
   const int32_t* base = static_cast<const int32_t*>(packing.untyped_data());
-  p.q_span = base;
-  p.kv_span = base + 4 * static_cast<size_t>(p.batch) * gq;
+  p.q_span = base + l.q_span;
+  p.kv_span = base + l.kv_span;
+  p.q_iv = base + l.q_iv;
+  p.kv_iv = base + l.kv_iv;
   if (has_shifts) {
-    p.q_shift = base + spans;
-    p.kv_shift = p.q_shift + static_cast<size_t>(p.batch) * p.seqlen_q;
+    p.q_shift = base + l.q_shift;
+    p.kv_shift = base + l.kv_shift;
   }
   return ffi::Error::Success();
 }

@@ -14,7 +14,9 @@
 
 #include "ffi/handler_util.h"
 #include "jax_flash/device_attribute.h"
+#include "jax_flash/packing_layout.h"
 #include "jax_flash/params.h"
+#include "packing/tile_spans.h"
 #include "sm80/launch.h"
 #ifdef JAX_FLASH_HAS_SM90
 #include "sm90/launch.h"
@@ -205,6 +207,41 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   return LaunchBackward(p, kernel_family, stream);
 }
 
+// The tile-span pre-pass (cuda/packing/tile_spans.h): segment ids (and
+// diagonal shifts) in, the packing buffer out.
+ffi::Error PackingImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> q_seg,
+                       ffi::Buffer<ffi::S32> kv_seg, ffi::Buffer<ffi::S32> q_shift,
+                       ffi::Buffer<ffi::S32> kv_shift, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                       int32_t window_left, int32_t window_right, bool has_shifts) {
+  const auto qd = q_seg.dimensions(), kd = kv_seg.dimensions();
+  if (qd.size() != 2 || kd.size() != 2 || qd[0] != kd[0]) {
+    return Invalid("segment ids must be [batch, seqlen_q] and [batch, seqlen_k]");
+  }
+  packing::TileSpanArgs a{};
+  a.batch = static_cast<int>(qd[0]);
+  a.seqlen_q = static_cast<int>(qd[1]);
+  a.seqlen_k = static_cast<int>(kd[1]);
+  a.q_seg = q_seg.typed_data();
+  a.kv_seg = kv_seg.typed_data();
+  if (has_shifts) {
+    if (q_shift.element_count() != q_seg.element_count() ||
+        kv_shift.element_count() != kv_seg.element_count()) {
+      return Invalid("shifts must have the segment ids' shapes");
+    }
+    a.q_shift = q_shift.typed_data();
+    a.kv_shift = kv_shift.typed_data();
+  }
+  a.window_left = window_left;
+  a.window_right = window_right;
+  const PackingLayout l = packing_layout(a.batch, a.seqlen_q, a.seqlen_k, has_shifts);
+  if (out->element_count() != static_cast<size_t>(l.total)) {
+    return Invalid("packing output must be int32 [" + std::to_string(l.total) + "]");
+  }
+  a.out = out->typed_data();
+  if (l.total == 0) return ffi::Error::Success();
+  return LaunchError(packing::tile_spans(a, stream), "tile-span pre-pass");
+}
+
 }  // namespace
 }  // namespace jax_flash
 
@@ -259,4 +296,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("has_shifts")
         .Attr<bool>("deterministic")
         .Attr<int32_t>("kernel_family"),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashPacking, jax_flash::PackingImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Arg<ffi::Buffer<ffi::S32>>()  // q_segment [batch, seqlen_q]
+        .Arg<ffi::Buffer<ffi::S32>>()  // kv_segment [batch, seqlen_k]
+        .Arg<ffi::Buffer<ffi::S32>>()  // q_shift (1-element dummy without shifts)
+        .Arg<ffi::Buffer<ffi::S32>>()  // kv_shift
+        .Ret<ffi::Buffer<ffi::S32>>()  // packing (jax_flash/packing_layout.h)
+        .Attr<int32_t>("window_left")
+        .Attr<int32_t>("window_right")
+        .Attr<bool>("has_shifts"),
     {xla::ffi::Traits::kCmdBufferCompatible});

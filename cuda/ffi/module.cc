@@ -9,6 +9,7 @@ XLA_FFI_Error* JaxFlashFwd(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashBwd(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashFp8Quantize(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashFwdFp8(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashPacking(XLA_FFI_CallFrame* call_frame);
 }
 
 namespace nb = nanobind;
@@ -28,6 +29,7 @@ NB_MODULE(_jax_flash_cuda, m) {
     d["jax_flash_bwd"] = Capsule(JaxFlashBwd);
     d["jax_flash_fp8_quantize"] = Capsule(JaxFlashFp8Quantize);
     d["jax_flash_fwd_fp8"] = Capsule(JaxFlashFwdFp8);
+    d["jax_flash_packing"] = Capsule(JaxFlashPacking);
     return d;
   });
   // Kernel families compiled into this build (dispatch reads it).

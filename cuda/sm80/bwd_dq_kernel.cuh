@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
     dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
     const int n0 = n * Cfg::kBlockN;
     if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-      apply_mask(acc_s, mi, batch, m0 + wrow, n0, lane);
+      apply_mask(acc_s, mi, batch, m0 + wrow, n0, lane, mi.rows_exact(batch, m0, Cfg::kBlockM));
     probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
 
     uint32_t ds_frag[Cfg::kMT][Cfg::kNT_S / 2][4];

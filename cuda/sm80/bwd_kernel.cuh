@@ -184,7 +184,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
           acc_dp, sdO, c.s_row, sV, c.s_col, ldsm);
       dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
       if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-        apply_mask(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane);
+        apply_mask(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane,
+                   mi.rows_exact(batch, m0, Cfg::kBlockM));
       probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
     }
     {

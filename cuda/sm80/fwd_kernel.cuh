@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     if constexpr (kSoftcap) apply_softcap(acc_s, softcap_pre);
     if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
       const int t = opaque_tid();
-      apply_mask(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32);
+      apply_mask(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32,
+                 mi.rows_exact(batch, m0, Cfg::kBlockM));
     }
 
     cp_async_wait<0>();

@@ -19,9 +19,11 @@ namespace jax_flash::sm80 {
 // Row-outer order: only one row's bounds are live at a time (this runs while
 // S and O occupy most of the register file). With segment ids the key's
 // segment is re-read per row (L1 hits).
+// exact (MaskInfo::rows_exact of the tile's rows): each row's id holds one
+// run of keys, which bounds the row like its window; else the ids are compared.
 template <int kMT, int kNT>
 JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int batch, int row0,
-                          int col0, int lane) {
+                          int col0, int lane, bool exact) {
   const int g = lane >> 2, t = lane & 3;
   const int c0 = col0 + 2 * t;  // this lane's first key
 #pragma unroll
@@ -31,6 +33,12 @@ JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int bat
       const int row = row0 + m * 16 + g + 8 * h;
       int lo, hi;
       mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
+      if (exact && row < mi.seqlen_q) {
+        int run_lo, run_hi;
+        mi.row_run(batch, row, run_lo, run_hi);
+        lo = max(lo, run_lo);
+        hi = min(hi, run_hi - 1);
+      }
       // Key c0 + d visible iff lo - c0 <= d <= hi - c0; d is an immediate.
       lo -= c0;
       hi -= c0;
@@ -41,7 +49,7 @@ JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int bat
           const int d = n * 8 + j;
           if (d < lo || d > hi) acc[m][n][2 * h + j] = -INFINITY;
         }
-      if (mi.has_seg()) {
+      if (mi.has_seg() && !exact) {
         const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
         const int qs = row < mi.seqlen_q ? __ldg(mi.q_seg + int64_t(batch) * mi.seqlen_q + row) : 0;
 #pragma unroll

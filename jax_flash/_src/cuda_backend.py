@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_flash._src import bottom_right, ffi, tile_spans
 from jax_flash._src.backends import Unsupported, register
@@ -49,20 +50,38 @@ def _compute_capability() -> tuple[int, int] | None:
   return int(major), int(minor)
 
 
+def packing_ints(batch: int, seqlen_q: int, seqlen_k: int,
+                 has_shifts: bool) -> int:
+  """Size (int32) of the packing buffer: the same rule as
+  cuda/include/jax_flash/packing_layout.h (64-token groups, 8-int span
+  entries, a [lo, hi) run per token, the shifts)."""
+  groups = -(-seqlen_q // tile_spans.ROWS) + -(-seqlen_k // tile_spans.ROWS)
+  n = batch * (8 * groups + 2 * (seqlen_q + seqlen_k))
+  return n + (batch * (seqlen_q + seqlen_k) if has_shifts else 0)
+
+
 def _segments(spec, q_seg, kv_seg, shifts):
   """(q_seg, kv_seg, packing) as the handlers take them: the packing buffer
-  holds the tile spans of the ids (tile_spans.py) and, with spec.has_shifts,
-  the diagonal shifts (cuda/ffi/handler_util.h FillPacking)."""
+  (the tile spans of the ids, each token's run, the diagonal shifts) comes
+  from the tile-span pre-pass kernel, one launch per call."""
   if not spec.has_segment_ids:
     dummy = jnp.zeros((1,), jnp.int32)  # the handler ignores them
     return dummy, dummy, dummy
-  q_shift, kv_shift = shifts if shifts is not None else (None, None)
-  parts = [tile_spans.q_spans(spec, q_seg, kv_seg, q_shift).reshape(-1),
-           tile_spans.kv_spans(spec, q_seg, kv_seg, kv_shift).reshape(-1)]
-  if spec.has_shifts:
-    parts += [q_shift.reshape(-1).astype(jnp.int32),
-              kv_shift.reshape(-1).astype(jnp.int32)]
-  return q_seg, kv_seg, jnp.concatenate(parts)
+  q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
+  if shifts is None:
+    q_shift = kv_shift = jnp.zeros((1,), jnp.int32)
+  else:
+    q_shift, kv_shift = (s.astype(jnp.int32) for s in shifts)
+  B, T = q_seg.shape
+  S = kv_seg.shape[1]
+  packing = ffi.call(
+      ffi.PACKING, jax.ShapeDtypeStruct(
+          (packing_ints(B, T, S, spec.has_shifts),), jnp.int32),
+      q_seg, kv_seg, q_shift, kv_shift,
+      window_left=np.int32(spec.window_left),
+      window_right=np.int32(spec.window_right),
+      has_shifts=bool(spec.has_shifts))
+  return q_seg, kv_seg, packing
 
 
 class CudaBackend:

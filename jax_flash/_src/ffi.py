@@ -25,7 +25,9 @@ BWD = "jax_flash_bwd"
 # The FP8 path (jax_flash/_src/fp8/cuda.py): its pre-pass and forward.
 FP8_QUANTIZE = "jax_flash_fp8_quantize"
 FP8_FWD = "jax_flash_fwd_fp8"
-TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD)
+# The tile-span pre-pass of segment ids (cuda_backend.py).
+PACKING = "jax_flash_packing"
+TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING)
 
 _FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
 

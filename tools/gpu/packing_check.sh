@@ -23,7 +23,8 @@ nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
 SUMMARY=()
 if has test; then
   t0=$SECONDS
-  JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu -n 8 \
+  # (-n 8 processes share the GPU: no preallocation)
+  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu -n 8 \
     ${GPU_TESTS:-tests/test_varlen.py tests/test_cuda.py} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -30
   SUMMARY+=("test: $(tail -1 "$OUT/test.log") ($((SECONDS-t0)) s)")
 fi

@@ -9,22 +9,28 @@
 
 #include "jax_flash/block_info.h"
 #include "jax_flash/host_device.h"
+#include "jax_flash/packing_layout.h"  // kSpanRows
 #include "jax_flash/params.h"
 #include "jax_flash/seqlen_info.h"
 
 namespace jax_flash {
 
-// What a tile of rows (or keys) can see, from the segment ids
-// (jax_flash/_src/tile_spans.py computes it per kSpanRows-row group): no row
-// of the tile sees a key outside [lo, hi); every real row sees every key of
-// [full_lo, full_hi) (possibly empty). The kv spans are the transpose (per
-// group of keys: which query rows).
-constexpr int kSpanRows = 64;
-struct alignas(16) SpanEntry {  // one group's {lo, hi, full_lo, full_hi}
-  int lo, hi, full_lo, full_hi;
+// What a tile of rows (or keys) can see, from the segment ids (the
+// pre-pass cuda/packing/ writes it per kSpanRows-row group; the values of
+// jax_flash/_src/tile_spans.py): no row of the tile sees a key outside
+// [lo, hi); every real row sees every key of [full_lo, full_hi) (possibly
+// empty); exact: each row's id has one run of keys (its q_iv entry), so the
+// element mask is positional. The kv spans are the transpose (per group of
+// keys: which query rows).
+struct alignas(32) SpanEntry {  // one group's entry (packing_layout.h)
+  int lo, hi, full_lo, full_hi, exact, pad0, pad1, pad2;
+};
+struct alignas(8) RunEntry {  // a token's run [lo, hi) (packing_layout.h)
+  int lo, hi;
 };
 struct TileSpan {
   int lo, hi, full_lo, full_hi;
+  bool exact;
   JF_HOST_DEVICE bool covers(int a0, int n) const { return a0 >= full_lo && a0 + n <= full_hi; }
 };
 
@@ -42,6 +48,11 @@ struct MaskInfo : BlockMath<MaskInfo> {
   // block of the positional range takes the element mask.
   const SpanEntry* q_span;
   const SpanEntry* kv_span;
+  // With the spans: the run [lo, hi) of keys holding each row's id
+  // [batch, seqlen_q] and of rows holding each key's id [batch, seqlen_k]
+  // (valid in exact groups).
+  const RunEntry* q_iv;
+  const RunEntry* kv_iv;
   // Diagonal shifts [batch, seqlen_q] / [batch, seqlen_k] (or nullptr): row i
   // sits at key i + off + q_shift[i]; equal for a row and a key of one
   // segment, so the mask may take either (jax_flash/_src/spec.py).
@@ -55,14 +66,16 @@ struct MaskInfo : BlockMath<MaskInfo> {
   JF_HOST_DEVICE static TileSpan combine(const SpanEntry* spans, int len, int t0, int n) {
     const int g0 = t0 / kSpanRows;
     const int g1 = (min32(t0 + n, len) - 1) / kSpanRows;
-    TileSpan s{0x7fffffff, 0, -0x7fffffff, 0x7fffffff};
+    TileSpan s{0x7fffffff, 0, -0x7fffffff, 0x7fffffff, true};
     for (int g = g0; g <= g1; ++g) {
 #ifdef __CUDA_ARCH__
       const int4 v = __ldg(reinterpret_cast<const int4*>(spans + g));
-      const SpanEntry e{v.x, v.y, v.z, v.w};
+      const int4 w = __ldg(reinterpret_cast<const int4*>(spans + g) + 1);
+      const SpanEntry e{v.x, v.y, v.z, v.w, w.x, 0, 0, 0};
 #else
       const SpanEntry e = spans[g];
 #endif
+      s.exact = s.exact && e.exact != 0;
       if (e.hi > e.lo) {
         s.lo = s.lo < e.lo ? s.lo : e.lo;
         s.hi = s.hi > e.hi ? s.hi : e.hi;
@@ -123,6 +136,36 @@ struct MaskInfo : BlockMath<MaskInfo> {
     return BlockMath::block_needs_mask(m0, bm, n0, bn);
   }
 
+  // Whether the rows [m0, m0 + bm) (the keys [n0, n0 + bn)) have exact runs.
+  JF_HOST_DEVICE bool rows_exact(int batch, int m0, int bm) const {
+    return q_span != nullptr && rows_span(batch, m0, bm).exact;
+  }
+  JF_HOST_DEVICE bool keys_exact(int batch, int n0, int bn) const {
+    return kv_span != nullptr && keys_span(batch, n0, bn).exact;
+  }
+  // The run of an in-range row's (key's) id; use only where exact.
+  JF_HOST_DEVICE void row_run(int batch, int row, int& lo, int& hi) const {
+    const RunEntry* e = q_iv + int64_t(batch) * seqlen_q + row;
+#ifdef __CUDA_ARCH__
+    const int2 v = __ldg(reinterpret_cast<const int2*>(e));
+    lo = v.x;
+    hi = v.y;
+#else
+    lo = e->lo;
+    hi = e->hi;
+#endif
+  }
+  JF_HOST_DEVICE void key_run(int batch, int key, int& lo, int& hi) const {
+    const RunEntry* e = kv_iv + int64_t(batch) * seqlen_k + key;
+#ifdef __CUDA_ARCH__
+    const int2 v = __ldg(reinterpret_cast<const int2*>(e));
+    lo = v.x;
+    hi = v.y;
+#else
+    lo = e->lo;
+    hi = e->hi;
+#endif
+  }
   // Diagonal shifts of an in-range row / key (0 without shifts).
   JF_HOST_DEVICE int row_shift(int batch, int row) const {
     if (q_shift == nullptr || row >= seqlen_q) return 0;
@@ -160,6 +203,8 @@ inline MaskInfo make_mask_info(const FwdParams& p) {
   mi.kv_seg = p.kv_segment;
   mi.q_span = reinterpret_cast<const SpanEntry*>(p.q_span);
   mi.kv_span = reinterpret_cast<const SpanEntry*>(p.kv_span);
+  mi.q_iv = reinterpret_cast<const RunEntry*>(p.q_iv);
+  mi.kv_iv = reinterpret_cast<const RunEntry*>(p.kv_iv);
   mi.q_shift = p.q_shift;
   mi.kv_shift = p.kv_shift;
   if (mi.q_seg == nullptr || mi.kv_seg == nullptr) {
@@ -167,6 +212,7 @@ inline MaskInfo make_mask_info(const FwdParams& p) {
     mi.q_span = mi.kv_span = nullptr;
     mi.q_shift = mi.kv_shift = nullptr;
   }
+  if (mi.q_iv == nullptr || mi.kv_iv == nullptr) mi.q_span = mi.kv_span = nullptr;
   if (mi.q_shift == nullptr || mi.kv_shift == nullptr || mi.q_span == nullptr ||
       mi.kv_span == nullptr)
     mi.q_shift = mi.kv_shift = nullptr;

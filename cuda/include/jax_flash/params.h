@@ -47,13 +47,15 @@ struct FwdParams {
 
   const int32_t* q_segment;   // [batch, seqlen_q] or nullptr
   const int32_t* kv_segment;  // [batch, seqlen_k] or nullptr
-  // With segment ids, optional (nullptr): the tile spans, int32 {lo, hi,
-  // full_lo, full_hi} per 64 rows [batch, ceil(seqlen_q / 64), 4] and per 64
-  // keys [batch, ceil(seqlen_k / 64), 4], 16-byte aligned (mask_info.h), and
-  // the diagonal shifts [batch, seqlen_q] / [batch, seqlen_k] of packed
-  // sequences: row i sits at key i + seqlen_k - seqlen_q + q_shift[b, i].
+  // With segment ids, optional (nullptr): the parts of the packing buffer
+  // (jax_flash/packing_layout.h, 32-byte aligned spans): the tile spans, the
+  // runs of each token's id, and the diagonal shifts [batch, seqlen_q] /
+  // [batch, seqlen_k] of packed sequences: row i sits at key
+  // i + seqlen_k - seqlen_q + q_shift[b, i].
   const int32_t* q_span = nullptr;
   const int32_t* kv_span = nullptr;
+  const int32_t* q_iv = nullptr;
+  const int32_t* kv_iv = nullptr;
   const int32_t* q_shift = nullptr;
   const int32_t* kv_shift = nullptr;
 

@@ -206,7 +206,7 @@ struct BwdConsumerHd256 {
           }
         }
         if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
-          apply_mask(sc, a.mask, w.batch, m0 + r0, key0);
+          apply_mask(sc, a.mask, w.batch, m0 + r0, key0, a.mask.rows_exact(w.batch, m0, kBM));
         // P into its own registers (see BwdConsumer: in place, ptxas would
         // wait for the dP GEMM before writing them); in place with softcap.
         float pr_own[kSoftcap ? 1 : kSR];

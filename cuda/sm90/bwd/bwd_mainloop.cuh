@@ -528,7 +528,8 @@ struct BwdConsumer {
         }
         if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + 64 * wg, 64))
           apply_mask_t<kSR, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
-                                            m0 + 2 * (lane % 4));
+                                            m0 + 2 * (lane % 4),
+                                            a.mask.keys_exact(w.batch, n0 + 64 * wg, 64));
         // P^T into its own registers: ptxas holds back writes to the S^T
         // accumulator registers (in place) until every wgmma in flight is done,
         // which would serialise this with the dP^T GEMM.

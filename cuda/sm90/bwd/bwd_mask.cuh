@@ -39,7 +39,10 @@ JF_DEVICE void dq_pred_range(const MaskInfo& mi, int n_block, int num_n_blocks, 
 // bounds the query segment ids in flight (fully unrolled, the 20 ids of 80
 // queries make that kernel spill), then applies them.
 template <int NR, int kSegUnroll = 0>
-JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0) {
+// exact (MaskInfo::keys_exact of the keys): each key's id holds one run of
+// rows, which bounds the key like the window; else the ids are compared.
+JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0,
+                            bool exact) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key0 + 8 * h;
@@ -48,6 +51,12 @@ JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int k
     // compare below is on small ints.
     int64_t lo, hi;
     mi.key_bounds(key, lo, hi, mi.key_shift(batch, key));
+    if (exact && key < mi.seqlen_k) {
+      int run_lo, run_hi;
+      mi.key_run(batch, key, run_lo, run_hi);
+      lo = max64(lo, run_lo);
+      hi = min64(hi, int64_t(run_hi) - 1);
+    }
     const int rlo = int(max64(min64(lo - q0, 2 * NR), -1));
     const int rhi = int(max64(min64(hi - q0, 2 * NR), -1));
 #pragma unroll
@@ -58,7 +67,7 @@ JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int k
         if (d < rlo || d > rhi) s[4 * j + 2 * h + e] = -INFINITY;
       }
   }
-  if (mi.has_seg()) {
+  if (mi.has_seg() && !exact) {
     const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
     const int32_t* q_seg = mi.q_seg + int64_t(batch) * mi.seqlen_q;
     // Keys past seqlen_k are already -inf; do not read them.

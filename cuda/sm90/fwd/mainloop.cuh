@@ -413,7 +413,8 @@ struct FwdMainloop {
       if (softcap_pre != 0.f) apply_softcap(s, softcap_pre);
       const int n0 = n * kBlockN;
       if (a.mask.block_needs_mask(batch, m0_wg, 64, n0, kBlockN))
-        apply_mask(s, a.mask, batch, m0_wg + 16 * warp + lane / 4, n0 + 2 * (lane % 4));
+        apply_mask(s, a.mask, batch, m0_wg + 16 * warp + lane / 4, n0 + 2 * (lane % 4),
+                   a.mask.rows_exact(batch, m0_wg, 64));
     }
 
     // The softmax of one block: update_lazy() (returns true only when some row
