@@ -121,6 +121,10 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   // launcher on the stream when a schedule needs it; unused otherwise).
   if (tile_counter->element_count() < 1) return Invalid("tile_counter workspace must hold one int32");
   p.sm90_tile_counter = tile_counter->typed_data();
+  // With tile spans, room after the counter for the packed tile order.
+  const size_t order_ints = static_cast<size_t>(p.batch) * ((p.seqlen_q + kSpanRows - 1) / kSpanRows);
+  if (p.q_span != nullptr && tile_counter->element_count() >= 1 + order_ints)
+    p.sm90_tile_order = tile_counter->typed_data() + 1;
   // Empty batch, zero heads or no query rows: no element to write, and the
   // kernels' grids would have a zero dimension (an invalid launch).
   if (lse->element_count() == 0) return ffi::Error::Success();

@@ -123,11 +123,13 @@ class CudaBackend:
 def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None):
   B, T, H, _ = q.shape
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
-  # The third result is a 4-byte workspace: the sm90 dynamic tile scheduler's
-  # counter (a per-call buffer, so concurrent calls never share one).
+  # The third result is a workspace: the sm90 dynamic tile scheduler's
+  # counter (a per-call buffer, so concurrent calls never share one) and,
+  # with segment ids, the packed tile order [B, ceil(T / 64)] after it.
+  order = B * -(-T // tile_spans.ROWS) if spec.has_segment_ids else 0
   out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
-                jax.ShapeDtypeStruct((1,), jnp.int32))
+                jax.ShapeDtypeStruct((1 + order,), jnp.int32))
   o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg, packing,
                     kernel_family=ffi.kernel_family(),
                     **ffi.mask_attrs(spec))

@@ -62,13 +62,19 @@ def _check_offsets(name, cu, total, max_len, max_name):
                      f"sequence in {name} ({longest})")
 
 
-def _sequence_of(cu, total, outside):
-  """Token -> sequence index [total] int32 (outside every sequence: `outside`)."""
-  pos = jnp.arange(total, dtype=jnp.int32)
+def _tokens_of(cu, total, outside, per_seq=None):
+  """Token -> (sequence index, per_seq[sequence]) [total] int32 each, as
+  sums over the sequences of [total, num_seqs] membership (reductions XLA
+  fuses into one kernel per side). Outside every sequence: (outside, 0)."""
+  pos = jnp.arange(total, dtype=jnp.int32)[:, None]
   cu = cu.astype(jnp.int32)
-  s = jnp.sum(cu[None, :] <= pos[:, None], axis=1, dtype=jnp.int32) - 1
-  inside = (s >= 0) & (s < cu.shape[0] - 1)
-  return jnp.where(inside, s, outside), inside
+  inside = (cu[None, :-1] <= pos) & (pos < cu[None, 1:])   # [total, n]
+  n = cu.shape[0] - 1
+  seq = jnp.sum(jnp.where(inside, jnp.arange(n, dtype=jnp.int32), 0), 1)
+  seq = jnp.where(inside.any(1), seq, outside)
+  if per_seq is None:
+    return seq, None
+  return seq, jnp.sum(jnp.where(inside, per_seq[None, :], 0), 1)
 
 
 def packing_arrays(cu_q, cu_k, total_q, total_k, banded: bool):
@@ -76,18 +82,19 @@ def packing_arrays(cu_q, cu_k, total_q, total_k, banded: bool):
 
   Sequence s's rows align to its keys' end: row i sits at key position
   i + cu_k[s + 1] - cu_q[s + 1], i.e. a shift of that minus the packed
-  tensors' own bottom-right offset (total_k - total_q).
+  tensors' own bottom-right offset (total_k - total_q). (With decreasing
+  traced offsets a token may fall in several sequences: its id and shift are
+  then sums, well defined and in range for every kernel, but meaningless.)
   """
-  q_seg, q_in = _sequence_of(cu_q, total_q, Q_OUTSIDE)
-  kv_seg, k_in = _sequence_of(cu_k, total_k, K_OUTSIDE)
-  arrays = [q_seg[None], kv_seg[None]]
+  shift = None
   if banded:
     ends = cu_k[1:].astype(jnp.int32) - cu_q[1:].astype(jnp.int32)
     shift = ends - (total_k - total_q)
-    n = shift.shape[0]
-    at = lambda seg, inside: jnp.where(
-        inside, shift[jnp.clip(seg, 0, max(n - 1, 0))] if n else 0, 0)
-    arrays += [at(q_seg, q_in)[None], at(kv_seg, k_in)[None]]
+  q_seg, q_shift = _tokens_of(cu_q, total_q, Q_OUTSIDE, shift)
+  kv_seg, kv_shift = _tokens_of(cu_k, total_k, K_OUTSIDE, shift)
+  arrays = [q_seg[None], kv_seg[None]]
+  if banded:
+    arrays += [q_shift[None], kv_shift[None]]
   return tuple(arrays)
 
 
@@ -122,9 +129,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
     of sequences without keys give zeros (lse -inf).
 
   Offsets that are traced (under jit) are not checked: decreasing offsets
-  then assign each token to sequence (number of offsets <= its index) - 1,
-  which is well defined and reads nothing out of bounds, but is not a
-  meaningful layout.
+  then give tokens that fall in several sequences a sum of their ids, which
+  is well defined and reads nothing out of bounds, but is not a meaningful
+  layout.
   """
   for name, x in (("q", q), ("k", k), ("v", v)):
     if not hasattr(x, "ndim") or x.ndim != 3:

@@ -70,6 +70,11 @@ struct FwdParams {
   // share a counter). Needed only by the configurations with the dynamic
   // scheduler (sm90::fwd_needs_tile_counter); nullptr otherwise.
   int32_t* sm90_tile_counter = nullptr;
+  // With segment ids (tile spans): [batch, ceil(seqlen_q / 64)] int32 after
+  // the counter in the same workspace, where the sm90 forward ranks each
+  // batch element's query blocks by cost (sm90/fwd/tile_order.cuh); nullptr:
+  // the positional order.
+  int32_t* sm90_tile_order = nullptr;
 };
 
 // FP8 forward (sm90; the scheme of jax_flash/_src/fp8/scheme.py): q, k e4m3

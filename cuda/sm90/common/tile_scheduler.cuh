@@ -136,10 +136,16 @@ struct TileOrder {
     int elem_bytes;  // of K and V
     int block;       // rows per block
     bool causal_like;
+    // Packed sequences (segment-id tile spans): per batch element its blocks
+    // heaviest first [batch, num_blocks] (tile_order.cuh), or nullptr.
+    const int* perm = nullptr;
   };
+
+  const int* perm;
 
   static TileOrder make(const Arguments& a) {
     TileOrder o;
+    o.perm = a.perm;
     o.num_blocks = (a.seqlen + a.block - 1) / a.block;
     o.num_bh = a.batch * a.num_heads;
     o.num_heads = a.num_heads;
@@ -162,21 +168,24 @@ struct TileOrder {
   JF_DEVICE TileCoord decode(int t) const {
     TileCoord c;
     int bh;
+    int rank;  // the block's place in its head's order
     if (heads_per_section == 0) {
       bh = t / num_blocks;
-      c.block = t - bh * num_blocks;
+      rank = t - bh * num_blocks;
+      c.block = rank;
     } else {
       const int sec = t / section_tiles;
       const int r = t - sec * section_tiles;
       const int base = sec * heads_per_section;
       const int hs = min(heads_per_section, num_bh - base);  // last section may be short
-      const int mm = r / hs;
-      bh = base + (r - mm * hs);
-      c.block = num_blocks - 1 - mm;
+      rank = r / hs;
+      bh = base + (r - rank * hs);
+      c.block = num_blocks - 1 - rank;
     }
     c.batch = bh / num_heads;
     c.head = bh - c.batch * num_heads;
     c.split = 0;
+    if (perm != nullptr) c.block = perm[int64_t(c.batch) * num_blocks + rank];
     return c;
   }
 };

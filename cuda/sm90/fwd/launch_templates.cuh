@@ -15,6 +15,7 @@
 #include "instantiations.h"
 #include "jax_flash/device_attribute.h"
 #include "sm90/common/tma_desc.h"
+#include "tile_order.cuh"
 
 namespace jax_flash::sm90 {
 
@@ -42,12 +43,20 @@ cudaError_t launch_kernel(const typename Kernel::Arguments& args, int num_sms, c
   return cudaGetLastError();
 }
 
-// The scheduler's Arguments of a forward call.
+// The scheduler's Arguments of a forward call; with packed sequences the
+// block order is computed on the stream first (tile_order.cuh).
 template <typename Kernel>
-typename Kernel::Scheduler::Arguments fwd_scheduler_args(const FwdParams& p, const MaskInfo& mask) {
+typename Kernel::Scheduler::Arguments fwd_scheduler_args(const FwdParams& p, const MaskInfo& mask,
+                                                         cudaStream_t stream, cudaError_t& err) {
   using Mainloop = typename Kernel::Mainloop;
+  const int num_blocks = (p.seqlen_q + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
+  const int* perm = packed_tile_order(mask, p.sm90_tile_order, num_blocks);
+  err = cudaSuccess;
+  if (perm != nullptr)
+    err = launch_packed_tile_order<Mainloop::kBlockM, Mainloop::kBlockN>(mask, p.batch, num_blocks,
+                                                                         p.sm90_tile_order, stream);
   return {{p.batch, p.num_heads, p.num_heads / p.num_heads_k, p.seqlen_q, p.seqlen_k, Mainloop::kHeadDim,
-           Mainloop::Traits::kBytes, Mainloop::kBlockM, fwd_causal_like(mask.wl, mask.wr)},
+           Mainloop::Traits::kBytes, Mainloop::kBlockM, fwd_causal_like(mask.wl, mask.wr), perm},
           p.sm90_tile_counter};
 }
 
@@ -59,10 +68,12 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const MaskInfo mask = make_mask_info(p);
   const SoftmaxScale sm = make_softmax_scale(p.scale, p.softcap);
   const int heads_per_kv = p.num_heads / p.num_heads_k;
+  cudaError_t err;
   const typename Kernel::Arguments args{
       {fwd_q(p), fwd_k(p), fwd_v(p), GmemTensorT{}, mask, sm, heads_per_kv, {}},
       {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv},
-      fwd_scheduler_args<Kernel>(p, mask)};
+      fwd_scheduler_args<Kernel>(p, mask, stream, err)};
+  if (err != cudaSuccess) return err;
   return launch_kernel<Kernel>(args, p.num_sms, p.sm90_tile_counter, stream);
 }
 
@@ -82,10 +93,12 @@ cudaError_t launch_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
   descale.k = p.k_descale;
   descale.q_blocks = (p.seqlen_q + 63) / 64;
   descale.k_blocks = (p.seqlen_k + Mainloop::kBlockN - 1) / Mainloop::kBlockN;
+  cudaError_t err;
   const typename Kernel::Arguments args{
       {fwd_q(p), fwd_k(p), GmemTensor{}, vt, mask, sm, heads_per_kv, descale},
       {fwd_o(p), p.lse, sm.scale_eff, p.v_descale, heads_per_kv},
-      fwd_scheduler_args<Kernel>(p, mask)};
+      fwd_scheduler_args<Kernel>(p, mask, stream, err)};
+  if (err != cudaSuccess) return err;
   return launch_kernel<Kernel>(args, p.num_sms, p.sm90_tile_counter, stream);
 }
 
