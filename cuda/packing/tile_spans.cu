@@ -1,8 +1,10 @@
 // The tile-span pre-pass (tile_spans.h). One CTA per 64-token group of either
 // side: it takes the group's smallest / largest id and diagonal, scans the
-// other side's ids once (coalesced; 1/64 of a score matrix per batch element
-// in all) for the run of every id of the group, and writes the group's span
-// and its tokens' runs.
+// other side's ids once (1/64 of a score matrix per batch element in all) for
+// the run of every id of the group, and writes the group's span and, in
+// exact groups, each token's visible interval (its id's run within the band). Each thread scans a contiguous chunk, so that with packed ids
+// it meets one or two ids and flushes its run to shared memory once or twice
+// (one shared atomic per key would serialise on the group's single id).
 #include <climits>
 
 #include "jax_flash/packing_layout.h"
@@ -11,7 +13,7 @@
 namespace jax_flash::packing {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 1024;
 
 __device__ int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
@@ -49,11 +51,11 @@ __global__ void __launch_bounds__(kThreads) tile_spans_kernel(TileSpanArgs a, Pa
   const int t0 = g * kSpanRows;
   const int rows = min(kSpanRows, own_len - t0);
   const bool mine = tid < rows;
-  int id = 0, sh = 0;
+  int id = 0, sh = 0, pos = 0;
   if (mine) {
     id = own[t0 + tid];
     sh = shift != nullptr ? shift[t0 + tid] : 0;
-    const int pos = q_side ? t0 + tid + off + sh : t0 + tid - off - sh;
+    pos = q_side ? t0 + tid + off + sh : t0 + tid - off - sh;
     atomicMin(&s_min, id);
     atomicMax(&s_max, id);
     atomicMin(&s_pmin, pos);
@@ -63,18 +65,35 @@ __global__ void __launch_bounds__(kThreads) tile_spans_kernel(TileSpanArgs a, Pa
   const int smin = s_min, smax = s_max;
   const bool table = int64_t(smax) - smin < kSpanRows;  // ids index t_* directly
   int lo = other_len, hi = 0, count = 0;
-  for (int j = tid; j < other_len; j += kThreads) {
-    const int v = other[j];
+  // This thread's run of the id it is on: [run_first, run_last], run_n keys.
+  int cur = 0, run_first = 0, run_last = -1, run_n = 0;
+  auto flush = [&] {
+    if (run_n > 0) {
+      atomicMin(&t_lo[cur - smin], run_first);
+      atomicMax(&t_hi[cur - smin], run_last + 1);
+      atomicAdd(&t_count[cur - smin], run_n);
+    }
+    run_n = 0;
+  };
+  const int chunk = ((other_len + kThreads - 1) / kThreads + 3) & ~3;
+  const int j0 = min(tid * chunk, other_len), j1 = min(j0 + chunk, other_len);
+  for (int j = j0; j < j1; ++j) {
+    const int v = __ldg(other + j);
     if (v < smin || v > smax) continue;
     lo = min(lo, j);
     hi = max(hi, j + 1);
     ++count;
     if (table) {
-      atomicMin(&t_lo[v - smin], j);
-      atomicMax(&t_hi[v - smin], j + 1);
-      atomicAdd(&t_count[v - smin], 1);
+      if (run_n > 0 && v != cur) flush();
+      if (run_n == 0) {
+        cur = v;
+        run_first = j;
+      }
+      run_last = j;
+      ++run_n;
     }
   }
+  if (table) flush();
   for (int d = 16; d > 0; d /= 2) {
     lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, d));
     hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, d));
@@ -100,9 +119,15 @@ __global__ void __launch_bounds__(kThreads) tile_spans_kernel(TileSpanArgs a, Pa
   }
   const bool exact = __syncthreads_and(ok);
   if (mine) {
+    // Exact groups: the token's visible interval, its id's run cut to the band.
+    int64_t vis_lo = run_lo, vis_hi = run_hi;
+    if (band_lo >= 0) vis_lo = max(vis_lo, int64_t(pos) - band_lo);
+    if (band_hi >= 0) vis_hi = min(vis_hi, int64_t(pos) + band_hi + 1);
+    vis_lo = clamp64(vis_lo, 0, other_len);
+    vis_hi = clamp64(vis_hi, vis_lo, other_len);
     int32_t* iv = a.out + (q_side ? lay.q_iv : lay.kv_iv) + 2 * (int64_t(b) * own_len + t0 + tid);
-    iv[0] = exact ? run_lo : 0;
-    iv[1] = exact ? run_hi : other_len;
+    iv[0] = exact ? int32_t(vis_lo) : 0;
+    iv[1] = exact ? int32_t(vis_hi) : other_len;
     if (shift != nullptr) a.out[(q_side ? lay.q_shift : lay.kv_shift) + int64_t(b) * own_len + t0 + tid] = sh;
   }
   if (tid == 0) {

@@ -2,9 +2,9 @@
 // per 64-row group and writes the packing buffer (jax_flash/packing_layout.h)
 // in one launch: per group the span of the other axis it can see (the same
 // values as jax_flash/_src/tile_spans.py) and whether every id of the group
-// occupies one run on the other side ("exact"), and then per token the run of
-// its id, so that the kernels' masks test positions instead of reading the
-// other side's ids.
+// occupies one run on the other side ("exact"), and then per token of an
+// exact group the interval it sees (its id's run within the band), so that
+// the kernels' masks test one interval instead of the other side's ids.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -19,8 +19,9 @@ namespace jax_flash::sm80 {
 // Row-outer order: only one row's bounds are live at a time (this runs while
 // S and O occupy most of the register file). With segment ids the key's
 // segment is re-read per row (L1 hits).
-// exact (MaskInfo::rows_exact of the tile's rows): each row's id holds one
-// run of keys, which bounds the row like its window; else the ids are compared.
+// exact (MaskInfo::rows_exact of the tile's rows): each row sees one interval
+// of keys (MaskInfo::row_run, band and shifts included); else the band with
+// the row's shift, and the ids are compared.
 template <int kMT, int kNT>
 JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int batch, int row0,
                           int col0, int lane, bool exact) {
@@ -32,12 +33,15 @@ JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int bat
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + m * 16 + g + 8 * h;
       int lo, hi;
-      mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
-      if (exact && row < mi.seqlen_q) {
-        int run_lo, run_hi;
-        mi.row_run(batch, row, run_lo, run_hi);
-        lo = max(lo, run_lo);
-        hi = min(hi, run_hi - 1);
+      if (exact) {
+        lo = 0;
+        hi = -1;  // rows past seqlen_q: never stored (forward) or P = 0
+        if (row < mi.seqlen_q) {
+          mi.row_run(batch, row, lo, hi);
+          --hi;
+        }
+      } else {
+        mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
       }
       // Key c0 + d visible iff lo - c0 <= d <= hi - c0; d is an immediate.
       lo -= c0;

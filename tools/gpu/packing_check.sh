@@ -5,6 +5,8 @@
 #   tools/gpu/packing_check.sh [test] [bench]
 # test: the GPU tests of varlen / segment ids and the CUDA suite, outputs
 # NaN-poisoned; bench: benchmarks/bench_packing.py into the results file.
+# Environment: GPU_TESTS (pytest paths), PYTEST_K (a -k expression),
+# TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT.
 # Logs and the results file go to $OUT (or ./gpu_out); a table is printed last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -25,7 +27,7 @@ if has test; then
   t0=$SECONDS
   # (-n 8 processes share the GPU: no preallocation)
   XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -m gpu -n 8 \
-    ${GPU_TESTS:-tests/test_varlen.py tests/test_cuda.py} ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/test.log" | tail -30
+    ${GPU_TESTS:-tests/test_varlen.py tests/test_cuda.py} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/test.log" | tail -30
   SUMMARY+=("test: $(tail -1 "$OUT/test.log") ($((SECONDS-t0)) s)")
 fi
 if has bench; then

@@ -48,9 +48,9 @@ struct MaskInfo : BlockMath<MaskInfo> {
   // block of the positional range takes the element mask.
   const SpanEntry* q_span;
   const SpanEntry* kv_span;
-  // With the spans: the run [lo, hi) of keys holding each row's id
-  // [batch, seqlen_q] and of rows holding each key's id [batch, seqlen_k]
-  // (valid in exact groups).
+  // With the spans: the keys [lo, hi) each row sees [batch, seqlen_q] and the
+  // rows that see each key [batch, seqlen_k] (valid in exact groups: the
+  // id's run within the band, shifts included).
   const RunEntry* q_iv;
   const RunEntry* kv_iv;
   // Diagonal shifts [batch, seqlen_q] / [batch, seqlen_k] (or nullptr): row i
@@ -124,6 +124,12 @@ struct MaskInfo : BlockMath<MaskInfo> {
     if (last < first) last = first;
   }
 
+  // The kernels without spans (see `packed` in the kernels' configurations):
+  // positional ranges, and with segment ids every block takes the mask.
+  JF_HOST_DEVICE bool block_needs_mask_by_position(int m0, int bm, int n0, int bn) const {
+    return BlockMath::block_needs_mask(m0, bm, n0, bn, [this] { return has_seg(); });
+  }
+
   // Whether the (rows [m0, m0 + bm), keys [n0, n0 + bn)) block needs the
   // element mask. Segment ids: every block, unless the spans show the keys
   // visible from every row (they then also bound the positions).
@@ -136,6 +142,28 @@ struct MaskInfo : BlockMath<MaskInfo> {
     return BlockMath::block_needs_mask(m0, bm, n0, bn);
   }
 
+  // The mask plan of the rows [m0, m0 + bm) against blocks of bn keys, in one
+  // register for the kernels' hot loops (computed once per tile): the blocks
+  // every row sees entirely, [first, last) (bits 31..17 and 16..2; none when
+  // they do not fit in 15 bits), and bit 0: exact runs. 0 without spans.
+  JF_HOST_DEVICE uint32_t row_plan(int batch, int m0, int bm, int bn) const {
+    if (q_span == nullptr) return 0u;
+    const TileSpan s = rows_span(batch, m0, bm);
+    const int first = (s.full_lo + bn - 1) / bn, last = s.full_hi / bn;
+    const uint32_t exact = s.exact ? 1u : 0u;
+    if (last <= first || last >= (1 << 15)) return exact;
+    return (uint32_t(first) << 17) | (uint32_t(last) << 2) | exact;
+  }
+  JF_HOST_DEVICE static bool plan_exact(uint32_t plan) { return (plan & 1u) != 0; }
+  // Whether block n (of the plan's bn keys) of the plan's rows needs the mask.
+  JF_HOST_DEVICE bool block_needs_mask(uint32_t plan, int m0, int bm, int n, int bn) const {
+    if (has_seg()) {
+      const int first = int(plan >> 17), last = int((plan >> 2) & 0x7fffu);
+      return !(n >= first && n < last);
+    }
+    return BlockMath::block_needs_mask(m0, bm, n * bn, bn);
+  }
+
   // Whether the rows [m0, m0 + bm) (the keys [n0, n0 + bn)) have exact runs.
   JF_HOST_DEVICE bool rows_exact(int batch, int m0, int bm) const {
     return q_span != nullptr && rows_span(batch, m0, bm).exact;
@@ -143,7 +171,7 @@ struct MaskInfo : BlockMath<MaskInfo> {
   JF_HOST_DEVICE bool keys_exact(int batch, int n0, int bn) const {
     return kv_span != nullptr && keys_span(batch, n0, bn).exact;
   }
-  // The run of an in-range row's (key's) id; use only where exact.
+  // The visible interval of an in-range row (key); use only where exact.
   JF_HOST_DEVICE void row_run(int batch, int row, int& lo, int& hi) const {
     const RunEntry* e = q_iv + int64_t(batch) * seqlen_q + row;
 #ifdef __CUDA_ARCH__

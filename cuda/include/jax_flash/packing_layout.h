@@ -5,8 +5,9 @@
 //   q_span   [batch, ceil(seqlen_q / 64), 8]  per 64 query rows: key span
 //   kv_span  [batch, ceil(seqlen_k / 64), 8]  per 64 keys: query-row span
 //            (each {lo, hi, full_lo, full_hi, exact, 0, 0, 0}, mask_info.h)
-//   q_iv     [batch, seqlen_q, 2]  the keys of each row's id [lo, hi)
-//   kv_iv    [batch, seqlen_k, 2]  the rows of each key's id [lo, hi)
+//   q_iv     [batch, seqlen_q, 2]  the keys [lo, hi) each row sees (its id's
+//                                  run within the band; exact groups only)
+//   kv_iv    [batch, seqlen_k, 2]  the rows [lo, hi) that see each key
 //   q_shift  [batch, seqlen_q]     with diagonal shifts only
 //   kv_shift [batch, seqlen_k]
 #pragma once

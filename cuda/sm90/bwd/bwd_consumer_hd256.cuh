@@ -27,7 +27,7 @@
 
 namespace jax_flash::sm90 {
 
-template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
+template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kPacked = false>
 struct BwdConsumerHd256 {
   static_assert(!Cfg::kSdpSwapAB && Cfg::kConsumerWGs == 2, "hdim-256 work split");
   static constexpr int kD = Cfg::kHeadDim;
@@ -205,8 +205,13 @@ struct BwdConsumerHd256 {
             dp[i] = (dp[i] - dl[(i / 2) % 2]) * (1.f - t * t);
           }
         }
-        if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
-          apply_mask(sc, a.mask, w.batch, m0 + r0, key0, a.mask.rows_exact(w.batch, m0, kBM));
+        if constexpr (kPacked) {
+          if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
+            apply_mask_packed(sc, a.mask, w.batch, m0 + r0, key0, a.mask.rows_exact(w.batch, m0, kBM));
+        } else {
+          if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
+            apply_mask(sc, a.mask, w.batch, m0 + r0, key0);
+        }
         // P into its own registers (see BwdConsumer: in place, ptxas would
         // wait for the dP GEMM before writing them); in place with softcap.
         float pr_own[kSoftcap ? 1 : kSR];

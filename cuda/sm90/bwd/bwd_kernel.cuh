@@ -38,11 +38,14 @@
 namespace jax_flash::sm90 {
 
 // The consumer warpgroups of the config's work split (bwd_config.cuh).
-template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
-using BwdConsumerFor = std::conditional_t<Cfg::kSdpSwapAB, BwdConsumer<Element, Cfg, kSoftcap, kDqTensor>,
-                                          BwdConsumerHd256<Element, Cfg, kSoftcap, kDqTensor>>;
+template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kPacked>
+using BwdConsumerFor =
+    std::conditional_t<Cfg::kSdpSwapAB, BwdConsumer<Element, Cfg, kSoftcap, kDqTensor, kPacked>,
+                       BwdConsumerHd256<Element, Cfg, kSoftcap, kDqTensor, kPacked>>;
 
-template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kDet = false>
+// kPacked: packed sequences (the tile spans of segment ids; BwdConsumer).
+template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kDet = false,
+          bool kPacked = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bwd_kernel(const __grid_constant__ BwdKernelParams<BwdTileScheduler<kDet>> params) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -82,7 +85,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // grid_size() CTAs, each with one valid tile (kOneTilePerCta).
   const WorkTile work = Scheduler::initial_work(params.scheduler, sched);
   const BwdTile tile =
-      make_bwd_tile<Cfg>(args, Scheduler::coord(params.scheduler, work), params.scheduler.order.num_blocks);
+      make_bwd_tile<Cfg, kPacked>(args, Scheduler::coord(params.scheduler, work),
+                                  params.scheduler.order.num_blocks);
   if (warp < 4) {  // producer warpgroup
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (warp == 0) {
@@ -93,7 +97,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int tid_wg = threadIdx.x % 128;
-    const BwdConsumerFor<Element, Cfg, kSoftcap, kDqTensor> c{args, sm, warp / 4 - 1, tid_wg / 32, tid_wg % 32};
+    const BwdConsumerFor<Element, Cfg, kSoftcap, kDqTensor, kPacked> c{args, sm, warp / 4 - 1, tid_wg / 32,
+                                                                     tid_wg % 32};
     c.run(tile);
   }
 #else

@@ -59,8 +59,11 @@ cudaError_t launch_bwd_kernel(const BwdKernelArgs& args,
   if (grid == 0) return cudaSuccess;  // every KV block runs, also those no query sees (dK = dV = 0)
   cudaError_t err = Scheduler::prepare(params.scheduler, stream);
   if (err != cudaSuccess) return err;
-  auto kernel = softcap > 0.f ? bwd_kernel<Element, Cfg, true, kDqTensor, kDet>
-                              : bwd_kernel<Element, Cfg, false, kDqTensor, kDet>;
+  const bool packed = args.mask.q_span != nullptr;  // packed sequences: their own kernels
+  auto kernel = softcap > 0.f ? (packed ? bwd_kernel<Element, Cfg, true, kDqTensor, kDet, true>
+                                        : bwd_kernel<Element, Cfg, true, kDqTensor, kDet, false>)
+                              : (packed ? bwd_kernel<Element, Cfg, false, kDqTensor, kDet, true>
+                                        : bwd_kernel<Element, Cfg, false, kDqTensor, kDet, false>);
   err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                              cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemAlloc);
   if (err != cudaSuccess) return err;

@@ -65,14 +65,19 @@ struct BwdTile {
   int num_n_blocks;
 };
 
-template <typename Cfg>
+template <typename Cfg, bool kPacked = false>
 JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, const TileCoord& c, int num_n_blocks) {
   BwdTile w;
   w.num_n_blocks = num_n_blocks;
   w.n_block = c.block;
   w.head_k = c.head;
   w.batch = c.batch;
-  a.mask.q_block_range(w.batch, w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
+  if constexpr (kPacked) {
+    a.mask.q_block_range(w.batch, w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
+  } else {
+    a.mask.BlockMath<MaskInfo>::q_block_range(w.n_block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first,
+                                              w.m_last);
+  }
   w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
   return w;
 }
@@ -312,7 +317,9 @@ JF_DEVICE float (*select_p(float (*a)[kN], float (*b)[kM]))[kN] {
   }
 }
 
-template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor>
+// kPacked: packed sequences (tile spans; fwd_tuning.h `packed`): the
+// spans' query-block ranges and masks, in kernels of their own.
+template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kPacked = false>
 struct BwdConsumer {
   static_assert(Cfg::kStagesDo == Cfg::kStages, "one stage index for Q and dO");
   static constexpr int kD = Cfg::kHeadDim;
@@ -526,10 +533,17 @@ struct BwdConsumer {
             }
           }
         }
-        if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + 64 * wg, 64))
-          apply_mask_t<kSR, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
-                                            m0 + 2 * (lane % 4),
-                                            a.mask.keys_exact(w.batch, n0 + 64 * wg, 64));
+        if constexpr (kPacked) {
+          if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + 64 * wg, 64))
+            apply_mask_t_packed<kSR, kMaskSegUnroll>(sc, a.mask, w.batch,
+                                                     n0 + 64 * wg + 16 * warp + lane / 4,
+                                                     m0 + 2 * (lane % 4),
+                                                     a.mask.keys_exact(w.batch, n0 + 64 * wg, 64));
+        } else {
+          if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + 64 * wg, 64))
+            apply_mask_t<kSR, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
+                                              m0 + 2 * (lane % 4));
+        }
         // P^T into its own registers: ptxas holds back writes to the S^T
         // accumulator registers (in place) until every wgmma in flight is done,
         // which would serialise this with the dP^T GEMM.

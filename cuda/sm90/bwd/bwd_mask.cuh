@@ -39,10 +39,7 @@ JF_DEVICE void dq_pred_range(const MaskInfo& mi, int n_block, int num_n_blocks, 
 // bounds the query segment ids in flight (fully unrolled, the 20 ids of 80
 // queries make that kernel spill), then applies them.
 template <int NR, int kSegUnroll = 0>
-// exact (MaskInfo::keys_exact of the keys): each key's id holds one run of
-// rows, which bounds the key like the window; else the ids are compared.
-JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0,
-                            bool exact) {
+JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key0 + 8 * h;
@@ -50,12 +47,82 @@ JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int k
     // clamped to [-1, 2 NR] (the column offsets d are in [0, 2 NR)) so that the
     // compare below is on small ints.
     int64_t lo, hi;
-    mi.key_bounds(key, lo, hi, mi.key_shift(batch, key));
-    if (exact && key < mi.seqlen_k) {
-      int run_lo, run_hi;
-      mi.key_run(batch, key, run_lo, run_hi);
-      lo = max64(lo, run_lo);
-      hi = min64(hi, int64_t(run_hi) - 1);
+    mi.key_bounds(key, lo, hi);
+    const int rlo = int(max64(min64(lo - q0, 2 * NR), -1));
+    const int rhi = int(max64(min64(hi - q0, 2 * NR), -1));
+#pragma unroll
+    for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * j + e;
+        if (d < rlo || d > rhi) s[4 * j + 2 * h + e] = -INFINITY;
+      }
+  }
+  if (mi.has_seg()) {
+    const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
+    const int32_t* q_seg = mi.q_seg + int64_t(batch) * mi.seqlen_q;
+    // Keys past seqlen_k are already -inf; do not read them.
+    const int ks0 = key0 < mi.seqlen_k ? __ldg(kv_seg + key0) : 0;
+    const int ks1 = key0 + 8 < mi.seqlen_k ? __ldg(kv_seg + key0 + 8) : 0;
+    if constexpr (kSegUnroll > 0) {
+      static_assert(NR / 2 <= 32 && (NR / 4) % kSegUnroll == 0, "mismatch bits");
+      uint32_t bits0 = 0, bits1 = 0;  // bit 2j + e: query q0 + 8j + e vs key key0 (+ 8)
+#pragma unroll kSegUnroll
+      for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = q0 + 8 * j + e;
+          const int qs = q < mi.seqlen_q ? __ldg(q_seg + q) : ks0;  // as below
+          bits0 |= uint32_t(qs != ks0) << (2 * j + e);
+          bits1 |= uint32_t(qs != ks1) << (2 * j + e);
+        }
+#pragma unroll
+      for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if ((bits0 >> (2 * j + e)) & 1u) s[4 * j + e] = -INFINITY;
+          if ((bits1 >> (2 * j + e)) & 1u) s[4 * j + 2 + e] = -INFINITY;
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int q = q0 + 8 * j + e;
+          // Queries past seqlen_q have P = 0 anyway; do not read them.
+          const int qs = q < mi.seqlen_q ? __ldg(q_seg + q) : ks0;
+          if (qs != ks0) s[4 * j + e] = -INFINITY;
+          if (qs != ks1) s[4 * j + 2 + e] = -INFINITY;
+        }
+    }
+  }
+}
+
+// The packed kernels' mask (tile spans present), same fragment layout.
+// exact (MaskInfo::keys_exact of the keys): each key is seen by one interval
+// of rows (MaskInfo::key_run, band and shifts included); else the band with
+// the key's shift, and the ids are compared.
+template <int NR, int kSegUnroll = 0>
+JF_DEVICE void apply_mask_t_packed(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0,
+                                   bool exact) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key0 + 8 * h;
+    // Visible queries of this key: [lo, hi] (absolute), then relative to q0,
+    // clamped to [-1, 2 NR] (the column offsets d are in [0, 2 NR)) so that the
+    // compare below is on small ints.
+    int64_t lo, hi;
+    if (exact) {
+      lo = 0;
+      hi = -1;  // keys past seqlen_k: nothing visible
+      if (key < mi.seqlen_k) {
+        int run_lo, run_hi;
+        mi.key_run(batch, key, run_lo, run_hi);
+        lo = run_lo;
+        hi = int64_t(run_hi) - 1;
+      }
+    } else {
+      mi.key_bounds(key, lo, hi, mi.key_shift(batch, key));
     }
     const int rlo = int(max64(min64(lo - q0, 2 * NR), -1));
     const int rhi = int(max64(min64(hi - q0, 2 * NR), -1));

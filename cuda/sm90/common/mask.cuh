@@ -18,21 +18,61 @@ namespace jax_flash::sm90 {
 // -inf. row0: absolute query row of this thread's first row (16*warp + g
 // within the WG's 64 rows); col0: absolute key of its first column
 // (n0 + 2t). Element s[4j + 2h + e] is row row0 + 8h, key col0 + 8j + e.
-// exact (MaskInfo::rows_exact of the rows): each row's id holds one run of
-// keys, which bounds the row like its window; else the ids are compared.
 template <int NR>
-JF_DEVICE void apply_mask(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0,
-                          bool exact) {
+JF_DEVICE void apply_mask(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + 8 * h;
     int lo, hi;
-    mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
-    if (exact && row < mi.seqlen_q) {
-      int run_lo, run_hi;
-      mi.row_run(batch, row, run_lo, run_hi);
-      lo = max(lo, run_lo);
-      hi = min(hi, run_hi - 1);
+    mi.row_bounds(row, lo, hi);
+    lo -= col0;  // key col0 + d visible iff lo <= d <= hi; d is an immediate
+    hi -= col0;
+#pragma unroll
+    for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = 8 * j + e;
+        if (d < lo || d > hi) s[4 * j + 2 * h + e] = -INFINITY;
+      }
+  }
+  if (mi.has_seg()) {
+    const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
+    const int32_t* q_seg = mi.q_seg + int64_t(batch) * mi.seqlen_q;
+    const int qs0 = row0 < mi.seqlen_q ? __ldg(q_seg + row0) : 0;
+    const int qs1 = row0 + 8 < mi.seqlen_q ? __ldg(q_seg + row0 + 8) : 0;
+#pragma unroll
+    for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = col0 + 8 * j + e;
+        // Keys past seqlen_k are already -inf (hi); do not read them.
+        const int ks = col < mi.seqlen_k ? __ldg(kv_seg + col) : 0;
+        if (ks != qs0) s[4 * j + e] = -INFINITY;
+        if (ks != qs1) s[4 * j + 2 + e] = -INFINITY;
+      }
+  }
+}
+
+// The packed kernels' mask (tile spans present), same fragment layout.
+// exact (MaskInfo::plan_exact of the rows): each row sees one interval of
+// keys (MaskInfo::row_run, band and shifts included); else the band with the
+// row's shift, and the ids are compared.
+template <int NR>
+JF_DEVICE void apply_mask_packed(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0,
+                                 bool exact) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    int lo, hi;
+    if (exact) {
+      lo = 0;
+      hi = -1;  // rows past seqlen_q: never stored
+      if (row < mi.seqlen_q) {
+        mi.row_run(batch, row, lo, hi);
+        --hi;
+      }
+    } else {
+      mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
     }
     lo -= col0;  // key col0 + d visible iff lo <= d <= hi; d is an immediate
     hi -= col0;

@@ -43,6 +43,11 @@ struct FwdTuning {
   // DynamicPersistentTileScheduler (atomic tile counter, LPT order) instead of
   // StaticPersistentTileScheduler (tile_scheduler.cuh).
   bool dynamic_scheduler;
+  // Not a knob but the kind of call: packed sequences (segment ids with their
+  // tile spans, jax_flash/mask_info.h): key ranges and masks from the spans,
+  // and the packed tile order. A kernel of its own, so that the code and the
+  // registers of the other kernels stay as they are.
+  bool packed;
 
   constexpr int block_m() const { return 64 * consumer_wgs; }
 };
@@ -66,8 +71,10 @@ struct FwdTuning {
 // hdim 128 and 256 (one K descale per 128-key block, scheme.py; V^T rows of
 // one 128-byte swizzle row), no Q in registers (16-bit fragments only); the
 // 16-bit choices otherwise.
-constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int element_bytes = 2) {
+constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int element_bytes = 2,
+                                       bool packed = false) {
   FwdTuning t{};
+  t.packed = packed;
   t.block_n = head_dim == 256 ? 80 : 128;
   t.consumer_wgs = head_dim == 64 ? 3 : 2;
   t.stages = 2;
@@ -89,9 +96,9 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int eleme
 // A configuration as a type (the kernel's template parameter; C++17 has no
 // class-type template parameters): any struct with a `static constexpr
 // FwdTuning value`.
-template <int kHeadDim, bool kCausalLike, int kElementBytes = 2>
+template <int kHeadDim, bool kCausalLike, int kElementBytes = 2, bool kPacked = false>
 struct DefaultFwdTuning {
-  static constexpr FwdTuning value = fwd_default_tuning(kHeadDim, kCausalLike, kElementBytes);
+  static constexpr FwdTuning value = fwd_default_tuning(kHeadDim, kCausalLike, kElementBytes, kPacked);
 };
 
 // Which masks count as causal-like for the policy (a right bound without a

@@ -50,7 +50,8 @@ typename Kernel::Scheduler::Arguments fwd_scheduler_args(const FwdParams& p, con
                                                          cudaStream_t stream, cudaError_t& err) {
   using Mainloop = typename Kernel::Mainloop;
   const int num_blocks = (p.seqlen_q + Mainloop::kBlockM - 1) / Mainloop::kBlockM;
-  const int* perm = packed_tile_order(mask, p.sm90_tile_order, num_blocks);
+  const int* perm =
+      Mainloop::kPacked ? packed_tile_order(mask, p.sm90_tile_order, num_blocks) : nullptr;
   err = cudaSuccess;
   if (perm != nullptr)
     err = launch_packed_tile_order<Mainloop::kBlockM, Mainloop::kBlockN>(mask, p.batch, num_blocks,
@@ -107,8 +108,12 @@ cudaError_t launch_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   const MaskInfo mi = make_mask_info(p);
-  if (fwd_causal_like(mi.wl, mi.wr))
-    return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true>>(p, stream);
+  const bool causal = fwd_causal_like(mi.wl, mi.wr);
+  if (mi.q_span != nullptr) {  // packed sequences
+    if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true, 2, true>>(p, stream);
+    return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false, 2, true>>(p, stream);
+  }
+  if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true>>(p, stream);
   return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false>>(p, stream);
 }
 

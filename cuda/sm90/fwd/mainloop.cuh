@@ -62,6 +62,7 @@ namespace jax_flash::sm90 {
 
 template <typename Element_, int kHeadDim_, typename TuningT, typename OutElement_ = Element_>
 struct FwdMainloop {
+  static constexpr bool kPacked = TuningT::value.packed;  // fwd_tuning.h
   using Element = Element_;
   using OutElement = OutElement_;  // of O (the epilogue)
   using Traits = ElementTraits<Element>;
@@ -205,7 +206,11 @@ struct FwdMainloop {
 
   // [first, last) KV blocks the tile starting at query row m0 visits.
   JF_DEVICE static void kv_block_range(const Params& p, int batch, int m0, int& n_first, int& n_last) {
-    p.mask.kv_block_range(batch, m0, kBlockM, kBlockN, n_first, n_last);
+    if constexpr (kPacked) {
+      p.mask.kv_block_range(batch, m0, kBlockM, kBlockN, n_first, n_last);
+    } else {
+      p.mask.BlockMath<MaskInfo>::kv_block_range(m0, kBlockM, kBlockN, n_first, n_last);
+    }
   }
 
   // ---------------------------------------------------------------- producer
@@ -408,13 +413,19 @@ struct FwdMainloop {
 
     // Softcap and (only on blocks that need it) the element mask.
     // softcap_pre: a.sm.softcap_pre, times the block's descales when 8-bit.
-    JF_DEVICE void score_mod(float (&s)[kSR], int m0_wg, int n, int batch, float softcap_pre) const {
+    // plan (kPacked): MaskInfo::row_plan of the WG's rows, once per tile.
+    JF_DEVICE void score_mod(float (&s)[kSR], int m0_wg, int n, int batch, float softcap_pre,
+                             uint32_t plan) const {
       if constexpr (!kBlockScaled) softcap_pre = a.sm.softcap_pre;
       if (softcap_pre != 0.f) apply_softcap(s, softcap_pre);
       const int n0 = n * kBlockN;
-      if (a.mask.block_needs_mask(batch, m0_wg, 64, n0, kBlockN))
-        apply_mask(s, a.mask, batch, m0_wg + 16 * warp + lane / 4, n0 + 2 * (lane % 4),
-                   a.mask.rows_exact(batch, m0_wg, 64));
+      const int row0 = m0_wg + 16 * warp + lane / 4, col0 = n0 + 2 * (lane % 4);
+      if constexpr (kPacked) {
+        if (a.mask.block_needs_mask(plan, m0_wg, 64, n, kBlockN))
+          apply_mask_packed(s, a.mask, batch, row0, col0, MaskInfo::plan_exact(plan));
+      } else {
+        if (a.mask.block_needs_mask_by_position(m0_wg, 64, n0, kBlockN)) apply_mask(s, a.mask, batch, row0, col0);
+      }
     }
 
     // The softmax of one block: update_lazy() (returns true only when some row
@@ -463,6 +474,8 @@ struct FwdMainloop {
                        int batch, int n_first, int n_last) const {
       using namespace ptx;
       const BlockScales bs(a, m0_wg, head, batch, n_last - 1);
+      uint32_t plan = 0;
+      if constexpr (kPacked) plan = a.mask.row_plan(batch, m0_wg, 64, kBlockN);
       float scale_log2 = a.sm.scale_log2, softcap_pre = a.sm.softcap_pre;  // 8-bit: per block
       float s[kSR];
       uint32_t p[kPSteps][4];
@@ -480,7 +493,7 @@ struct FwdMainloop {
         release(sm.empty_k(kst.index));
         kst.advance();
         if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
-        score_mod(s, m0_wg, n, batch, softcap_pre);
+        score_mod(s, m0_wg, n, batch, softcap_pre, plan);
         softmax<true>(smx, s, scale_log2, alpha);
         acc_to_a<Element>(s, p);
         float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
@@ -507,7 +520,7 @@ struct FwdMainloop {
           release(sm.empty_k(kst.index));
           kst.advance();
           if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
-          score_mod(s, m0_wg, n, batch, softcap_pre);
+          score_mod(s, m0_wg, n, batch, softcap_pre, plan);
           const bool rescale = softmax<false>(smx, s, scale_log2, alpha);
           wgmma_wait<0>();  // PV done: O and P are ours again
           fence_regs(o);
@@ -551,7 +564,7 @@ struct FwdMainloop {
           release(sm.empty_k(kst.index));
           kst.advance();
           if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
-          score_mod(s, m0_wg, n, batch, softcap_pre);
+          score_mod(s, m0_wg, n, batch, softcap_pre, plan);
           if (n == n_last - 1) {
             softmax<true>(smx, s, scale_log2, alpha);
           } else if (softmax<false>(smx, s, scale_log2, alpha)) {
