@@ -129,8 +129,8 @@ def run(cases, modes, *, iters, repeats, warmup, command, device, out=None):
         steps[name] = (_step(fn, layout, mode, lens, rows, do), (q, k, v))
       timed = ba.time_interleaved(steps, iters=iters, repeats=repeats,
                                   warmup=warmup)
-      ms_of = lambda n: (timed.get(n) if isinstance(timed.get(n), float)
-                         else None)
+      ms_of = lambda n: (float(f"{timed[n]:.6g}")
+                         if isinstance(timed.get(n), float) else None)
       rows_out = []
       for name in impls:
         ms = timed[name]

@@ -223,7 +223,8 @@ def test_tile_spans_bound_visibility(layout, band, shifted, rng):
 @pytest.mark.parametrize("shifted", [False, True])
 def test_cuda_prepass(layout, band, shifted, rng):
   """The CUDA tile-span pre-pass: tile_spans.py's spans, and where it says
-  exact, each token's run is the first and last index of its id."""
+  exact, each token's interval is the run of its id (first to last index on
+  the other side) cut to the token's band."""
   from jax_flash._src import cuda_backend
   B, T, S = 2, 261, 300
   q_seg = np.stack([_layout(layout, rng, T) for _ in range(B)]).astype(np.int32)
@@ -249,8 +250,13 @@ def test_cuda_prepass(layout, band, shifted, rng):
                                None if shifts is None else shifts[1])
   np.testing.assert_array_equal(q_span[..., :4], np.asarray(want_q))
   np.testing.assert_array_equal(kv_span[..., :4], np.asarray(want_k))
-  for span, run, own, other in ((q_span, q_run, q_seg, kv_seg),
-                                (kv_span, kv_run, kv_seg, q_seg)):
+  off = S - T
+  sh = (np.zeros_like(q_seg), np.zeros_like(kv_seg)) if shifts is None else (
+      np.asarray(shifts[0]), np.asarray(shifts[1]))
+  sides = ((q_span, q_run, q_seg, kv_seg, np.arange(T) + off + sh[0], band),
+           (kv_span, kv_run, kv_seg, q_seg, np.arange(S) - off - sh[1],
+            band[::-1]))
+  for span, run, own, other, pos, (b_lo, b_hi) in sides:
     for b in range(B):
       for g in range(span.shape[1]):
         ids = own[b, 64 * g:64 * g + 64]
@@ -263,8 +269,15 @@ def test_cuda_prepass(layout, band, shifted, rng):
         if span[b, g, 4]:
           for t, v in enumerate(ids):
             where = np.flatnonzero(other[b] == v)
-            want = (where[0], where[-1] + 1) if where.size else (0, 0)
-            assert tuple(run[b, 64 * g + t]) == want, (b, g, t)
+            lo, hi = (where[0], where[-1] + 1) if where.size else (0, 0)
+            p = int(pos[b, 64 * g + t])
+            if b_lo >= 0:
+              lo = max(lo, p - b_lo)
+            if b_hi >= 0:
+              hi = min(hi, p + b_hi + 1)
+            lo = min(max(lo, 0), other.shape[1])
+            hi = min(max(hi, lo), other.shape[1])
+            assert tuple(run[b, 64 * g + t]) == (lo, hi), (b, g, t)
   if shifted:
     np.testing.assert_array_equal(runs[B * (T + S) * 2:],
                                   np.concatenate([np.asarray(s).ravel()
