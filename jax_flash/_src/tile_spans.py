@@ -24,7 +24,10 @@ of unequal query and key lengths.
 
 Cost: one pass over [B, T / rows, S] comparisons (fused into reductions,
 nothing materialised), i.e. 1/rows of a score matrix per batch element, once
-per call and shared by every head.
+per call and shared by every head. The xla and pallas backends use these
+spans at their own tile sizes; the cuda backend computes the same values (and
+more: per-token intervals for its masks) in one CUDA launch,
+cuda/packing/tile_spans.cu, which tests/test_varlen.py checks against this.
 """
 
 from __future__ import annotations
