@@ -16,7 +16,8 @@
 
 namespace jax_flash::sm80 {
 
-template <typename Element, typename Cfg>
+// kPacked: packed sequences (see fwd_kernel.cuh).
+template <typename Element, typename Cfg, bool kPacked = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_constant__ BwdKernelArgs args) {
   JF_SMEM(smem);
   check_smem_alignment(smem);
@@ -50,7 +51,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
   const uint32_t sKV0 = smem_addr(smem + Cfg::kSmemKV);
 
   int n_first, n_last;
-  mi.kv_block_range(batch, m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+  if constexpr (kPacked) {
+    mi.kv_block_range(batch, m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+  } else {
+    mi.BlockMath<MaskInfo>::kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+  }
 
   auto load_kv = [&](int n, uint32_t stage_base) {
     const int nk0 = n * Cfg::kBlockN;
@@ -98,8 +103,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
         acc_dp, sdO, wrow, sV, 0, ldsm);
     dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
     const int n0 = n * Cfg::kBlockN;
-    if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-      apply_mask(acc_s, mi, batch, m0 + wrow, n0, lane, mi.rows_exact(batch, m0, Cfg::kBlockM));
+    if constexpr (kPacked) {
+      if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
+        apply_mask_packed(acc_s, mi, batch, m0 + wrow, n0, lane, mi.rows_exact(batch, m0, Cfg::kBlockM));
+    } else {
+      if (mi.block_needs_mask_by_position(m0, Cfg::kBlockM, n0, Cfg::kBlockN))
+        apply_mask(acc_s, mi, batch, m0 + wrow, n0, lane);
+    }
     probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
 
     uint32_t ds_frag[Cfg::kMT][Cfg::kNT_S / 2][4];

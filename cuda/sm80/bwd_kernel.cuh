@@ -63,7 +63,8 @@ JF_DEVICE void issue_dq_rows(float* dq, uint32_t sdQ, int rows_valid, int tid) {
   }
 }
 
-template <typename Element, typename Cfg, bool kBulkDq>
+// kPacked: packed sequences (see fwd_kernel.cuh).
+template <typename Element, typename Cfg, bool kBulkDq, bool kPacked = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
   JF_SMEM(smem);
   check_smem_alignment(smem);
@@ -98,7 +99,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   };
 
   int m_first, m_last;
-  mi.q_block_range(batch, n0, Cfg::kBlockN, Cfg::kBlockM, m_first, m_last);
+  if constexpr (kPacked) {
+    mi.q_block_range(batch, n0, Cfg::kBlockN, Cfg::kBlockM, m_first, m_last);
+  } else {
+    mi.BlockMath<MaskInfo>::q_block_range(n0, Cfg::kBlockN, Cfg::kBlockM, m_first, m_last);
+  }
   const int num_m = m_last - m_first;
   const int iters = num_m * group;
 
@@ -183,9 +188,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
           acc_dp, sdO, c.s_row, sV, c.s_col, ldsm);
       dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
-      if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-        apply_mask(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane,
-                   mi.rows_exact(batch, m0, Cfg::kBlockM));
+      if constexpr (kPacked) {
+        if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
+          apply_mask_packed(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane,
+                            mi.rows_exact(batch, m0, Cfg::kBlockM));
+      } else {
+        if (mi.block_needs_mask_by_position(m0, Cfg::kBlockM, n0, Cfg::kBlockN))
+          apply_mask(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane);
+      }
       probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
     }
     {

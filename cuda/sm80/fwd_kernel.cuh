@@ -34,7 +34,10 @@ struct FwdKernelArgs {
 // the hdim-128 kernel free of spills on sm_90 (measured with -Xptxas -v).
 // Everything else (causal, window, segment ids, ragged lengths) is a runtime
 // branch on block-uniform values.
-template <typename Element, typename Cfg, bool kSoftcap>
+// kPacked: packed sequences (segment ids with tile spans, mask_info.h): KV
+// ranges and masks from the spans, in kernels of their own so that the code
+// does not weigh on the others' registers.
+template <typename Element, typename Cfg, bool kSoftcap, bool kPacked = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
   JF_SMEM(smem);
   check_smem_alignment(smem);
@@ -73,7 +76,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const int rows_valid = p.seqlen_q - m0;
 
   int n_first, n_last;
-  mi.kv_block_range(batch, m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+  if constexpr (kPacked) {
+    mi.kv_block_range(batch, m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+  } else {
+    mi.BlockMath<MaskInfo>::kv_block_range(m0, Cfg::kBlockM, Cfg::kBlockN, n_first, n_last);
+  }
   if (n_last <= n_first) {  // every row fully masked: O = 0, LSE = -inf
     write_empty_rows<Element, Cfg>(o_ptr(batch, head), p.o_row_stride, lse_ptr(batch, head),
                                    rows_valid, p.head_dim, tid);
@@ -121,10 +128,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
           acc_s, sQ, (t / 32) * Cfg::kMT * 16, sK, 0, LdsmLane{t % 32});
     }
     if constexpr (kSoftcap) apply_softcap(acc_s, softcap_pre);
-    if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
-      const int t = opaque_tid();
-      apply_mask(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32,
-                 mi.rows_exact(batch, m0, Cfg::kBlockM));
+    if constexpr (kPacked) {
+      if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
+        const int t = opaque_tid();
+        apply_mask_packed(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32,
+                          mi.rows_exact(batch, m0, Cfg::kBlockM));
+      }
+    } else {
+      if (mi.block_needs_mask_by_position(m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
+        const int t = opaque_tid();
+        apply_mask(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32);
+      }
     }
 
     cp_async_wait<0>();

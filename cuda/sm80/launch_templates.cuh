@@ -32,7 +32,9 @@ inline int max_smem_optin() {
 template <typename Element, typename Cfg>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const FwdKernelArgs args{p, make_mask_info(p), make_softmax_scale(p.scale, p.softcap)};
-  auto kernel = p.softcap > 0.f ? fwd_kernel<Element, Cfg, true> : fwd_kernel<Element, Cfg, false>;
+  const bool packed = args.mask.q_span != nullptr;  // packed sequences: their own kernels
+  auto kernel = p.softcap > 0.f ? (packed ? fwd_kernel<Element, Cfg, true, true> : fwd_kernel<Element, Cfg, true>)
+                                : (packed ? fwd_kernel<Element, Cfg, false, true> : fwd_kernel<Element, Cfg, false>);
   cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
@@ -54,7 +56,8 @@ template <typename Element, typename Cfg, bool kBulkDq>
 cudaError_t launch_bwd_main(const BwdKernelArgs& args, cudaStream_t stream) {
   const BwdParams& p = args.p;
   constexpr int kSmem = kBulkDq ? Cfg::kSmemBytesBulkDq : Cfg::kSmemBytes;
-  auto kernel = bwd_kernel<Element, Cfg, kBulkDq>;
+  auto kernel = args.mask.q_span != nullptr ? bwd_kernel<Element, Cfg, kBulkDq, true>
+                                            : bwd_kernel<Element, Cfg, kBulkDq, false>;
   cudaError_t err = set_smem(kernel, kSmem);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_heads_k, p.batch);
@@ -85,7 +88,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
   if (p.seqlen_q == 0) return cudaSuccess;  // no dQ rows
   if (p.deterministic) {  // dQ by its own sweep over KV blocks
-    auto kernel = bwd_dq_kernel<Element, DqCfg>;
+    auto kernel = args.mask.q_span != nullptr ? bwd_dq_kernel<Element, DqCfg, true>
+                                              : bwd_dq_kernel<Element, DqCfg, false>;
     err = set_smem(kernel, DqCfg::kSmemBytes);
     if (err != cudaSuccess) return err;
     const dim3 grid((p.seqlen_q + DqCfg::kBlockM - 1) / DqCfg::kBlockM, p.num_heads, p.batch);
