@@ -358,3 +358,25 @@ def test_packing_span_rows_match_kernels():
   header = (pathlib.Path(__file__).resolve().parents[1] / "cuda/include/"
             "jax_flash/packing_layout.h").read_text()
   assert f"constexpr int kSpanRows = {tile_spans.ROWS};" in header
+
+
+@pytest.mark.parametrize("spec", [("t", None, None), (None, "t", None)],
+                         ids=["tokens", "heads"])
+def test_varlen_sharded_inputs(spec, rng, x64):
+  """Tokens sharded over a mesh axis are gathered (the packing spans the
+  whole token axis); heads shard as in jax_flash.attention. Same values as
+  one device."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  if len(jax.devices()) < 4:
+    pytest.skip("needs 4 devices")
+  mesh = Mesh(np.asarray(jax.devices()[:4]), ("t",))
+  lens = (40, 1, 70, 17)
+  cu = jnp.asarray(_offsets(lens))
+  T = int(sum(lens))
+  q, k, v = (jnp.asarray(rng.standard_normal((T, 4, 16))) for _ in range(3))
+  f = jax.jit(lambda q, k, v: jax_flash.varlen_attention(
+      q, k, v, cu, cu, max_seqlen_q=70, max_seqlen_k=70, causal=True))
+  want = f(q, k, v)
+  put = lambda x: jax.device_put(x, NamedSharding(mesh, P(*spec)))
+  got = f(put(q), put(k), put(v))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-12)
