@@ -1,0 +1,147 @@
+"""`jax_flash.attention_with_kvcache`: decoding against a KV cache.
+
+FlashAttention's `flash_attn_with_kvcache` in JAX: the new tokens' keys and
+values (if given) are written into the cache at each sequence's end, then the
+queries attend to each sequence's valid keys, aligned to their end (the
+queries are the last T_new tokens). The cache is contiguous [B_cache, S_max,
+H_kv, D] (rows chosen by `cache_batch_idx`) or paged [num_pages, page_size,
+H_kv, D] with a page table [B, max_pages].
+
+This is the reference path: the cache is gathered per sequence and attended
+through `attention(..., kv_seq_lengths=)`, so every backend and
+transformation applies. The updated caches are returned as arrays; under
+`jax.jit` with the caches donated, XLA writes them in place.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import jax.numpy as jnp
+
+from jax_flash._src import api
+
+
+def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
+           cache_batch_idx, num_splits):
+  for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    if not hasattr(x, "ndim") or x.ndim != 4:
+      raise ValueError(
+          f"attention_with_kvcache: {name} must be a rank-4 array; got "
+          f"{getattr(x, 'shape', type(x).__name__)}")
+  if k_cache.shape != v_cache.shape:
+    raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} "
+                     f"must have the same shape")
+  B, T, H, D = q.shape
+  H_kv, Dk = k_cache.shape[2], k_cache.shape[3]
+  if Dk != D or H_kv == 0 or H % H_kv:
+    raise ValueError(
+        f"attention_with_kvcache: q [B, T_new, H, D] = {q.shape} does not "
+        f"fit the cache [.., .., H_kv, D] = {k_cache.shape} (head_dim must "
+        f"match and H % H_kv == 0)")
+  if (k_new is None) != (v_new is None):
+    raise ValueError("pass k_new and v_new together")
+  if k_new is not None:
+    want = (B, k_new.shape[1], H_kv, D)
+    if k_new.shape != v_new.shape or k_new.shape != want:
+      raise ValueError(f"k_new and v_new must be [B, T_new, H_kv, D] = "
+                       f"{want}; got {k_new.shape}, {v_new.shape}")
+  if not hasattr(cache_seqlens, "shape") or tuple(
+      cache_seqlens.shape) != (B,) or not jnp.issubdtype(
+          cache_seqlens.dtype, jnp.integer):
+    raise ValueError(f"cache_seqlens must be an integer array [B] = [{B}]; "
+                     f"got {getattr(cache_seqlens, 'shape', cache_seqlens)}")
+  if page_table is not None:
+    if cache_batch_idx is not None:
+      raise ValueError("cache_batch_idx works with a contiguous cache, not "
+                       "with page_table")
+    if page_table.ndim != 2 or page_table.shape[0] != B or not jnp.issubdtype(
+        page_table.dtype, jnp.integer):
+      raise ValueError(f"page_table must be an integer array [B, max_pages] "
+                       f"with B = {B}; got {page_table.shape}, "
+                       f"{page_table.dtype}")
+  if cache_batch_idx is not None and (
+      tuple(cache_batch_idx.shape) != (B,) or
+      not jnp.issubdtype(cache_batch_idx.dtype, jnp.integer)):
+    raise ValueError(f"cache_batch_idx must be an integer array [B] = [{B}]")
+  if num_splits is not None and (isinstance(num_splits, bool) or
+                                 not isinstance(num_splits, numbers.Integral)
+                                 or num_splits < 1):
+    raise ValueError(f"num_splits must be None or an int >= 1, got "
+                     f"{num_splits!r}")
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
+                           v_new=None, page_table=None, cache_batch_idx=None,
+                           causal: bool = True, scale: float | None = None,
+                           window: tuple[int, int] | None = None,
+                           softcap: float | None = None,
+                           return_lse: bool = False, num_splits=None,
+                           implementation: str | None = None):
+  """Attention of new queries against a KV cache (FlashAttention's names).
+
+  Args:
+    q: [B, T_new, H, D], the new tokens' queries.
+    k_cache, v_cache: contiguous [B_cache, S_max, H_kv, D], or paged
+      [num_pages, page_size, H_kv, D] with `page_table`.
+    cache_seqlens: int [B], valid tokens per sequence before k_new (traced).
+    k_new, v_new: optional [B, T_new, H_kv, D], written at positions
+      cache_seqlens[b] ... + T_new - 1 of each sequence; positions past the
+      cache's capacity are dropped (and those keys are not attended).
+    page_table: int [B, max_pages]: sequence b's position p lives in page
+      page_table[b, p // page_size], slot p % page_size. Page indices out of
+      range are clamped by the gather (keep them valid).
+    cache_batch_idx: int [B]: the cache row of each sequence (contiguous).
+    causal, scale, window, softcap, implementation: as `jax_flash.attention`,
+      aligned to each sequence's end (the queries are its last T_new tokens).
+    return_lse: also return the logsumexp [B, H, T_new].
+    num_splits: accepted for FlashAttention compatibility; this path runs one
+      pass over the keys.
+
+  Returns:
+    out [B, T_new, H, D], then lse if return_lse, then (with k_new) the
+    updated k_cache and v_cache: a tuple unless only `out` is returned.
+  """
+  _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
+         cache_batch_idx, num_splits)
+  B = q.shape[0]
+  seqlens = cache_seqlens.astype(jnp.int32)
+  if page_table is not None:
+    page_size = k_cache.shape[1]
+    capacity = page_table.shape[1] * page_size
+  else:
+    capacity = k_cache.shape[1]
+  rows = (jnp.arange(B, dtype=jnp.int32) if cache_batch_idx is None else
+          cache_batch_idx.astype(jnp.int32))
+
+  if k_new is not None:
+    T_new = k_new.shape[1]
+    pos = seqlens[:, None] + jnp.arange(T_new, dtype=jnp.int32)[None]  # [B, T_new]
+    if page_table is not None:
+      page = jnp.take_along_axis(page_table.astype(jnp.int32),
+                                 jnp.clip(pos // page_size, 0,
+                                          page_table.shape[1] - 1), 1)
+      page = jnp.where(pos < capacity, page, k_cache.shape[0])  # dropped
+      slot = pos % page_size
+      write = lambda c, x: c.at[page, slot].set(x.astype(c.dtype), mode="drop")
+    else:
+      where = jnp.where(pos < capacity, pos, capacity)  # dropped
+      write = lambda c, x: c.at[rows[:, None], where].set(x.astype(c.dtype),
+                                                          mode="drop")
+    k_cache, v_cache = write(k_cache, k_new), write(v_cache, v_new)
+    seqlens = seqlens + T_new
+
+  if page_table is not None:
+    gather = lambda c: c[page_table.astype(jnp.int32)].reshape(
+        (B, capacity) + c.shape[2:])
+  else:
+    gather = lambda c: c[rows]
+  k, v = gather(k_cache), gather(v_cache)
+  lengths = jnp.clip(seqlens, 0, capacity)
+  res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
+                      softcap=softcap, kv_seq_lengths=lengths,
+                      return_lse=return_lse, implementation=implementation)
+  out = res if isinstance(res, tuple) else (res,)
+  if k_new is not None:
+    out = out + (k_cache, v_cache)
+  return out if len(out) > 1 else out[0]

@@ -1,0 +1,128 @@
+"""`attention_with_kvcache` against float64: contiguous and paged caches,
+ragged lengths, appended tokens, GQA, causal and windows, bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+import reference
+
+B, H, H_KV, D, S_MAX = 3, 4, 2, 32, 96
+
+
+def _reference(q, k_full, v_full, lengths, **kw):
+  """Per sequence: attention of q to its first lengths[b] keys, bottom-right."""
+  outs = []
+  for b in range(q.shape[0]):
+    L = int(lengths[b])
+    o, _ = reference.attention(q[b:b + 1], k_full[b:b + 1, :L],
+                               v_full[b:b + 1, :L], **kw)
+    outs.append(o[0])
+  return np.stack(outs)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("t_new", [1, 5])
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=False),
+                                dict(causal=True, window=(20, -1))], ids=str)
+def test_matches_float64(paged, t_new, kw, rng, x64):
+  seqlens = np.array([0, 37, S_MAX - t_new], np.int32)  # empty, odd, full
+  q = rng.standard_normal((B, t_new, H, D))
+  k_new = rng.standard_normal((B, t_new, H_KV, D))
+  v_new = rng.standard_normal((B, t_new, H_KV, D))
+  k_seq = rng.standard_normal((B, S_MAX, H_KV, D))  # each sequence's cache
+  v_seq = rng.standard_normal((B, S_MAX, H_KV, D))
+  args = {}
+  if paged:
+    page = 16
+    n_pages = B * S_MAX // page
+    perm = rng.permutation(n_pages)  # shuffled page table
+    table = perm.reshape(B, S_MAX // page)
+    k_cache = np.zeros((n_pages, page, H_KV, D))
+    v_cache = np.zeros((n_pages, page, H_KV, D))
+    for b in range(B):
+      for p in range(S_MAX // page):
+        k_cache[table[b, p]] = k_seq[b, p * page:(p + 1) * page]
+        v_cache[table[b, p]] = v_seq[b, p * page:(p + 1) * page]
+    args["page_table"] = jnp.asarray(table.astype(np.int32))
+  else:
+    order = np.array([2, 0, 1])  # cache rows in another order
+    k_cache = np.zeros((B, S_MAX, H_KV, D))
+    v_cache = np.zeros((B, S_MAX, H_KV, D))
+    k_cache[order], v_cache[order] = k_seq, v_seq
+    args["cache_batch_idx"] = jnp.asarray(order.astype(np.int32))
+  out, kc, vc = jax.jit(lambda *a: jax_flash.attention_with_kvcache(
+      *a[:4], k_new=a[4], v_new=a[5], **args, **kw))(
+          jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache),
+          jnp.asarray(seqlens), jnp.asarray(k_new), jnp.asarray(v_new))
+  k_full, v_full = k_seq.copy(), v_seq.copy()
+  for b in range(B):
+    k_full[b, seqlens[b]:seqlens[b] + t_new] = k_new[b]
+    v_full[b, seqlens[b]:seqlens[b] + t_new] = v_new[b]
+  want = _reference(q, k_full, v_full, seqlens + t_new, **kw)
+  np.testing.assert_allclose(np.asarray(out), want, atol=1e-10)
+  # The returned cache is the reference update.
+  got_k = np.asarray(kc)
+  for b in range(B):
+    for t in range(t_new):
+      p = seqlens[b] + t
+      if paged:
+        stored = got_k[table[b, p // 16], p % 16]
+      else:
+        stored = got_k[order[b], p]
+      np.testing.assert_array_equal(stored, k_new[b, t])
+
+
+def test_without_new_tokens_and_lse(rng, x64):
+  seqlens = np.array([1, 50, S_MAX], np.int32)
+  q = jnp.asarray(rng.standard_normal((B, 2, H, D)))
+  k = jnp.asarray(rng.standard_normal((B, S_MAX, H_KV, D)))
+  v = jnp.asarray(rng.standard_normal((B, S_MAX, H_KV, D)))
+  out, lse = jax_flash.attention_with_kvcache(q, k, v, jnp.asarray(seqlens),
+                                              return_lse=True)
+  want = _reference(np.asarray(q), np.asarray(k), np.asarray(v), seqlens,
+                    causal=True)
+  np.testing.assert_allclose(np.asarray(out), want, atol=1e-10)
+  assert lse.shape == (B, H, 2)
+  # Length 1 with two causal queries: the first query sees nothing.
+  assert np.isneginf(np.asarray(lse)[0, :, 0]).all()
+
+
+def test_donated_cache_updates_in_place(rng):
+  """Under jit with the caches donated, the result reuses their buffers."""
+  k = jnp.asarray(rng.standard_normal((B, S_MAX, H_KV, D)), jnp.float32)
+  v = jnp.asarray(rng.standard_normal((B, S_MAX, H_KV, D)), jnp.float32)
+  q = jnp.asarray(rng.standard_normal((B, 1, H, D)), jnp.float32)
+  new = jnp.asarray(rng.standard_normal((B, 1, H_KV, D)), jnp.float32)
+  step = jax.jit(lambda q, k, v, s, kn, vn: jax_flash.attention_with_kvcache(
+      q, k, v, s, k_new=kn, v_new=vn), donate_argnums=(1, 2))
+  text = step.lower(q, k, v, jnp.array([3, 4, 5]), new, new).as_text()
+  assert "tf.aliasing_output" in text or "jax.buffer_donor" in text
+  out, k2, _ = step(q, k, v, jnp.array([3, 4, 5]), new, new)
+  np.testing.assert_array_equal(np.asarray(k2)[1, 4], np.asarray(new)[1, 0])
+  assert out.shape == q.shape
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(q=np.zeros((B, 1, 3, D), np.float32)), "H % H_kv"),
+    (dict(cache_seqlens=np.zeros((B, 1), np.int32)), "cache_seqlens"),
+    (dict(k_new=np.zeros((B, 1, H_KV, D), np.float32)), "together"),
+    (dict(page_table=np.zeros((B, 2), np.int32),
+          cache_batch_idx=np.zeros((B,), np.int32)), "cache_batch_idx"),
+    (dict(page_table=np.zeros((B, 2), np.float32)), "page_table"),
+    (dict(num_splits=0), "num_splits"),
+])
+def test_errors(bad, message):
+  args = dict(q=np.zeros((B, 1, H, D), np.float32),
+              k_cache=np.zeros((B, S_MAX, H_KV, D), np.float32),
+              v_cache=np.zeros((B, S_MAX, H_KV, D), np.float32),
+              cache_seqlens=np.zeros((B,), np.int32))
+  args.update(bad)
+  args = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x
+          for n, x in args.items()}
+  with pytest.raises(ValueError, match=message):
+    jax_flash.attention_with_kvcache(**args)
