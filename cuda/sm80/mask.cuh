@@ -20,6 +20,33 @@ namespace jax_flash::sm80 {
 // S and O occupy most of the register file). With segment ids the key's
 // segment is re-read per row (L1 hits).
 template <int kMT, int kNT>
+JF_DEVICE void mask_row(float (&acc)[kMT][kNT][4], int m, int h, int row, int lo, int hi, int c0,
+                        const MaskInfo& mi, int batch, bool compare_ids) {
+  // Key c0 + d visible iff lo - c0 <= d <= hi - c0; d is an immediate.
+  lo -= c0;
+  hi -= c0;
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int d = n * 8 + j;
+      if (d < lo || d > hi) acc[m][n][2 * h + j] = -INFINITY;
+    }
+  if (compare_ids) {
+    const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
+    const int qs = row < mi.seqlen_q ? __ldg(mi.q_seg + int64_t(batch) * mi.seqlen_q + row) : 0;
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int col = c0 + n * 8 + j;
+        // Keys past seqlen_k are already masked by hi; don't read them.
+        if (col < mi.seqlen_k && __ldg(kv_seg + col) != qs) acc[m][n][2 * h + j] = -INFINITY;
+      }
+  }
+}
+
+template <int kMT, int kNT>
 JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int batch, int row0,
                           int col0, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -31,28 +58,7 @@ JF_DEVICE void apply_mask(float (&acc)[kMT][kNT][4], const MaskInfo& mi, int bat
       const int row = row0 + m * 16 + g + 8 * h;
       int lo, hi;
       mi.row_bounds(row, lo, hi);
-      // Key c0 + d visible iff lo - c0 <= d <= hi - c0; d is an immediate.
-      lo -= c0;
-      hi -= c0;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int d = n * 8 + j;
-          if (d < lo || d > hi) acc[m][n][2 * h + j] = -INFINITY;
-        }
-      if (mi.has_seg()) {
-        const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
-        const int qs = row < mi.seqlen_q ? __ldg(mi.q_seg + int64_t(batch) * mi.seqlen_q + row) : 0;
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int col = c0 + n * 8 + j;
-            // Keys past seqlen_k are already masked by hi; don't read them.
-            if (col < mi.seqlen_k && __ldg(kv_seg + col) != qs) acc[m][n][2 * h + j] = -INFINITY;
-          }
-      }
+      mask_row(acc, m, h, row, lo, hi, c0, mi, batch, mi.has_seg());
     }
 }
 
@@ -81,28 +87,7 @@ JF_DEVICE void apply_mask_packed(float (&acc)[kMT][kNT][4], const MaskInfo& mi, 
       } else {
         mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
       }
-      // Key c0 + d visible iff lo - c0 <= d <= hi - c0; d is an immediate.
-      lo -= c0;
-      hi -= c0;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int d = n * 8 + j;
-          if (d < lo || d > hi) acc[m][n][2 * h + j] = -INFINITY;
-        }
-      if (mi.has_seg() && !exact) {
-        const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
-        const int qs = row < mi.seqlen_q ? __ldg(mi.q_seg + int64_t(batch) * mi.seqlen_q + row) : 0;
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int col = c0 + n * 8 + j;
-            // Keys past seqlen_k are already masked by hi; don't read them.
-            if (col < mi.seqlen_k && __ldg(kv_seg + col) != qs) acc[m][n][2 * h + j] = -INFINITY;
-          }
-      }
+      mask_row(acc, m, h, row, lo, hi, c0, mi, batch, mi.has_seg() && !exact);
     }
 }
 

@@ -173,42 +173,37 @@ struct MaskInfo : BlockMath<MaskInfo> {
   }
   // The visible interval of an in-range row (key); use only where exact.
   JF_HOST_DEVICE void row_run(int batch, int row, int& lo, int& hi) const {
-    const RunEntry* e = q_iv + int64_t(batch) * seqlen_q + row;
-#ifdef __CUDA_ARCH__
-    const int2 v = __ldg(reinterpret_cast<const int2*>(e));
-    lo = v.x;
-    hi = v.y;
-#else
-    lo = e->lo;
-    hi = e->hi;
-#endif
+    load_run(q_iv + int64_t(batch) * seqlen_q + row, lo, hi);
   }
   JF_HOST_DEVICE void key_run(int batch, int key, int& lo, int& hi) const {
-    const RunEntry* e = kv_iv + int64_t(batch) * seqlen_k + key;
-#ifdef __CUDA_ARCH__
-    const int2 v = __ldg(reinterpret_cast<const int2*>(e));
-    lo = v.x;
-    hi = v.y;
-#else
-    lo = e->lo;
-    hi = e->hi;
-#endif
+    load_run(kv_iv + int64_t(batch) * seqlen_k + key, lo, hi);
   }
   // Diagonal shifts of an in-range row / key (0 without shifts).
   JF_HOST_DEVICE int row_shift(int batch, int row) const {
     if (q_shift == nullptr || row >= seqlen_q) return 0;
-#ifdef __CUDA_ARCH__
-    return __ldg(q_shift + int64_t(batch) * seqlen_q + row);
-#else
-    return q_shift[int64_t(batch) * seqlen_q + row];
-#endif
+    return load_int(q_shift + int64_t(batch) * seqlen_q + row);
   }
   JF_HOST_DEVICE int key_shift(int batch, int key) const {
     if (kv_shift == nullptr || key >= seqlen_k) return 0;
+    return load_int(kv_shift + int64_t(batch) * seqlen_k + key);
+  }
+
+  // Read-only loads (through the non-coherent cache on the device).
+  JF_HOST_DEVICE static void load_run(const RunEntry* e, int& lo, int& hi) {
 #ifdef __CUDA_ARCH__
-    return __ldg(kv_shift + int64_t(batch) * seqlen_k + key);
+    const int2 v = __ldg(reinterpret_cast<const int2*>(e));
+    lo = v.x;
+    hi = v.y;
 #else
-    return kv_shift[int64_t(batch) * seqlen_k + key];
+    lo = e->lo;
+    hi = e->hi;
+#endif
+  }
+  JF_HOST_DEVICE static int load_int(const int32_t* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg(p);
+#else
+    return *p;
 #endif
   }
 };

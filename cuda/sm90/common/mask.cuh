@@ -18,39 +18,49 @@ namespace jax_flash::sm90 {
 // -inf. row0: absolute query row of this thread's first row (16*warp + g
 // within the WG's 64 rows); col0: absolute key of its first column
 // (n0 + 2t). Element s[4j + 2h + e] is row row0 + 8h, key col0 + 8j + e.
+
+// Row row0 + 8h sees the keys [lo, hi] (absolute, inclusive).
+template <int NR>
+JF_DEVICE void mask_row_outside(float (&s)[NR], int h, int lo, int hi, int col0) {
+  lo -= col0;  // key col0 + d visible iff lo <= d <= hi; d is an immediate
+  hi -= col0;
+#pragma unroll
+  for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int d = 8 * j + e;
+      if (d < lo || d > hi) s[4 * j + 2 * h + e] = -INFINITY;
+    }
+}
+
+// Keys whose segment id differs from the row's.
+template <int NR>
+JF_DEVICE void mask_other_segments(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0) {
+  const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
+  const int32_t* q_seg = mi.q_seg + int64_t(batch) * mi.seqlen_q;
+  const int qs0 = row0 < mi.seqlen_q ? __ldg(q_seg + row0) : 0;
+  const int qs1 = row0 + 8 < mi.seqlen_q ? __ldg(q_seg + row0 + 8) : 0;
+#pragma unroll
+  for (int j = 0; j < NR / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = col0 + 8 * j + e;
+      // Keys past seqlen_k are already -inf (hi); do not read them.
+      const int ks = col < mi.seqlen_k ? __ldg(kv_seg + col) : 0;
+      if (ks != qs0) s[4 * j + e] = -INFINITY;
+      if (ks != qs1) s[4 * j + 2 + e] = -INFINITY;
+    }
+}
+
 template <int NR>
 JF_DEVICE void apply_mask(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
     int lo, hi;
-    mi.row_bounds(row, lo, hi);
-    lo -= col0;  // key col0 + d visible iff lo <= d <= hi; d is an immediate
-    hi -= col0;
-#pragma unroll
-    for (int j = 0; j < NR / 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = 8 * j + e;
-        if (d < lo || d > hi) s[4 * j + 2 * h + e] = -INFINITY;
-      }
+    mi.row_bounds(row0 + 8 * h, lo, hi);
+    mask_row_outside(s, h, lo, hi, col0);
   }
-  if (mi.has_seg()) {
-    const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
-    const int32_t* q_seg = mi.q_seg + int64_t(batch) * mi.seqlen_q;
-    const int qs0 = row0 < mi.seqlen_q ? __ldg(q_seg + row0) : 0;
-    const int qs1 = row0 + 8 < mi.seqlen_q ? __ldg(q_seg + row0 + 8) : 0;
-#pragma unroll
-    for (int j = 0; j < NR / 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = col0 + 8 * j + e;
-        // Keys past seqlen_k are already -inf (hi); do not read them.
-        const int ks = col < mi.seqlen_k ? __ldg(kv_seg + col) : 0;
-        if (ks != qs0) s[4 * j + e] = -INFINITY;
-        if (ks != qs1) s[4 * j + 2 + e] = -INFINITY;
-      }
-  }
+  if (mi.has_seg()) mask_other_segments(s, mi, batch, row0, col0);
 }
 
 // The packed kernels' mask (tile spans present), same fragment layout.
@@ -74,32 +84,9 @@ JF_DEVICE void apply_mask_packed(float (&s)[NR], const MaskInfo& mi, int batch, 
     } else {
       mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
     }
-    lo -= col0;  // key col0 + d visible iff lo <= d <= hi; d is an immediate
-    hi -= col0;
-#pragma unroll
-    for (int j = 0; j < NR / 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = 8 * j + e;
-        if (d < lo || d > hi) s[4 * j + 2 * h + e] = -INFINITY;
-      }
+    mask_row_outside(s, h, lo, hi, col0);
   }
-  if (mi.has_seg() && !exact) {
-    const int32_t* kv_seg = mi.kv_seg + int64_t(batch) * mi.seqlen_k;
-    const int32_t* q_seg = mi.q_seg + int64_t(batch) * mi.seqlen_q;
-    const int qs0 = row0 < mi.seqlen_q ? __ldg(q_seg + row0) : 0;
-    const int qs1 = row0 + 8 < mi.seqlen_q ? __ldg(q_seg + row0 + 8) : 0;
-#pragma unroll
-    for (int j = 0; j < NR / 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = col0 + 8 * j + e;
-        // Keys past seqlen_k are already -inf (hi); do not read them.
-        const int ks = col < mi.seqlen_k ? __ldg(kv_seg + col) : 0;
-        if (ks != qs0) s[4 * j + e] = -INFINITY;
-        if (ks != qs1) s[4 * j + 2 + e] = -INFINITY;
-      }
-  }
+  if (mi.has_seg() && !exact) mask_other_segments(s, mi, batch, row0, col0);
 }
 
 }  // namespace jax_flash::sm90
