@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the self-test against the host emulator (no GPU needed):
-#   cuda/tests/emu/build_emu.sh [OUT_DIR]   ->   OUT_DIR/selftest_emu
+# Builds the self-tests against the host emulator (no GPU needed):
+#   cuda/tests/emu/build_emu.sh [OUT_DIR]
+#     ->   OUT_DIR/selftest_emu          (the sm80 forward and backward)
+#          OUT_DIR/selftest_decode_emu   (the decoding kernels, cuda/decode)
 # Then: OUT_DIR/selftest_emu [--quick] [filter]; stress variants:
 #   JF_EMU_CPASYNC=eager JF_EMU_SHUFFLE=1 OUT_DIR/selftest_emu --quick
 set -euo pipefail
@@ -15,13 +17,18 @@ FLAGS=(-std=c++17 -O2 -g -DJAX_FLASH_HOST_EMULATION -I"$ROOT/cuda/include" -I"$R
        -I"$ROOT/cuda/tests/emu" -I"$CUDA_INC" -I/usr/local/cuda/include)
 KFLAGS=("${FLAGS[@]}" -include emu_device.h)
 SRCS=("$ROOT"/cuda/instantiations/*_sm80.cu "$ROOT/cuda/sm80/dispatch.cu" "$ROOT/cuda/tests/selftest.cu")
+DECODE_SRCS=("$ROOT"/cuda/decode/*.cu "$ROOT/cuda/tests/selftest_decode.cu")
+mkdir -p "$OUT/sm80" "$OUT/decode"
 pids=()
-for f in "${SRCS[@]}"; do
-  g++ "${KFLAGS[@]}" -x c++ -c "$f" -o "$OUT/$(basename "$f" .cu).o" &
+compile() {  # source, object
+  g++ "${KFLAGS[@]}" -x c++ -c "$1" -o "$2" &
   pids+=($!)
   if (( ${#pids[@]} >= $(nproc) )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
-done
+}
+for f in "${SRCS[@]}"; do compile "$f" "$OUT/sm80/$(basename "$f" .cu).o"; done
+for f in "${DECODE_SRCS[@]}"; do compile "$f" "$OUT/decode/$(basename "$f" .cu).o"; done
 for p in "${pids[@]}"; do wait "$p"; done
 g++ "${FLAGS[@]}" -c "$ROOT/cuda/tests/emu/emu.cpp" -o "$OUT/emu.o"
-g++ "$OUT"/*.o -o "$OUT/selftest_emu"
-echo "built $OUT/selftest_emu"
+g++ "$OUT"/sm80/*.o "$OUT/emu.o" -o "$OUT/selftest_emu"
+g++ "$OUT"/decode/*.o "$OUT/emu.o" -o "$OUT/selftest_decode_emu"
+echo "built $OUT/selftest_emu $OUT/selftest_decode_emu"

@@ -1,0 +1,39 @@
+// Request checks and the dtype dispatch of the decoding kernels.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "decode/decode.h"
+#include "jax_flash/support.h"
+
+namespace jax_flash::decode {
+
+template <typename Element>
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream);
+extern template cudaError_t launch_decode<__nv_bfloat16>(const DecodeParams&, cudaStream_t);
+extern template cudaError_t launch_decode<__half>(const DecodeParams&, cudaStream_t);
+
+bool decode_supported(const DecodeParams& p) {
+  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
+  if (p.batch < 0 || p.seqlen_q < 0 || p.num_heads <= 0 || p.num_heads_k <= 0) return false;
+  if (p.num_heads % p.num_heads_k != 0) return false;
+  if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
+  if (p.page_size <= 0 || p.max_pages < 0 || p.num_pages < 0) return false;
+  if (p.num_splits < 1 || p.num_splits > kDecodeMaxSplits) return false;
+  if (p.num_splits > 1 && (p.o_partial == nullptr || p.lse_partial == nullptr)) return false;
+  // Grid: x = row blocks, y = batch * heads_k, z = splits (65535 each).
+  if (int64_t(p.batch) * p.num_heads_k > 65535) return false;
+  if (decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k) > 65535) return false;
+  if (int64_t(p.max_pages) * p.page_size > (int64_t(1) << 31) - 1) return false;
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
+  return true;
+}
+
+cudaError_t run_decode(const DecodeParams& p, cudaStream_t stream) {
+  if (!decode_supported(p)) return cudaErrorInvalidValue;
+  const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
+  if (rows == 0) return cudaSuccess;  // nothing to write
+  return p.dtype == DType::kBFloat16 ? launch_decode<__nv_bfloat16>(p, stream)
+                                     : launch_decode<__half>(p, stream);
+}
+
+}  // namespace jax_flash::decode

@@ -1,0 +1,50 @@
+// Launch of the decoding kernels for one element type (decode_bf16.cu,
+// decode_fp16.cu instantiate it).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "decode/decode_combine.cuh"
+#include "decode/decode_kernel.cuh"
+#include "jax_flash/head_dim.h"
+
+namespace jax_flash::decode {
+
+template <typename Kernel>
+inline cudaError_t set_smem(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
+  using Cfg = DecodeConfig<kHeadDim>;
+  auto kernel = p.sm.softcap_pre != 0.f ? decode_kernel<Element, kHeadDim, true>
+                                        : decode_kernel<Element, kHeadDim, false>;
+  cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k), p.batch * p.num_heads_k,
+                  p.num_splits);
+  JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(p);
+  return cudaGetLastError();
+}
+
+template <typename Element>
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  cudaError_t err;
+  switch (rounded_head_dim(p.head_dim)) {
+    case 64: err = launch_decode_hdim<Element, 64>(p, stream); break;
+    case 96: err = launch_decode_hdim<Element, 96>(p, stream); break;
+    case 128: err = launch_decode_hdim<Element, 128>(p, stream); break;
+    default: err = launch_decode_hdim<Element, 256>(p, stream); break;
+  }
+  if (err != cudaSuccess || p.num_splits == 1) return err;
+  const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
+  const dim3 grid(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
+  auto combine = decode_combine_kernel<Element>;
+  JF_LAUNCH(combine, grid, kCombineWarps * 32, 0, stream)(p);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_flash::decode

@@ -1,0 +1,78 @@
+// Decoding against a KV cache: a few new query tokens per sequence attend to
+// that sequence's cached keys. Plain types only (host code includes it).
+//
+// Layouts (strides in elements, head_dim contiguous):
+//   q, o   [batch, seqlen_q, heads, head_dim]      seqlen_q = the new tokens
+//   lse    [batch, heads, seqlen_q] float32 (natural log)
+//   k, v   [num_pages, page_size, heads_k, head_dim], one stride set for both:
+//          sequence b's key j lives in page page_table[b, j / page_size], slot
+//          j % page_size. A contiguous cache [B_cache, S_max, ...] is the same
+//          thing with page_size = S_max and one page per sequence.
+// Masking is FwdParams' bottom-right convention per sequence: query row t
+// sits at position t + seqlens[b] - seqlen_q; key j visible iff
+//   j < seqlens[b] && (wl < 0 || j >= pos - wl) && (wr < 0 || j <= pos + wr)
+// (causal is wr = 0). Rows that see no key: O = 0, LSE = -inf.
+#pragma once
+
+#include <cstdint>
+
+#include "jax_flash/params.h"
+#include "jax_flash/softmax_scale.h"
+
+namespace jax_flash::decode {
+
+struct DecodeParams {
+  const void* q;
+  void* o;
+  float* lse;
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+
+  const void* k;
+  const void* v;
+  int64_t kv_page_stride, kv_row_stride, kv_head_stride;
+  const int32_t* page_table;  // [batch, max_pages]; entries are clamped to [0, num_pages)
+  const int32_t* seqlens;     // [batch] keys per sequence; clamped to [0, max_pages * page_size]
+
+  int batch, seqlen_q, num_heads, num_heads_k, head_dim;
+  int num_pages, page_size, max_pages;
+  int window_left, window_right;  // -1 = unbounded
+  SoftmaxScale sm;
+  DType dtype;
+
+  // Split-KV: each sequence's keys are cut into num_splits ranges of whole
+  // tiles, one CTA each. With num_splits > 1 the CTAs write fp32 partials,
+  // normalised per split, that the combine kernel merges by their LSE:
+  //   o_partial   [num_splits, batch, heads, seqlen_q, head_dim]
+  //   lse_partial [num_splits, batch, heads, seqlen_q]
+  // (XLA workspaces sized in Python, jax_flash/_src/decode_cuda.py).
+  int num_splits;
+  float* o_partial;
+  float* lse_partial;
+};
+
+// The decode kernel's shape (decode_kernel.cuh's DecodeConfig reads it from
+// here; decode_plan.h sizes the grid with it).
+constexpr int kDecodeRows = 16;      // packed query rows (token x head of a group) per CTA
+constexpr int kDecodeBlockN = 64;    // keys per pipeline stage, 16 per warp
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeMaxSplits = 128;
+
+// K/V ring depth per head-dim bucket: two or three tiles in flight per CTA
+// while one is computed, with two (128) or three (64, 96) CTAs per SM.
+constexpr int decode_stages(int head_dim_bucket) { return head_dim_bucket <= 96 ? 4 : 3; }
+// Dynamic shared memory: the Q tile, the ring (K and V per stage), the
+// per-warp row statistics of the final merge.
+constexpr int decode_smem_bytes(int head_dim_bucket) {
+  return kDecodeRows * head_dim_bucket * 2 + decode_stages(head_dim_bucket) * 2 * kDecodeBlockN * head_dim_bucket * 2 +
+         2 * kDecodeWarps * kDecodeRows * 4;
+}
+
+// The packed rows of one KV head: row r is token r / group of query head
+// head_k * group + r % group (pack-GQA: one CTA reads the keys once for every
+// query head that shares them).
+inline int decode_row_blocks(int seqlen_q, int group) {
+  return (seqlen_q * group + kDecodeRows - 1) / kDecodeRows;
+}
+
+}  // namespace jax_flash::decode
