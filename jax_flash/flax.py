@@ -213,6 +213,13 @@ class SelfAttention(nn.Module):
       `deterministic`); broadcast_dropout: one mask for every batch element
       and head, as flax.
     deterministic: switches dropout off (may also be given at call time).
+    decode: autoregressive decoding with a KV cache, as flax's
+      `decode=True`: `init` with an input of the full length [batch, max_len,
+      features] creates the 'cache' collection (cached_key, cached_value
+      [batch, max_len, num_kv_heads, head_dim], cache_index [batch] int32);
+      each later call (with `mutable=["cache"]`) appends its T new tokens to
+      the cache and attends to everything cached so far
+      (`jax_flash.attention_with_kvcache`, aligned to each row's end).
     dtype: computation dtype (default: inferred from inputs and params).
     param_dtype: parameter dtype.
     use_bias: biases in the projections.
@@ -241,6 +248,7 @@ class SelfAttention(nn.Module):
   bias_init: Callable = nn.initializers.zeros_init()
   out_kernel_init: Callable | None = None
   precision: Any = None
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x, segment_ids=None, *, return_lse: bool = False,
@@ -279,11 +287,14 @@ class SelfAttention(nn.Module):
         dropout = dict(dropout_rate=self.dropout_rate,
                        dropout_rng=self.make_rng("dropout"),
                        dropout_broadcast=self.broadcast_dropout)
-    res = jax_flash.attention(
-        q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-        softcap=self.softcap, segment_ids=segment_ids, return_lse=return_lse,
-        implementation=self.implementation,
-        deterministic=self.deterministic_backward, **dropout)
+    if self.decode:
+      res = self._decode_step(q, k, v, segment_ids, return_lse, dropout)
+    else:
+      res = jax_flash.attention(
+          q, k, v, causal=self.causal, scale=self.scale, window=self.window,
+          softcap=self.softcap, segment_ids=segment_ids,
+          return_lse=return_lse, implementation=self.implementation,
+          deterministic=self.deterministic_backward, **dropout)
     o, lse = res if return_lse else (res, None)
     out = nn.DenseGeneral(
         features=self.out_features or features, axis=(-2, -1),
@@ -292,3 +303,36 @@ class SelfAttention(nn.Module):
         param_dtype=self.param_dtype, precision=self.precision,
         name="out")(o)
     return (out, lse) if return_lse else out
+
+  def _decode_step(self, q, k, v, segment_ids, return_lse, dropout):
+    """One decoding step against the 'cache' collection (see `decode`)."""
+    if q.ndim != 4:
+      raise ValueError(f"decode=True takes inputs [batch, T, features]; got "
+                       f"queries of shape {q.shape}")
+    if segment_ids is not None or dropout:
+      raise ValueError("decode=True takes no segment_ids and no dropout")
+    initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, k.shape,
+                               k.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, v.shape,
+                                 v.dtype)
+    cache_index = self.variable("cache", "cache_index", jnp.zeros,
+                                (q.shape[0],), jnp.int32)
+    if not initialized:  # init: the input's length sizes the cache
+      return jax_flash.attention(
+          q, k, v, causal=self.causal, scale=self.scale, window=self.window,
+          softcap=self.softcap, return_lse=return_lse,
+          implementation=self.implementation)
+    max_len = cached_key.value.shape[1]
+    if q.shape[1] > max_len:
+      raise ValueError(f"decode step of {q.shape[1]} tokens exceeds the "
+                       f"cache length {max_len}")
+    res = jax_flash.attention_with_kvcache(
+        q, cached_key.value, cached_value.value, cache_index.value,
+        k_new=k.astype(cached_key.value.dtype),
+        v_new=v.astype(cached_value.value.dtype), causal=self.causal,
+        scale=self.scale, window=self.window, softcap=self.softcap,
+        return_lse=return_lse, implementation=self.implementation)
+    cached_key.value, cached_value.value = res[-2], res[-1]
+    cache_index.value = jnp.minimum(cache_index.value + q.shape[1], max_len)
+    return (res[0], res[1]) if return_lse else res[0]

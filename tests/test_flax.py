@@ -426,3 +426,57 @@ def test_pallas_drop_in_value_and_grad():
   want = jax.jit(jax.value_and_grad(f_ref, argnums=(0, 1)))(params, x)
   got = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(params, x)
   _tree_allclose(got, want)
+
+
+def test_self_attention_decode_matches_full_forward():
+  """decode=True: init sizes the cache; prefill of 5 tokens, then one token
+  per step; each step's output equals the cache-free causal forward's row."""
+  B, L, F = 2, 12, 32
+  x = _x((B, L, F))
+  full = jff.SelfAttention(num_heads=4, num_kv_heads=2, causal=True,
+                           implementation=IMPL)
+  dec = jff.SelfAttention(num_heads=4, num_kv_heads=2, causal=True,
+                          implementation=IMPL, decode=True)
+  params = _init(full, x)
+  cache = dec.init(jax.random.key(0), x)["cache"]
+  assert cache["cached_key"].shape == (B, L, 2, 8)
+  assert cache["cache_index"].shape == (B,)
+  want = full.apply(params, x)
+  step = jax.jit(lambda c, xs: dec.apply({**params, "cache": c}, xs,
+                                         mutable=["cache"]))
+  got, upd = step(cache, x[:, :5])
+  outs = [got]
+  cache = upd["cache"]
+  for t in range(5, L):
+    got, upd = step(cache, x[:, t:t + 1])
+    cache = upd["cache"]
+    outs.append(got)
+  np.testing.assert_array_equal(np.asarray(cache["cache_index"]), [L, L])
+  _allclose(jnp.concatenate(outs, 1), want)
+
+
+def test_self_attention_decode_rejects_segment_ids():
+  x = _x((1, 4, 16))
+  dec = jff.SelfAttention(num_heads=2, causal=True, decode=True,
+                          implementation=IMPL)
+  variables = dec.init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match="segment_ids"):
+    dec.apply(variables, x[:, :1], jnp.zeros((1, 1), jnp.int32),
+              mutable=["cache"])
+
+
+def test_generate_example_agrees_with_flax_decode(monkeypatch):
+  """examples/generate.py: jax_flash's decoder and flax's own agree (logits
+  along one token path, the greedy tokens, a cache-free forward)."""
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "generate.py"
+  spec = importlib.util.spec_from_file_location("generate_example", path)
+  mod = importlib.util.module_from_spec(spec)
+  import sys
+  monkeypatch.setitem(sys.modules, "generate_example", mod)  # for dataclasses
+  spec.loader.exec_module(mod)
+  assert mod.main(["--batch", "2", "--prompt", "5", "--new", "7",
+                   "--d-model", "32", "--heads", "2", "--vocab", "32",
+                   "--repeats", "1"] +
+                  ([] if IMPL is None else ["--implementation", IMPL])) == 0

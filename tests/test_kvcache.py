@@ -126,3 +126,12 @@ def test_errors(bad, message):
           for n, x in args.items()}
   with pytest.raises(ValueError, match=message):
     jax_flash.attention_with_kvcache(**args)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="CPU refusal")
+def test_cuda_kernels_refuse_off_gpu():
+  q = jnp.zeros((1, 1, 2, 64), jnp.bfloat16)
+  k = jnp.zeros((1, 16, 1, 64), jnp.bfloat16)
+  with pytest.raises(jax_flash.Unsupported, match="GPU|extension"):
+    jax_flash.attention_with_kvcache(q, k, k, jnp.array([3]),
+                                     implementation="cuda")

@@ -2,6 +2,8 @@
 // as a PyCapsule, which jax.ffi.register_ffi_target accepts directly.
 #include <nanobind/nanobind.h>
 
+#include "decode/decode_plan.h"
+#include "jax_flash/device_attribute.h"
 #include "xla/ffi/api/c_api.h"
 
 extern "C" {
@@ -10,6 +12,7 @@ XLA_FFI_Error* JaxFlashBwd(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashFp8Quantize(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashFwdFp8(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashPacking(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashDecode(XLA_FFI_CallFrame* call_frame);
 }
 
 namespace nb = nanobind;
@@ -30,7 +33,16 @@ NB_MODULE(_jax_flash_cuda, m) {
     d["jax_flash_fp8_quantize"] = Capsule(JaxFlashFp8Quantize);
     d["jax_flash_fwd_fp8"] = Capsule(JaxFlashFwdFp8);
     d["jax_flash_packing"] = Capsule(JaxFlashPacking);
+    d["jax_flash_decode"] = Capsule(JaxFlashDecode);
     return d;
+  });
+  // The split-KV policy of the decoding kernels (cuda/decode/decode_plan.h)
+  // on the current device: Python sizes the partials' workspace with it.
+  m.def("decode_num_splits", [](int64_t blocks, int max_seqlen, int head_dim) {
+    using namespace jax_flash;
+    const int sms = device_attribute<cudaDevAttrMultiProcessorCount>(132);
+    const int smem = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024);
+    return decode::decode_num_splits(blocks, max_seqlen, head_dim, sms, smem);
   });
   // Kernel families compiled into this build (dispatch reads it).
   m.def("families", []() {

@@ -27,7 +27,9 @@ FP8_QUANTIZE = "jax_flash_fp8_quantize"
 FP8_FWD = "jax_flash_fwd_fp8"
 # The tile-span pre-pass of segment ids (cuda_backend.py).
 PACKING = "jax_flash_packing"
-TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING)
+# The decoding kernels (decode_cuda.py).
+DECODE = "jax_flash_decode"
+TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE)
 
 _FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
 

@@ -7,19 +7,27 @@ queries are the last T_new tokens). The cache is contiguous [B_cache, S_max,
 H_kv, D] (rows chosen by `cache_batch_idx`) or paged [num_pages, page_size,
 H_kv, D] with a page table [B, max_pages].
 
-This is the reference path: the cache is gathered per sequence and attended
-through `attention(..., kv_seq_lengths=)`, so every backend and
-transformation applies. The updated caches are returned as arrays; under
-`jax.jit` with the caches donated, XLA writes them in place.
+On a GPU with the CUDA extension (implementation None or "cuda") the
+decoding kernels read the cache where it lies (cuda/decode: split-KV over
+the keys, the query heads of a KV head packed into one tile, paged loads;
+decode_cuda.py). Otherwise, and for gradients, the reference path gathers
+each sequence's cache and attends through `attention(..., kv_seq_lengths=)`,
+so every backend and transformation applies. The updated caches are
+returned as arrays; under `jax.jit` with the caches donated, XLA writes them
+in place.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
+from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 
-from jax_flash._src import api
+from jax_flash._src import api, checks, decode_cuda
+from jax_flash._src.backends import Unsupported
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
@@ -95,8 +103,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     causal, scale, window, softcap, implementation: as `jax_flash.attention`,
       aligned to each sequence's end (the queries are its last T_new tokens).
     return_lse: also return the logsumexp [B, H, T_new].
-    num_splits: accepted for FlashAttention compatibility; this path runs one
-      pass over the keys.
+    num_splits: how many parts each sequence's keys are split into (the
+      CUDA kernels; None: chosen from the batch, the heads and the cache
+      length). Other backends run one pass over the keys.
 
   Returns:
     out [B, T_new, H, D], then lse if return_lse, then (with k_new) the
@@ -131,17 +140,77 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     k_cache, v_cache = write(k_cache, k_new), write(v_cache, v_new)
     seqlens = seqlens + T_new
 
-  if page_table is not None:
-    gather = lambda c: c[page_table.astype(jnp.int32)].reshape(
-        (B, capacity) + c.shape[2:])
+  if page_table is None:
+    # A contiguous cache is B_cache pages of S_max keys, one per sequence.
+    table = rows[:, None]
   else:
-    gather = lambda c: c[rows]
-  k, v = gather(k_cache), gather(v_cache)
+    table = page_table.astype(jnp.int32)
   lengths = jnp.clip(seqlens, 0, capacity)
-  res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
-                      softcap=softcap, kv_seq_lengths=lengths,
-                      return_lse=return_lse, implementation=implementation)
+  reason = "not requested"
+  if implementation in (None, "cuda"):
+    reason = decode_cuda.unsupported_reason(q, k_cache, api._platform(q))
+    if implementation == "cuda" and reason:
+      raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
+                        f"{reason}")
+  if reason is None and not api.no_rows(q.shape[:3]):
+    opts = _KernelOptions(
+        scale=checks.check_scale(scale, q.shape[-1]),
+        softcap=checks.check_softcap(softcap),
+        **checks.window_fields(window, causal),
+        num_splits=num_splits)
+    o, lse = _decode(q, k_cache, v_cache, table, lengths, opts)
+    res = (o, lse) if return_lse else o
+  else:
+    k, v = _gather(k_cache, table), _gather(v_cache, table)
+    res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
+                        softcap=softcap, kv_seq_lengths=lengths,
+                        return_lse=return_lse, implementation=implementation)
   out = res if isinstance(res, tuple) else (res,)
   if k_new is not None:
     out = out + (k_cache, v_cache)
   return out if len(out) > 1 else out[0]
+
+
+def _gather(pages, table):
+  """Each sequence's keys [B, max_pages * page_size, H_kv, D] from the pages."""
+  B, n = table.shape
+  return pages[table].reshape((B, n * pages.shape[1]) + pages.shape[2:])
+
+
+class _KernelOptions(NamedTuple):
+  """The static options of the kernel call (hashable: custom_vjp's nondiff)."""
+  scale: float
+  softcap: float | None
+  window_left: int
+  window_right: int
+  num_splits: int | None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _decode(q, k_pages, v_pages, table, lengths, opts):
+  return decode_cuda.forward(
+      q, k_pages, v_pages, table, lengths, scale=opts.scale,
+      softcap=opts.softcap, window_left=opts.window_left,
+      window_right=opts.window_right, num_splits=opts.num_splits)
+
+
+def _decode_fwd(q, k_pages, v_pages, table, lengths, opts):
+  return (_decode(q, k_pages, v_pages, table, lengths, opts),
+          (q, k_pages, v_pages, table, lengths))
+
+
+def _decode_bwd(opts, res, g):
+  """Gradients through the reference path (the kernels have no backward)."""
+  q, k_pages, v_pages, table, lengths = res
+
+  def reference(q, k_pages, v_pages):
+    return api.attention(
+        q, _gather(k_pages, table), _gather(v_pages, table), scale=opts.scale,
+        softcap=opts.softcap, window=(opts.window_left, opts.window_right),
+        kv_seq_lengths=lengths, return_lse=True)
+
+  _, vjp = jax.vjp(reference, q, k_pages, v_pages)
+  return vjp(g) + (None, None)
+
+
+_decode.defvjp(_decode_fwd, _decode_bwd)

@@ -1,0 +1,193 @@
+"""The CUDA decoding kernels behind `attention_with_kvcache` (cuda/decode).
+
+GPU only (skipped without a CUDA GPU and the extension); the GPU scripts set
+JAX_FLASH_POISON_OUTPUTS=1, so every output and split partial is NaN before
+the kernels run. Each case: random caches at odd sizes, every slot that no
+sequence may read NaN, shuffled page tables, ragged lengths (0, 1, odd,
+full), against float64 per sequence; the error bound is 2x that of the
+same-dtype dense XLA attention (reference.dense_attention_jax).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash
+import reference
+from jax_flash._src import decode_cuda, ffi
+from reference import assert_close_to_reference
+
+ON_GPU = jax.default_backend() == "gpu"
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not ffi.available(),
+                       reason=f"CUDA extension not built: "
+                       f"{ffi.unavailable_reason()}"),
+]
+
+
+def _case(rng, *, B, T, H, H_kv, D, capacity, page, dtype, seqlens=None):
+  """Inputs as the caller holds them plus each sequence's dense keys."""
+  dt = jnp.dtype(dtype)
+  if seqlens is None:
+    seqlens = rng.integers(0, capacity + 1, B)
+    seqlens[0], seqlens[-1] = capacity, min(1, capacity)
+  seqlens = np.asarray(seqlens, np.int32)
+  rnd = lambda *s: np.asarray(jnp.asarray(rng.standard_normal(s), dt),
+                              np.float64)
+  q = rnd(B, T, H, D)
+  k_seq, v_seq = rnd(B, capacity, H_kv, D), rnd(B, capacity, H_kv, D)
+  if page:
+    n = -(-capacity // page)
+    pages = B * n + 3  # unused pages stay NaN
+    table = rng.permutation(pages)[:B * n].reshape(B, n).astype(np.int32)
+    k_cache = np.full((pages, page, H_kv, D), np.nan)
+    v_cache = np.full((pages, page, H_kv, D), np.nan)
+    for b in range(B):
+      for j in range(seqlens[b]):
+        k_cache[table[b, j // page], j % page] = k_seq[b, j]
+        v_cache[table[b, j // page], j % page] = v_seq[b, j]
+    extra = dict(page_table=jnp.asarray(table))
+  else:
+    rows = rng.permutation(B + 2)[:B].astype(np.int32)  # spare rows: NaN
+    k_cache = np.full((B + 2, capacity, H_kv, D), np.nan)
+    v_cache = np.full((B + 2, capacity, H_kv, D), np.nan)
+    for b in range(B):
+      k_cache[rows[b], :seqlens[b]] = k_seq[b, :seqlens[b]]
+      v_cache[rows[b], :seqlens[b]] = v_seq[b, :seqlens[b]]
+    extra = dict(cache_batch_idx=jnp.asarray(rows))
+  args = (jnp.asarray(q, dt), jnp.asarray(k_cache, dt),
+          jnp.asarray(v_cache, dt), jnp.asarray(seqlens))
+  return args, extra, (q, k_seq, v_seq, seqlens)
+
+
+def _references(dense, kw, dtype):
+  """(o64, lse64, o_xla, lse_xla): per sequence, its first seqlens[b] keys."""
+  q, k_seq, v_seq, seqlens = dense
+  o64, l64, ox, lx = [], [], [], []
+  for b in range(q.shape[0]):
+    L = int(seqlens[b])
+    sl = lambda x: x[b:b + 1, :L]
+    o, l = reference.attention(q[b:b + 1], sl(k_seq), sl(v_seq), **kw)
+    o64.append(o[0])
+    l64.append(l[0])
+    if L == 0:  # nothing visible: the criterion's baseline is exact there
+      ox.append(np.zeros_like(o[0]))
+      lx.append(np.full_like(l[0], -np.inf))
+      continue
+    cast = lambda x: jnp.asarray(x, dtype)
+    o, l = reference.dense_attention_jax(cast(q[b:b + 1]), cast(sl(k_seq)),
+                                         cast(sl(v_seq)), **kw)
+    ox.append(np.asarray(o, np.float64)[0])
+    lx.append(np.asarray(l, np.float64)[0])
+  return tuple(map(np.stack, (o64, l64, ox, lx)))
+
+
+CASES = [
+    # B, T, H, H_kv, D, capacity, page, dtype, kw, num_splits
+    (4, 1, 32, 8, 128, 1000, 64, "bfloat16", dict(causal=True), None),
+    (3, 1, 8, 1, 128, 777, None, "bfloat16", dict(causal=True), 5),
+    (2, 5, 16, 2, 64, 300, 16, "float16", dict(causal=True), None),
+    (2, 8, 8, 2, 96, 333, 100, "bfloat16", dict(causal=True, window=(50, 0)), 3),
+    (2, 3, 4, 4, 256, 190, 32, "float16", dict(causal=True, softcap=30.0), 2),
+    (1, 16, 8, 1, 40, 129, 256, "bfloat16", dict(causal=True), None),
+    (3, 2, 4, 2, 128, 200, None, "bfloat16", dict(causal=False), 1),
+    (1, 1, 64, 8, 128, 4100, 128, "bfloat16", dict(causal=True), None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:8]
+                                                                   + (c[9],))))
+def test_matches_float64(case, rng):
+  B, T, H, H_kv, D, cap, page, dtype, kw, splits = case
+  args, extra, dense = _case(rng, B=B, T=T, H=H, H_kv=H_kv, D=D,
+                             capacity=cap, page=page, dtype=dtype)
+  fn = jax.jit(lambda *a: jax_flash.attention_with_kvcache(
+      *a, **extra, **kw, return_lse=True, num_splits=splits,
+      implementation="cuda"))
+  assert "jax_flash_decode" in fn.lower(*args).as_text()
+  o, lse = fn(*args)
+  o64, l64, ox, lx = _references(dense, kw, dtype)
+  assert_close_to_reference("out", o, o64, ox)
+  assert_close_to_reference("lse", lse, l64, lx)
+
+
+def test_appended_tokens_and_donation(rng):
+  """k_new / v_new land in the cache (in place when donated), then count."""
+  B, T, H, H_kv, D, cap = 3, 4, 8, 2, 128, 260
+  seqlens = np.array([0, 100, cap - T], np.int32)
+  args, extra, dense = _case(rng, B=B, T=T, H=H, H_kv=H_kv, D=D, capacity=cap,
+                             page=64, dtype="bfloat16", seqlens=seqlens)
+  q, k_seq, v_seq, _ = dense
+  new = lambda: np.asarray(jnp.asarray(
+      rng.standard_normal((B, T, H_kv, D)), jnp.bfloat16), np.float64)
+  k_new, v_new = new(), new()
+  step = jax.jit(lambda q, kc, vc, s, kn, vn: jax_flash.attention_with_kvcache(
+      q, kc, vc, s, k_new=kn, v_new=vn, **extra), donate_argnums=(1, 2))
+  o, kc, vc = step(*args, jnp.asarray(k_new, jnp.bfloat16),
+                   jnp.asarray(v_new, jnp.bfloat16))
+  for b in range(B):
+    L = seqlens[b]
+    k_seq[b, L:L + T], v_seq[b, L:L + T] = k_new[b], v_new[b]
+  o64, _, ox, _ = _references((q, k_seq, v_seq, seqlens + T),
+                              dict(causal=True), "bfloat16")
+  assert_close_to_reference("out", o, o64, ox)
+  table = np.asarray(extra["page_table"])
+  got = np.asarray(kc, np.float64)
+  for b in range(B):
+    for t in range(T):
+      p = seqlens[b] + t
+      np.testing.assert_array_equal(got[table[b, p // 64], p % 64], k_new[b, t])
+
+
+def test_gradients_follow_the_reference_path(rng):
+  """The kernels have no backward: grads come from the reference path."""
+  args, extra, _ = _case(rng, B=2, T=2, H=4, H_kv=2, D=64, capacity=150,
+                         page=None, dtype="bfloat16")
+
+  def loss(impl):
+    return lambda q, k, v: jnp.sum(jax_flash.attention_with_kvcache(
+        q, k, v, args[3], **extra, implementation=impl).astype(jnp.float32))
+
+  q, k, v = args[:3]
+  k = jnp.nan_to_num(k)  # slots nobody reads: finite, for the cotangents
+  v = jnp.nan_to_num(v)
+  g_cuda = jax.grad(loss("cuda"), argnums=(0, 1, 2))(q, k, v)
+  g_ref = jax.grad(loss("xla"), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(g_cuda, g_ref):
+    np.testing.assert_allclose(np.asarray(a, np.float32),
+                               np.asarray(b, np.float32), atol=2e-2)
+
+
+def test_vmap_and_split_policy(rng):
+  args, extra, dense = _case(rng, B=2, T=1, H=8, H_kv=2, D=128, capacity=512,
+                             page=None, dtype="bfloat16")
+  fn = lambda q: jax_flash.attention_with_kvcache(q, *args[1:], **extra)
+  qs = jnp.stack([args[0], args[0][::-1]])
+  out = jax.vmap(fn)(qs)
+  np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(fn(args[0])))
+  # The policy splits a long cache of few sequences, not a full batch.
+  assert decode_cuda.num_splits_for(1, 1, 32, 8, 128, 131072) > 8
+  assert decode_cuda.num_splits_for(64, 1, 32, 8, 128, 4096) == 1
+
+
+def test_refusals():
+  q = jnp.zeros((1, 1, 4, 64), jnp.float32)
+  k = jnp.zeros((1, 64, 2, 64), jnp.float32)
+  with pytest.raises(jax_flash.Unsupported, match="dtype"):
+    jax_flash.attention_with_kvcache(q, k, k, jnp.array([3]),
+                                     implementation="cuda")
+  qb = jnp.zeros((1, 1, 4, 36), jnp.bfloat16)
+  kb = jnp.zeros((1, 64, 2, 36), jnp.bfloat16)
+  with pytest.raises(jax_flash.Unsupported, match="multiple of 8"):
+    jax_flash.attention_with_kvcache(qb, kb, kb, jnp.array([3]),
+                                     implementation="cuda")
+  # Empty batch: no launch, empty outputs.
+  qe = jnp.zeros((0, 1, 4, 64), jnp.bfloat16)
+  ke = jnp.zeros((0, 64, 2, 64), jnp.bfloat16)
+  assert jax_flash.attention_with_kvcache(qe, ke, ke, jnp.zeros((0,),
+                                          jnp.int32)).shape == qe.shape
