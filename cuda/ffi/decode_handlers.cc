@@ -7,6 +7,8 @@
 #include "decode/decode.h"
 #include "handler_util.h"
 
+namespace ffi = xla::ffi;
+
 namespace jax_flash {
 namespace {
 
