@@ -1,0 +1,171 @@
+"""KV-cache decoding side by side: achieved K+V read bandwidth in one process.
+
+    python benchmarks/bench_decode.py                        # the four shapes
+    python benchmarks/bench_decode.py --out benchmarks/results/h200.json
+
+Shapes (bf16, D=128, 32 query heads on 8 KV heads, every sequence's cache
+full): B=8 S=32k T_new=1, B=1 S=128k T_new=1, B=64 S=4k T_new=1, B=8 S=32k
+T_new=8; each contiguous and paged (page size 64, pages shuffled).
+
+Implementations: jax_flash.attention_with_kvcache (the CUDA decoding kernels,
+split count from their policy), cuDNN through jax.nn.dot_product_attention
+(key_value_seq_lengths; contiguous only), flash-attn3-jax's
+flash_mha_with_kvcache with num_splits 8 and with the split count our policy
+picks (the better of the two is its figure). T_new > 1: causal, aligned to the
+end, for jax_flash and FA3; cuDNN's is_causal aligns to the start, so it runs
+unmasked there (the bytes read are the same).
+
+Bandwidth = bytes of K and V read (B * S * H_kv * D * 2 tensors * 2 bytes)
+/ time. Timing as bench_attention.py: warm-up, rounds of --iters
+back-to-back calls between two syncs, implementations interleaved round by
+round in alternating order, median of --repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_attention as ba  # noqa: E402
+
+jax_flash = ba.jax_flash
+H, H_KV, D = 32, 8, 128
+SHAPES = {  # name: (B, S, T_new)
+    "b8_s32k_t1": (8, 32768, 1),
+    "b1_s128k_t1": (1, 131072, 1),
+    "b64_s4k_t1": (64, 4096, 1),
+    "b8_s32k_t8": (8, 32768, 8),
+}
+PAGE = 64
+
+
+def _fa3():
+  try:
+    from flash_attn3_jax import flash_mha_with_kvcache
+    return flash_mha_with_kvcache
+  except Exception as e:  # noqa: BLE001 - report why the peer is absent
+    print(f"flash-attn3-jax unavailable: {type(e).__name__}: {e}")
+    return None
+
+
+def inputs(B, S, T, paged, seed=0):
+  """(q, k_cache, v_cache, seqlens, page_table or None), random bf16."""
+  kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(kq, (B, T, H, D), jnp.bfloat16)
+  if paged:
+    n = S // PAGE
+    shape = (B * n, PAGE, H_KV, D)
+    table = jnp.asarray(np.random.default_rng(seed).permutation(B * n)
+                        .reshape(B, n).astype(np.int32))
+  else:
+    shape, table = (B, S, H_KV, D), None
+  k = jax.random.normal(kk, shape, jnp.bfloat16)
+  v = jax.random.normal(kv, shape, jnp.bfloat16)
+  return q, k, v, jnp.full((B,), S, jnp.int32), table
+
+
+def impls_for(B, S, T, paged, ours_splits):
+  """{name: fn(q, k, v, seqlens, table) -> o}."""
+  causal = T > 1
+  out = {"jax_flash_cuda": lambda q, k, v, s, t: jax_flash.attention_with_kvcache(
+      q, k, v, s, page_table=t, causal=causal, implementation="cuda")}
+  if not paged:
+    out["cudnn"] = lambda q, k, v, s, t: jax.nn.dot_product_attention(
+        q, k, v, key_value_seq_lengths=s, implementation="cudnn")
+  fa3 = _fa3()
+  if fa3 is not None:
+    for splits in sorted({8, ours_splits}):
+      out[f"fa3_splits{splits}"] = (
+          lambda q, k, v, s, t, n=splits: fa3(
+              q, k, v, cache_seqlens=s, page_table=t, is_causal=causal,
+              num_splits=n))
+  return out
+
+
+def run(names, *, iters, repeats, warmup, command, device, out=None):
+  from jax_flash._src import decode_cuda
+  date = datetime.date.today().isoformat()
+  records = []
+  for name in names:
+    B, S, T = SHAPES[name]
+    gb = B * S * H_KV * D * 2 * 2 / 1e9
+    ours_splits = decode_cuda.num_splits_for(B, T, H, H_KV, D, S)
+    for paged in (False, True):
+      args = inputs(B, S, T, paged)
+      impls = impls_for(B, S, T, paged, ours_splits)
+      steps = {n: (jax.jit(fn), args) for n, fn in impls.items()}
+      timed = ba.time_interleaved(steps, iters=iters, repeats=repeats,
+                                  warmup=warmup)
+      gbps = {n: gb / (ms * 1e-3) for n, ms in timed.items()
+              if isinstance(ms, float)}
+      fa3 = max((g for n, g in gbps.items() if n.startswith("fa3")),
+                default=None)
+      case = f"decode_{name}" + (f"_paged{PAGE}" if paged else "")
+      for n in impls:
+        ms = timed[n]
+        rec = dict(impl=n, mode="decode", case=case, dtype="bfloat16", B=B,
+                   S=S, T=T, T_new=T, H=H, H_kv=H_KV, D=D, causal=T > 1,
+                   paged=paged, page_size=PAGE if paged else None,
+                   us=None, gbps=None, cudnn_gbps=gbps.get("cudnn"),
+                   fa3_gbps=fa3, splits=ours_splits if n == "jax_flash_cuda"
+                   else None, date=date, command=command, device=device)
+        if isinstance(ms, Exception):
+          rec["error"] = f"{type(ms).__name__}: {ms}"[:500]
+        else:
+          rec.update(us=float(f"{ms * 1e3:.5g}"),
+                     gbps=float(f"{gbps[n]:.5g}"))
+        for key in ("cudnn_gbps", "fa3_gbps"):
+          if rec[key] is not None:
+            rec[key] = float(f"{rec[key]:.5g}")
+        records.append(rec)
+        status = (f"{rec['us']:9.1f} us {rec['gbps']:8.1f} GB/s"
+                  if rec["us"] is not None else rec["error"][:120])
+        print(f"  {case:28s} {n:18s} {status}", flush=True)
+      if out is not None:
+        ba.merge_into(out, [r for r in records if r["case"] == case])
+  return records
+
+
+def print_table(records):
+  print()
+  print(f"{'case':28s} {'impl':18s} {'us':>9s} {'GB/s':>8s} {'vs cuDNN':>9s} "
+        f"{'vs FA3':>7s}")
+  for r in records:
+    if r["us"] is None:
+      print(f"{r['case']:28s} {r['impl']:18s} failed: {r['error'][:60]}")
+      continue
+    rel = lambda key: f"{r['gbps'] / r[key]:.2f}x" if r.get(key) else "-"
+    print(f"{r['case']:28s} {r['impl']:18s} {r['us']:9.1f} {r['gbps']:8.1f} "
+          f"{rel('cudnn_gbps'):>9s} {rel('fa3_gbps'):>7s}")
+  print("(ratios: this one's bandwidth / the peer's; FA3 = its better split "
+        "count)")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--shapes", default=",".join(SHAPES))
+  p.add_argument("--iters", type=int, default=100)
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--out", type=pathlib.Path)
+  a = p.parse_args(argv)
+  device = jax.devices()[0].device_kind
+  command = "python benchmarks/bench_decode.py " + " ".join(argv or
+                                                            sys.argv[1:])
+  if a.out is not None:
+    ba.check_same_device(a.out, device)
+  records = run(a.shapes.split(","), iters=a.iters, repeats=a.repeats,
+                warmup=a.warmup, command=command.strip(), device=device,
+                out=a.out)
+  print_table(records)
+
+
+if __name__ == "__main__":
+  main()

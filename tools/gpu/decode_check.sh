@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# KV-cache decoding on the H200 (device machine), from the repo root, with the
+# extension built on the CPU machine and carried xz-compressed in .ab/ and
+# the flash-attn3-jax wheel in .whl/ (the peer of the benchmark):
+#   tools/gpu/decode_check.sh [selftest] [test] [bench]
+# selftest: cuda/tests/selftest_decode.cu built with nvcc and run;
+# test: the decoding GPU tests (NaN-poisoned outputs) and the generation
+# example; bench: benchmarks/bench_decode.py into the results file.
+# Environment: TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT.
+# Logs and the results file go to $OUT (or ./gpu_out); a table is printed last.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+STAGES=${*:-selftest test bench}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+for f in .ab/jax_flash/*.xz; do xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"; done
+cp .ab/jax_flash/_build.json jax_flash/ 2>/dev/null
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
+SUMMARY=()
+if has selftest; then
+  t0=$SECONDS
+  nvcc -O3 -std=c++17 --expt-relaxed-constexpr --use_fast_math -gencode=arch=compute_90,code=sm_90 \
+    -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/decode.cu \
+    cuda/decode/decode_bf16.cu cuda/decode/decode_fp16.cu -o "$OUT/selftest_decode" 2>&1 | tail -5
+  "$OUT/selftest_decode" 2>&1 | tee "$OUT/selftest_decode.log" | tail -20
+  SUMMARY+=("selftest: $(grep -E 'passed' "$OUT/selftest_decode.log" | tail -1) ($((SECONDS-t0)) s)")
+fi
+if has test; then
+  t0=$SECONDS
+  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-300} \
+    python3 -m pytest -q -m gpu -n 4 tests/test_decode_cuda.py 2>&1 | tee "$OUT/test.log" | tail -20
+  SUMMARY+=("test: $(tail -1 "$OUT/test.log") ($((SECONDS-t0)) s)")
+  timeout 200 python3 examples/generate.py --dtype bfloat16 --implementation cuda 2>&1 | tee "$OUT/generate.log" | tail -5
+  SUMMARY+=("generate: $(grep -E 'tokens/s|FAILED' "$OUT/generate.log" | tr '\n' ';')")
+fi
+if has bench; then
+  cp benchmarks/results/h200.json "$OUT/h200.json"
+  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_decode.py --out "$OUT/h200.json" \
+    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -30
+fi
+printf '%s\n' "${SUMMARY[@]}"
