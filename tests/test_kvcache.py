@@ -135,3 +135,62 @@ def test_cuda_kernels_refuse_off_gpu():
   with pytest.raises(jax_flash.Unsupported, match="GPU|extension"):
     jax_flash.attention_with_kvcache(q, k, k, jnp.array([3]),
                                      implementation="cuda")
+
+
+@pytest.fixture
+def kernel_path_on_cpu(monkeypatch):
+  """The kernel path's Python wiring (tables, identity rows, custom_vjp,
+  sharding/vmap wrappers) with the kernel call replaced by the reference:
+  `decode_cuda.forward`'s contract on the CPU."""
+  from jax_flash._src import api, decode_cuda
+  from jax_flash._src.kvcache import _gather
+  calls = []
+
+  def forward(q, k_pages, v_pages, table, seqlens, *, scale, softcap,
+              window_left, window_right, num_splits):
+    calls.append(num_splits)
+    return api.attention(q, _gather(k_pages, table), _gather(v_pages, table),
+                         scale=scale, softcap=softcap,
+                         window=(window_left, window_right),
+                         kv_seq_lengths=seqlens, return_lse=True,
+                         implementation="xla")
+
+  monkeypatch.setattr(decode_cuda, "unsupported_reason", lambda *a: None)
+  monkeypatch.setattr(decode_cuda, "forward", forward)
+  return calls
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_kernel_path_wiring(paged, rng, x64, kernel_path_on_cpu):
+  seqlens = np.array([1, 37, S_MAX - 3], np.int32)
+  q = rng.standard_normal((B, 3, H, D))
+  k_seq = rng.standard_normal((B, S_MAX, H_KV, D))
+  v_seq = rng.standard_normal((B, S_MAX, H_KV, D))
+  kw = dict(causal=True, window=(30, -1), softcap=20.0)
+  if paged:
+    page = 16
+    table = rng.permutation(B * S_MAX // page).reshape(B, -1)
+    k_cache = np.zeros((B * S_MAX // page, page, H_KV, D))
+    v_cache = np.zeros_like(k_cache)
+    for b in range(B):
+      for p in range(table.shape[1]):
+        k_cache[table[b, p]] = k_seq[b, p * page:(p + 1) * page]
+        v_cache[table[b, p]] = v_seq[b, p * page:(p + 1) * page]
+    extra = dict(page_table=jnp.asarray(table.astype(np.int32)))
+  else:
+    k_cache, v_cache, extra = k_seq, v_seq, {}
+  fn = lambda q, k, v: jax_flash.attention_with_kvcache(
+      q, k, v, jnp.asarray(seqlens), **extra, **kw, num_splits=3)
+  out = jax.jit(fn)(jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache))
+  assert kernel_path_on_cpu == [3]
+  want = _reference(q, k_seq, v_seq, seqlens, **kw)
+  np.testing.assert_allclose(np.asarray(out), want, atol=1e-10)
+  # Gradients (through the reference path) and vmap over the queries.
+  loss = lambda q, k, v: jnp.sum(fn(q, k, v) ** 2)
+  g = jax.grad(loss, argnums=(0, 1, 2))(jnp.asarray(q), jnp.asarray(k_cache),
+                                        jnp.asarray(v_cache))
+  assert all(np.isfinite(np.asarray(x)).all() for x in g)
+  qs = jnp.stack([jnp.asarray(q), jnp.asarray(q[::-1])])
+  got = jax.vmap(fn, in_axes=(0, None, None))(qs, jnp.asarray(k_cache),
+                                              jnp.asarray(v_cache))
+  np.testing.assert_allclose(np.asarray(got[0]), want, atol=1e-10)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src import api, checks, decode_cuda
+from jax_flash._src import api, checks, decode_cuda, decode_sharding
 from jax_flash._src.backends import Unsupported
 
 
@@ -157,7 +157,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
         scale=checks.check_scale(scale, q.shape[-1]),
         softcap=checks.check_softcap(softcap),
         **checks.window_fields(window, causal),
-        num_splits=num_splits)
+        num_splits=num_splits,
+        identity_rows=(page_table is None and cache_batch_idx is None and
+                       k_cache.shape[0] == B))
     o, lse = _decode(q, k_cache, v_cache, table, lengths, opts)
     res = (o, lse) if return_lse else o
   else:
@@ -184,14 +186,19 @@ class _KernelOptions(NamedTuple):
   window_left: int
   window_right: int
   num_splits: int | None
+  identity_rows: bool  # contiguous cache, row b = sequence b (sharding)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _decode(q, k_pages, v_pages, table, lengths, opts):
-  return decode_cuda.forward(
-      q, k_pages, v_pages, table, lengths, scale=opts.scale,
-      softcap=opts.softcap, window_left=opts.window_left,
-      window_right=opts.window_right, num_splits=opts.num_splits)
+  body = lambda *a: decode_cuda.forward(
+      *a, scale=opts.scale, softcap=opts.softcap,
+      window_left=opts.window_left, window_right=opts.window_right,
+      num_splits=opts.num_splits)
+  H_kv = k_pages.shape[2]
+  return decode_sharding.decode_call(
+      body, identity_rows=opts.identity_rows, group=q.shape[2] // H_kv,
+      kv_heads=H_kv)(q, k_pages, v_pages, table, lengths)
 
 
 def _decode_fwd(q, k_pages, v_pages, table, lengths, opts):
