@@ -38,9 +38,30 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
   out = tmp_path_factory.mktemp("emu")
-  subprocess.run(["bash", str(BUILD), str(out)], check=True, cwd=ROOT,
-                 capture_output=True, timeout=900)
+  subprocess.run(["bash", str(BUILD), str(out), "sm80"], check=True,
+                 cwd=ROOT, capture_output=True, timeout=900)
   return out / "selftest_emu"
+
+
+@pytest.fixture(scope="module")
+def decode_emulator(tmp_path_factory):
+  out = tmp_path_factory.mktemp("emu_decode")
+  subprocess.run(["bash", str(BUILD), str(out), "decode"], check=True,
+                 cwd=ROOT, capture_output=True, timeout=900)
+  return out / "selftest_decode_emu"
+
+
+# The decoding kernels (cuda/decode/): split-KV, pack-GQA, paged and
+# contiguous caches, the combine kernel and the split policy, against
+# float64 (cuda/tests/selftest_decode.cu); also under the stress knobs.
+@pytest.mark.parametrize("env", [{}, {"JF_EMU_CPASYNC": "eager",
+                                      "JF_EMU_SHUFFLE": "5"}],
+                         ids=["default", "stress"])
+def test_decode_kernels_in_emulator(decode_emulator, env):
+  run = subprocess.run([str(decode_emulator)], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, **env})
+  assert run.returncode == 0, f"emulated decode self-test failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+  assert " 0 failed" in run.stdout, run.stdout[-2000:]
 
 
 # sm90: the launchers see compute capability 9, so the backward stages dQ in

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the self-tests against the host emulator (no GPU needed):
-#   cuda/tests/emu/build_emu.sh [OUT_DIR]
-#     ->   OUT_DIR/selftest_emu          (the sm80 forward and backward)
-#          OUT_DIR/selftest_decode_emu   (the decoding kernels, cuda/decode)
+#   cuda/tests/emu/build_emu.sh [OUT_DIR] [all|sm80|decode]
+#     ->   OUT_DIR/selftest_emu          (sm80: the forward and backward)
+#          OUT_DIR/selftest_decode_emu   (decode: the decoding kernels, cuda/decode)
 # Then: OUT_DIR/selftest_emu [--quick] [filter]; stress variants:
 #   JF_EMU_CPASYNC=eager JF_EMU_SHUFFLE=1 OUT_DIR/selftest_emu --quick
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../../.." && pwd)
 OUT=${1:-$ROOT/build/emu}
+WHAT=${2:-all}
 CUDA_INC=${CUDA_INC:-$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/../include}
 mkdir -p "$OUT"
 # The emulator's device replacements come first in every kernel source
@@ -25,10 +26,19 @@ compile() {  # source, object
   pids+=($!)
   if (( ${#pids[@]} >= $(nproc) )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
 }
-for f in "${SRCS[@]}"; do compile "$f" "$OUT/sm80/$(basename "$f" .cu).o"; done
-for f in "${DECODE_SRCS[@]}"; do compile "$f" "$OUT/decode/$(basename "$f" .cu).o"; done
+if [[ $WHAT != decode ]]; then
+  for f in "${SRCS[@]}"; do compile "$f" "$OUT/sm80/$(basename "$f" .cu).o"; done
+fi
+if [[ $WHAT != sm80 ]]; then
+  for f in "${DECODE_SRCS[@]}"; do compile "$f" "$OUT/decode/$(basename "$f" .cu).o"; done
+fi
 for p in "${pids[@]}"; do wait "$p"; done
 g++ "${FLAGS[@]}" -c "$ROOT/cuda/tests/emu/emu.cpp" -o "$OUT/emu.o"
-g++ "$OUT"/sm80/*.o "$OUT/emu.o" -o "$OUT/selftest_emu"
-g++ "$OUT"/decode/*.o "$OUT/emu.o" -o "$OUT/selftest_decode_emu"
-echo "built $OUT/selftest_emu $OUT/selftest_decode_emu"
+if [[ $WHAT != decode ]]; then
+  g++ "$OUT"/sm80/*.o "$OUT/emu.o" -o "$OUT/selftest_emu"
+  echo "built $OUT/selftest_emu"
+fi
+if [[ $WHAT != sm80 ]]; then
+  g++ "$OUT"/decode/*.o "$OUT/emu.o" -o "$OUT/selftest_decode_emu"
+  echo "built $OUT/selftest_decode_emu"
+fi
