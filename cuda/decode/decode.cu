@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "decode/decode.h"
+#include "jax_flash/head_dim.h"
 #include "jax_flash/support.h"
 
 namespace jax_flash::decode {
@@ -22,7 +23,8 @@ bool decode_supported(const DecodeParams& p) {
   if (p.num_splits > 1 && (p.o_partial == nullptr || p.lse_partial == nullptr)) return false;
   // Grid: x = row blocks, y = batch * heads_k, z = splits (65535 each).
   if (int64_t(p.batch) * p.num_heads_k > 65535) return false;
-  if (decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k) > 65535) return false;
+  if (decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k, rounded_head_dim(p.head_dim)) > 65535)
+    return false;
   if (int64_t(p.max_pages) * p.page_size > (int64_t(1) << 31) - 1) return false;
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
   return true;

@@ -1,17 +1,18 @@
 // Split-KV decoding kernel (sm80 instructions; runs on sm80..sm90).
 //
-// CTA = (16 packed query rows, one sequence's KV head, one split of its keys).
+// CTA = (16 or 32 packed query rows, one sequence's KV head, one split of its
+// keys).
 // Pack-GQA: the rows are (token, query head) pairs of the heads that share the
 // KV head, so every key is read once per KV head, not once per query head.
 // The keys are the memory-bound part: they stream through a kStages-deep
 // cp.async ring of 64-key K and V tiles (paged: each row's page looked up in
 // the page table, one lookup per tile when the tile lies in one page), and the
 // four warps split each tile 16 keys apiece, each with its own online softmax
-// over the 16 rows:
+// over all the rows:
 //
 //   wait tile i ------------------------------ barrier (stage of i-1 free)
 //   issue cp.async tile i + kStages - 1        (into the stage of i-1)
-//   S_w = Q K_w^T, softcap, mask at the edges  (registers, 16 x 16 per warp)
+//   S_w = Q K_w^T, softcap, mask at the edges  (registers, rows x 16 per warp)
 //   online softmax; O_w += P_w V_w
 //
 // At the end the four warps' (max, sum, O) are merged through shared memory
@@ -31,10 +32,11 @@ namespace jax_flash::decode {
 // exp2_approx: jax_flash/fast_math.cuh on a GPU, sm80 emulation otherwise.
 using namespace sm80;  // NOLINT: the sm80 primitives are this kernel's vocabulary
 
-template <int kHeadDim_>
+template <int kHeadDim_, int kMT_>
 struct DecodeConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kRows = kDecodeRows;
+  static constexpr int kMT = kMT_;  // m-tiles (16 rows) per warp
+  static constexpr int kRows = kMT * kDecodeMTileRows;
   static constexpr int kBlockN = kDecodeBlockN;
   static constexpr int kWarps = kDecodeWarps;
   static constexpr int kThreads = kWarps * 32;
@@ -51,7 +53,7 @@ struct DecodeConfig {
   static constexpr int kStageBytes = 2 * KTile::kBytes;  // K then V
   static constexpr int kSmemStats = kSmemRing + kStages * kStageBytes;
   static constexpr int kSmemBytes = kSmemStats + 2 * kWarps * kRows * 4;  // row max, row sum
-  static_assert(kSmemBytes == decode_smem_bytes(kHeadDim), "decode_params.h's size");
+  static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kMT), "decode_params.h's size");
   static_assert(kWarps * kRows * kMergePitch * 4 <= kStages * kStageBytes, "merge buffer fits the ring");
   static_assert(kKeysPerWarp == 16, "one 16-key slice per warp");
 };
@@ -69,19 +71,19 @@ struct DecodeBlock {
   JF_DEVICE bool tile_needs_mask(int n0, int bn) const { return n0 < full_lo || n0 + bn > full_hi; }
 };
 
-JF_DEVICE DecodeBlock decode_block(const DecodeParams& p, int bn) {
+JF_DEVICE DecodeBlock decode_block(const DecodeParams& p, int rows_per_cta, int bn) {
   DecodeBlock d;
   d.b = blockIdx.y / p.num_heads_k;
   d.hk = blockIdx.y % p.num_heads_k;
   d.split = blockIdx.z;
   d.group = p.num_heads / p.num_heads_k;
   d.rows = p.seqlen_q * d.group;
-  d.r0 = blockIdx.x * kDecodeRows;
+  d.r0 = blockIdx.x * rows_per_cta;
   const int cap = p.num_pages > 0 ? p.max_pages * p.page_size : 0;  // no pages: no keys
   d.seqlen_k = max(0, min(__ldg(p.seqlens + d.b), cap));
   d.off = d.seqlen_k - p.seqlen_q;
   const int64_t t_lo = d.r0 / d.group;
-  const int64_t t_hi = (min(d.r0 + kDecodeRows, d.rows) - 1) / d.group;
+  const int64_t t_hi = (min(d.r0 + rows_per_cta, d.rows) - 1) / d.group;
   int64_t lo = 0, hi = d.seqlen_k;
   d.full_lo = 0;
   d.full_hi = d.seqlen_k;
@@ -167,36 +169,39 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
   }
 }
 
-// The element mask of one warp's 16 x 16 score block (keys kb .. kb + 15).
-JF_DEVICE void mask_scores(float (&s)[1][2][4], const DecodeParams& p, const DecodeBlock& d, int kb,
+// The element mask of one warp's (kMT * 16) x 16 score block (keys kb .. kb + 15).
+template <int kMT>
+JF_DEVICE void mask_scores(float (&s)[kMT][2][4], const DecodeParams& p, const DecodeBlock& d, int kb,
                            int lane) {
   const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t pos = int64_t((d.r0 + g + 8 * h) / d.group) + d.off;
+  for (int m = 0; m < kMT; ++m)
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t pos = int64_t((d.r0 + m * 16 + g + 8 * h) / d.group) + d.off;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key = kb + n * 8 + 2 * tq + j;
-        const bool vis = key < d.seqlen_k && (p.window_left < 0 || key >= pos - p.window_left) &&
-                         (p.window_right < 0 || key <= pos + p.window_right);
-        if (!vis) s[0][n][2 * h + j] = -INFINITY;
-      }
-  }
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key = kb + n * 8 + 2 * tq + j;
+          const bool vis = key < d.seqlen_k && (p.window_left < 0 || key >= pos - p.window_left) &&
+                           (p.window_right < 0 || key <= pos + p.window_right);
+          if (!vis) s[m][n][2 * h + j] = -INFINITY;
+        }
+    }
 }
 
-template <typename Element, int kHeadDim, bool kSoftcap>
-__global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
+template <typename Element, int kHeadDim, int kMT, bool kSoftcap>
+__global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT>::kThreads)
     decode_kernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = DecodeConfig<kHeadDim>;
+  using Cfg = DecodeConfig<kHeadDim, kMT>;
   using QTile = typename Cfg::QTile;
   using KTile = typename Cfg::KTile;
   constexpr int kStages = Cfg::kStages;
   JF_SMEM(smem);
   sm80::check_smem_alignment(smem);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const DecodeBlock d = decode_block(p, Cfg::kBlockN);
+  const DecodeBlock d = decode_block(p, Cfg::kRows, Cfg::kBlockN);
   const int n_tiles = d.n_last - d.n_first;
 
   const uint32_t sQ = sm80::smem_addr(smem + Cfg::kSmemQ);
@@ -213,9 +218,9 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     sm80::cp_async_commit();
   }
 
-  float acc_o[1][Cfg::kNT_O][4];
+  float acc_o[kMT][Cfg::kNT_O][4];
   sm80::zero(acc_o);
-  sm80::OnlineSoftmax<1> softmax;
+  sm80::OnlineSoftmax<kMT> softmax;
   softmax.init();
   const float scale_log2 = p.sm.scale_log2;
 
@@ -234,10 +239,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     const int n0 = (d.n_first + i) * Cfg::kBlockN;
     const int kw = warp * Cfg::kKeysPerWarp;  // this warp's keys within the tile
 
-    float acc_s[1][2][4];
+    float acc_s[kMT][2][4];
     sm80::zero(acc_s);
-    sm80::gemm_ss<Element, 1, 2, kHeadDim, false, false, QTile, KTile>(acc_s, sQ, 0, stage_k(s), kw,
-                                                                      LdsmLane{lane});
+    sm80::gemm_ss<Element, kMT, 2, kHeadDim, false, false, QTile, KTile>(acc_s, sQ, 0, stage_k(s), kw,
+                                                                        LdsmLane{lane});
     if constexpr (kSoftcap) sm80::apply_softcap(acc_s, p.sm.softcap_pre);
     if (d.tile_needs_mask(n0, Cfg::kBlockN)) mask_scores(acc_s, p, d, n0 + kw, lane);
     if (i == 0)
@@ -245,11 +250,11 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
     else
       softmax.template update<false>(acc_s, acc_o, scale_log2);
 
-    uint32_t p_frag[1][1][4];
+    uint32_t p_frag[kMT][1][4];
     sm80::pack_c_to_a<Element>(p_frag, acc_s);
     // The warp's 16 V rows: a 16-row offset keeps the swizzle phase (16 rows
     // are whole 1 KB periods), so the slice is addressed as a tile of its own.
-    sm80::gemm_rs<Element, 1, Cfg::kNT_O, 16, true, KTile, true>(
+    sm80::gemm_rs<Element, kMT, Cfg::kNT_O, 16, true, KTile, true>(
         acc_o, p_frag, stage_v(s) + uint32_t(kw * KTile::kRowBytes), 0, LdsmLane{lane});
   }
 
@@ -258,16 +263,16 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   float* s_max = reinterpret_cast<float*>(smem + Cfg::kSmemStats);
   float* s_sum = s_max + Cfg::kWarps * Cfg::kRows;
   const int g = lane >> 2, tq = lane & 3;
-  float row_sum[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) row_sum[h] = sm80::quad_sum(softmax.l[0][h]);
-  if (tq == 0) {
+  for (int m = 0; m < kMT; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      s_max[warp * Cfg::kRows + g + 8 * h] = softmax.m[0][h];
-      s_sum[warp * Cfg::kRows + g + 8 * h] = row_sum[h];
+      const float row_sum = sm80::quad_sum(softmax.l[m][h]);
+      if (tq == 0) {
+        s_max[warp * Cfg::kRows + m * 16 + g + 8 * h] = softmax.m[m][h];
+        s_sum[warp * Cfg::kRows + m * 16 + g + 8 * h] = row_sum;
+      }
     }
-  }
   __syncthreads();  // statistics visible; every warp is done reading the ring
 
   // Row r over the warps: M = max_w m_w, L = sum_w l_w 2^((m_w - M) scale_log2).
@@ -284,19 +289,21 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim>::kThreads)
   };
   float* merge = reinterpret_cast<float*>(smem + Cfg::kSmemRing);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = g + 8 * h;
-    float M, L;
-    row_stats(r, M, L);
-    const float m = softmax.m[0][h];
-    const float f = (m == -INFINITY || !(L > 0.f)) ? 0.f : exp2_approx((m - M) * scale_log2) / L;
-    float* dst = merge + (warp * Cfg::kRows + r) * Cfg::kMergePitch + 2 * tq;
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int n = 0; n < Cfg::kNT_O; ++n) {
-      dst[n * 8] = acc_o[0][n][2 * h] * f;
-      dst[n * 8 + 1] = acc_o[0][n][2 * h + 1] * f;
+    for (int h = 0; h < 2; ++h) {
+      const int r = mt * 16 + g + 8 * h;
+      float M, L;
+      row_stats(r, M, L);
+      const float m = softmax.m[mt][h];
+      const float f = (m == -INFINITY || !(L > 0.f)) ? 0.f : exp2_approx((m - M) * scale_log2) / L;
+      float* dst = merge + (warp * Cfg::kRows + r) * Cfg::kMergePitch + 2 * tq;
+#pragma unroll
+      for (int n = 0; n < Cfg::kNT_O; ++n) {
+        dst[n * 8] = acc_o[mt][n][2 * h] * f;
+        dst[n * 8 + 1] = acc_o[mt][n][2 * h + 1] * f;
+      }
     }
-  }
   __syncthreads();
 
   // ---- write: 8 columns per thread and step, summed over the warps

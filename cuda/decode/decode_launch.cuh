@@ -17,17 +17,26 @@ inline cudaError_t set_smem(Kernel kernel, int bytes) {
                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
-  using Cfg = DecodeConfig<kHeadDim>;
-  auto kernel = p.sm.softcap_pre != 0.f ? decode_kernel<Element, kHeadDim, true>
-                                        : decode_kernel<Element, kHeadDim, false>;
+template <typename Element, int kHeadDim, int kMT>
+cudaError_t launch_decode_shape(const DecodeParams& p, cudaStream_t stream) {
+  using Cfg = DecodeConfig<kHeadDim, kMT>;
+  auto kernel = p.sm.softcap_pre != 0.f ? decode_kernel<Element, kHeadDim, kMT, true>
+                                        : decode_kernel<Element, kHeadDim, kMT, false>;
   cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k), p.batch * p.num_heads_k,
-                  p.num_splits);
+  const dim3 grid(decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k, kHeadDim),
+                  p.batch * p.num_heads_k, p.num_splits);
   JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(p);
   return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
+  if constexpr (kHeadDim <= 128) {
+    if (decode_m_tiles(p.seqlen_q, p.num_heads / p.num_heads_k, kHeadDim) == 2)
+      return launch_decode_shape<Element, kHeadDim, 2>(p, stream);
+  }
+  return launch_decode_shape<Element, kHeadDim, 1>(p, stream);
 }
 
 template <typename Element>

@@ -52,8 +52,10 @@ struct DecodeParams {
 };
 
 // The decode kernel's shape (decode_kernel.cuh's DecodeConfig reads it from
-// here; decode_plan.h sizes the grid with it).
-constexpr int kDecodeRows = 16;      // packed query rows (token x head of a group) per CTA
+// here; decode_plan.h sizes the grid with it). A CTA holds 16 or 32 packed
+// query rows (one or two m-tiles per warp: 32 when a KV head has more than
+// 16 rows and O still fits the registers, head_dim <= 128).
+constexpr int kDecodeMTileRows = 16;
 constexpr int kDecodeBlockN = 64;    // keys per pipeline stage, 16 per warp
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeMaxSplits = 128;
@@ -63,16 +65,21 @@ constexpr int kDecodeMaxSplits = 128;
 constexpr int decode_stages(int head_dim_bucket) { return head_dim_bucket <= 96 ? 4 : 3; }
 // Dynamic shared memory: the Q tile, the ring (K and V per stage), the
 // per-warp row statistics of the final merge.
-constexpr int decode_smem_bytes(int head_dim_bucket) {
-  return kDecodeRows * head_dim_bucket * 2 + decode_stages(head_dim_bucket) * 2 * kDecodeBlockN * head_dim_bucket * 2 +
-         2 * kDecodeWarps * kDecodeRows * 4;
+constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles) {
+  return m_tiles * kDecodeMTileRows * head_dim_bucket * 2 +
+         decode_stages(head_dim_bucket) * 2 * kDecodeBlockN * head_dim_bucket * 2 +
+         2 * kDecodeWarps * m_tiles * kDecodeMTileRows * 4;
 }
 
 // The packed rows of one KV head: row r is token r / group of query head
 // head_k * group + r % group (pack-GQA: one CTA reads the keys once for every
-// query head that shares them).
-inline int decode_row_blocks(int seqlen_q, int group) {
-  return (seqlen_q * group + kDecodeRows - 1) / kDecodeRows;
+// query head that shares them). m-tiles per CTA for seqlen_q * group rows.
+constexpr int decode_m_tiles(int seqlen_q, int group, int head_dim_bucket) {
+  return seqlen_q * group > kDecodeMTileRows && head_dim_bucket <= 128 ? 2 : 1;
+}
+inline int decode_row_blocks(int seqlen_q, int group, int head_dim_bucket) {
+  const int rows = decode_m_tiles(seqlen_q, group, head_dim_bucket) * kDecodeMTileRows;
+  return (seqlen_q * group + rows - 1) / rows;
 }
 
 }  // namespace jax_flash::decode

@@ -238,6 +238,18 @@ std::vector<Case> all_cases(bool quick) {
   c = Case{"hdim40 rows>16 T8 gqa4 causal", 1, 8, 4, 1, 40, 0, 150, {150}};
   c.wr = 0;
   cs.push_back(c);
+  c = Case{"32-row tiles T8 gqa4 paged64 split3", 2, 8, 8, 2, 128, 64, 300, {300, 77}};
+  c.wr = 0;
+  c.splits = 3;
+  cs.push_back(c);
+  c = Case{"rows>32 T12 gqa4 window fp16", 1, 12, 4, 1, 64, 0, 140, {140}};
+  c.wl = 30;
+  c.wr = 0;
+  c.fp16 = true;
+  cs.push_back(c);
+  c = Case{"hdim256 rows>16 stays 16-row tiles", 1, 6, 4, 1, 256, 32, 100, {100}};
+  c.wr = 0;
+  cs.push_back(c);
   c = Case{"more splits than tiles", 2, 1, 2, 2, 64, 16, 90, {90, 5}};
   c.splits = 7;
   cs.push_back(c);
@@ -261,16 +273,18 @@ std::vector<Case> all_cases(bool quick) {
 // The split policy on the shapes it is meant for (H200: 132 SMs, 228 KB).
 bool check_plan() {
   using jax_flash::decode::decode_num_splits;
-  struct P { int64_t blocks; int S, D, want_min, want_max; };
-  const P ps[] = {{8 * 8, 32768, 128, 3, 8},   // B=8, 8 KV heads: a few splits
-                  {1 * 8, 131072, 128, 16, 64},  // B=1: many
-                  {64 * 8, 4096, 128, 1, 1},   // the batch fills the GPU
-                  {8, 64, 128, 1, 1}};         // one tile
+  struct P { int64_t bh; int T, G, S, D, want_min, want_max; };
+  const P ps[] = {{8 * 8, 1, 4, 32768, 128, 3, 8},    // B=8, 8 KV heads: a few splits
+                  {1 * 8, 1, 4, 131072, 128, 16, 64},  // B=1: many
+                  {64 * 8, 1, 4, 4096, 128, 1, 1},    // the batch fills the GPU
+                  {8 * 8, 8, 4, 32768, 128, 3, 8},    // 32 rows: one CTA per KV head
+                  {8, 1, 4, 64, 128, 1, 1}};          // one tile
   bool ok = true;
   for (const P& x : ps) {
-    const int s = decode_num_splits(x.blocks, x.S, x.D, 132, 228 * 1024);
+    const int s = decode_num_splits(x.bh, x.T, x.G, x.S, x.D, 132, 228 * 1024);
     const bool good = s >= x.want_min && s <= x.want_max;
-    std::printf("plan: blocks %lld, S %d -> %d splits %s\n", (long long)x.blocks, x.S, s, good ? "ok" : "UNEXPECTED");
+    std::printf("plan: B*H_kv %lld, T %d, group %d, S %d -> %d splits %s\n", (long long)x.bh, x.T,
+                x.G, x.S, s, good ? "ok" : "UNEXPECTED");
     ok &= good;
   }
   return ok;

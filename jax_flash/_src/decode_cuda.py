@@ -27,7 +27,6 @@ DECODE = ffi.DECODE
 DTYPES = ("bfloat16", "float16")
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 128  # decode_params.h kDecodeMaxSplits
-ROWS = 16         # decode_params.h kDecodeRows: packed rows per CTA
 
 
 def unsupported_reason(q, k_cache, platform: str) -> str | None:
@@ -58,8 +57,7 @@ def num_splits_for(B: int, T: int, H: int, H_kv: int, D: int,
                    capacity: int) -> int:
   """The kernels' split policy for a cache of `capacity` keys per sequence."""
   ext = ffi._load()[0]
-  row_blocks = -(-(T * (H // H_kv)) // ROWS)
-  return int(ext.decode_num_splits(B * H_kv * row_blocks, capacity, D))
+  return int(ext.decode_num_splits(B * H_kv, T, H // H_kv, capacity, D))
 
 
 def forward(q, k_pages, v_pages, page_table, seqlens, *, scale: float,
