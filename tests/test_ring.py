@@ -437,3 +437,43 @@ def test_explicit_mesh_axes(rng):
     got = jax.jit(functools.partial(_fwd_and_grads, attn))(qs, ks, vs)
   _close(got, expected)
   assert tuple(got[0][0].sharding.spec)[:2] == ("b", "s")
+
+
+@pytest.mark.parametrize("mesh_name,layout", [("seq8", "contiguous"),
+                                              ("batch2_seq4", "zigzag")])
+def test_packed_documents_skip_calls_they_do_not_cross(mesh_name, layout,
+                                                       rng):
+  """Packed documents of random lengths over 8 and 4 sequence shards: exact
+  against the unsharded call (o, lse, grads), and the per-call skip (ids
+  whose ranges do not meet) is in the program."""
+  mesh, axes, spec = _mesh(mesh_name)
+  q, k, v = _qkv(rng)
+  B, T = q.shape[:2]
+  ids = np.zeros((B, T), np.int32)
+  for b in range(B):  # documents of 1..13 tokens, in order
+    cuts = np.cumsum(rng.integers(1, 14, T))
+    ids[b] = np.searchsorted(cuts, np.arange(T), side="right")
+  seg = jnp.asarray(ids)
+  kw = dict(causal=True, segment_ids=seg)
+
+  def ring_attn(q, k, v):
+    return jax_flash.ring_attention(q, k, v, mesh=mesh, layout=layout,
+                                    return_lse=True, **axes, **kw)
+
+  def plain(q, k, v):
+    return jax_flash.attention(q, k, v, return_lse=True, **kw)
+
+  sh = NamedSharding(mesh, spec)
+  qs, ks, vs = (jax.device_put(x, sh) for x in (q, k, v))
+  step = jax.jit(functools.partial(_fwd_and_grads, ring_attn))
+  assert "conditional" in step.lower(qs, ks, vs).as_text("hlo")
+  got = step(qs, ks, vs)
+  _close(got, jax.jit(functools.partial(_fwd_and_grads, plain))(q, k, v))
+
+
+def test_ids_can_meet():
+  from jax_flash._src.ring_steps import ids_can_meet
+  a = jnp.array([[0, 0, 1, 1]])
+  assert bool(ids_can_meet(a, jnp.array([[1, 2, 2, 3]])))
+  assert not bool(ids_can_meet(a, jnp.array([[2, 2, 3, 3]])))
+  assert not bool(ids_can_meet(jnp.array([[5, 6]]), a))

@@ -11,7 +11,10 @@ the loop counter), so compile time does not grow with the ring size, with
 or without a window.
 
 The next kv transfer is issued before the current step's compute, so XLA can
-overlap communication with compute. Partial (o, lse) merge with the
+overlap communication with compute. With segment ids, a kernel call whose
+query and key ids cannot meet (their [min, max] ranges are disjoint: packed
+documents that do not cross into the other chunk) is skipped at run time
+(`lax.cond`), giving the empty partial / zero gradients it would compute. Partial (o, lse) merge with the
 online-softmax ⊕ (`softmax.merge_partials`) in float32/64, and the backward
 runs the backend's backward kernel with the global lse and delta at every
 step: P = exp(S - lse_global) blockwise, so each block's dQ, dK, dV are
@@ -131,6 +134,20 @@ def _add(a, b):
   return b if a is None else jax.tree.map(jnp.add, a, b)
 
 
+def ids_can_meet(q_seg, kv_seg):
+  """Whether some query id may equal some key id: the [min, max] ranges of
+  the two overlap (exact for packed documents, whose ids are runs)."""
+  return ((jnp.max(q_seg) >= jnp.min(kv_seg)) &
+          (jnp.max(kv_seg) >= jnp.min(q_seg)))
+
+
+def _unless_apart(q_seg, kv_seg, fn, empty):
+  """fn() where the ids can meet, else empty() (both traced; one runs)."""
+  if q_seg is None or q_seg.size == 0 or kv_seg.size == 0:
+    return fn()
+  return lax.cond(ids_can_meet(q_seg, kv_seg), fn, empty)
+
+
 def _switch(cases, idx, fn, *args):
   if idx is None:
     return fn(cases[0], *args)
@@ -147,11 +164,15 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg):
     k, v, kv_seg = kv
     res = None
     for c in ring_plan.calls(case):
-      o, lse = be.forward(c.spec, _span(q, c.q0, c.q1, size),
-                          _span(k, c.k0, c.k1, size),
-                          _span(v, c.k0, c.k1, size),
-                          _span(q_seg, c.q0, c.q1, size),
-                          _span(kv_seg, c.k0, c.k1, size))
+      qs, ks = _span(q_seg, c.q0, c.q1, size), _span(kv_seg, c.k0, c.k1, size)
+      q_c = _span(q, c.q0, c.q1, size)
+      run = lambda c=c, q_c=q_c, qs=qs, ks=ks: tuple(
+          x.astype(acc) for x in be.forward(c.spec, q_c,
+                                            _span(k, c.k0, c.k1, size),
+                                            _span(v, c.k0, c.k1, size), qs,
+                                            ks))
+      o, lse = _unless_apart(qs, ks, run, lambda q_c=q_c: empty_partial(
+          q_c, acc))
       part = (_pad_rows(o.astype(acc), c.q0, c.q1, m, size, 1, 0.0),
               _pad_rows(lse.astype(acc), c.q0, c.q1, m, size, 2, NEG_INF))
       res = part if res is None else softmax.merge_partials(res, part)
@@ -178,8 +199,13 @@ def backward(be, steps, axis: str, n: int, q, k, v, o, lse, do, delta, q_seg,
     for c in ring_plan.calls(case):
       rows = lambda x, axis=1: _span(x, c.q0, c.q1, size, axis)
       cols = lambda x: _span(x, c.k0, c.k1, size)
-      g = be.backward(c.spec, rows(q), cols(k), cols(v), rows(o), rows(lse, 2),
-                      rows(do), rows(delta, 2), rows(q_seg), cols(kv_seg))
+      run = lambda c=c, rows=rows, cols=cols: tuple(
+          x.astype(acc) for x in be.backward(
+              c.spec, rows(q), cols(k), cols(v), rows(o), rows(lse, 2),
+              rows(do), rows(delta, 2), rows(q_seg), cols(kv_seg)))
+      zeros = lambda rows=rows, cols=cols: tuple(
+          jnp.zeros_like(x, dtype=acc) for x in (rows(q), cols(k), cols(v)))
+      g = _unless_apart(rows(q_seg), cols(kv_seg), run, zeros)
       grads = _add(grads, (
           _pad_rows(g[0].astype(acc), c.q0, c.q1, m, size, 1, 0.0),
           _pad_rows(g[1].astype(acc), c.k0, c.k1, m, size, 1, 0.0),
