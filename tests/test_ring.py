@@ -477,3 +477,8 @@ def test_ids_can_meet():
   assert bool(ids_can_meet(a, jnp.array([[1, 2, 2, 3]])))
   assert not bool(ids_can_meet(a, jnp.array([[2, 2, 3, 3]])))
   assert not bool(ids_can_meet(jnp.array([[5, 6]]), a))
+  # Per batch row: row 0 apart, row 1 meets.
+  assert bool(ids_can_meet(jnp.array([[0, 1], [4, 5]]),
+                           jnp.array([[2, 3], [5, 6]])))
+  assert not bool(ids_can_meet(jnp.array([[0, 1], [4, 5]]),
+                               jnp.array([[2, 3], [6, 7]])))

@@ -135,10 +135,12 @@ def _add(a, b):
 
 
 def ids_can_meet(q_seg, kv_seg):
-  """Whether some query id may equal some key id: the [min, max] ranges of
-  the two overlap (exact for packed documents, whose ids are runs)."""
-  return ((jnp.max(q_seg) >= jnp.min(kv_seg)) &
-          (jnp.max(kv_seg) >= jnp.min(q_seg)))
+  """Whether in some batch row [B, len] a query id may equal a key id: the
+  [min, max] ranges of the row's ids overlap (exact for packed documents,
+  whose ids are runs)."""
+  lo_q, hi_q = jnp.min(q_seg, 1), jnp.max(q_seg, 1)
+  lo_k, hi_k = jnp.min(kv_seg, 1), jnp.max(kv_seg, 1)
+  return jnp.any((hi_q >= lo_k) & (hi_k >= lo_q))
 
 
 def _unless_apart(q_seg, kv_seg, fn, empty):
