@@ -17,11 +17,11 @@ inline cudaError_t set_smem(Kernel kernel, int bytes) {
                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-template <typename Element, int kHeadDim, int kMT>
+template <typename Element, int kHeadDim, int kMT, bool kFp8>
 cudaError_t launch_decode_shape(const DecodeParams& p, cudaStream_t stream) {
-  using Cfg = DecodeConfig<kHeadDim, kMT>;
-  auto kernel = p.sm.softcap_pre != 0.f ? decode_kernel<Element, kHeadDim, kMT, true>
-                                        : decode_kernel<Element, kHeadDim, kMT, false>;
+  using Cfg = DecodeConfig<kHeadDim, kMT, kFp8>;
+  auto kernel = p.sm.softcap_pre != 0.f ? decode_kernel<Element, kHeadDim, kMT, true, kFp8>
+                                        : decode_kernel<Element, kHeadDim, kMT, false, kFp8>;
   cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k, kHeadDim),
@@ -30,13 +30,19 @@ cudaError_t launch_decode_shape(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
+template <typename Element, int kHeadDim, bool kFp8>
+cudaError_t launch_decode_cache(const DecodeParams& p, cudaStream_t stream) {
   if constexpr (kHeadDim <= 128) {
     if (decode_m_tiles(p.seqlen_q, p.num_heads / p.num_heads_k, kHeadDim) == 2)
-      return launch_decode_shape<Element, kHeadDim, 2>(p, stream);
+      return launch_decode_shape<Element, kHeadDim, 2, kFp8>(p, stream);
   }
-  return launch_decode_shape<Element, kHeadDim, 1>(p, stream);
+  return launch_decode_shape<Element, kHeadDim, 1, kFp8>(p, stream);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
+  return p.kv_fp8 ? launch_decode_cache<Element, kHeadDim, true>(p, stream)
+                  : launch_decode_cache<Element, kHeadDim, false>(p, stream);
 }
 
 template <typename Element>

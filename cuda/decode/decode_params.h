@@ -32,6 +32,14 @@ struct DecodeParams {
   const void* v;
   int64_t kv_page_stride, kv_row_stride, kv_head_stride;
   const int32_t* page_table;  // [batch, max_pages]; entries are clamped to [0, num_pages)
+  // An FP8 (e4m3) cache (kv_fp8): k and v hold e4m3 values, each key's true
+  // row is x8 * descale with one float32 descale per (page, head, slot):
+  //   k_descale, v_descale [num_pages, heads_k, page_size]  (page_size % 4 == 0)
+  // q, o and lse keep their types; the products run in fp16 (decode_fp8.cuh).
+  bool kv_fp8;
+  float q_scale;  // FP8: the softmax scale, applied to Q (sm then has scale 1)
+  const float* k_descale;
+  const float* v_descale;
   const int32_t* seqlens;     // [batch] keys per sequence; clamped to [0, max_pages * page_size]
 
   int batch, seqlen_q, num_heads, num_heads_k, head_dim;
@@ -61,13 +69,21 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeMaxSplits = 128;
 
 // K/V ring depth per head-dim bucket: two or three tiles in flight per CTA
-// while one is computed, with two (128) or three (64, 96) CTAs per SM.
-constexpr int decode_stages(int head_dim_bucket) { return head_dim_bucket <= 96 ? 4 : 3; }
-// Dynamic shared memory: the Q tile, the ring (K and V per stage), the
-// per-warp row statistics of the final merge.
-constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles) {
+// while one is computed, with two (128) or three (64, 96) CTAs per SM. An
+// FP8 cache's stages are half the bytes: four of them.
+constexpr int decode_stages(int head_dim_bucket, bool fp8 = false) {
+  return fp8 || head_dim_bucket <= 96 ? 4 : 3;
+}
+// One ring stage: K and V (16-bit, or e4m3 with a float descale per key).
+constexpr int decode_stage_bytes(int head_dim_bucket, bool fp8) {
+  return fp8 ? 2 * kDecodeBlockN * (head_dim_bucket + 4) : 2 * kDecodeBlockN * head_dim_bucket * 2;
+}
+// Dynamic shared memory: the Q tile, the ring, (FP8: the tile converted to
+// fp16 for the products), the per-warp row statistics of the final merge.
+constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles, bool fp8 = false) {
   return m_tiles * kDecodeMTileRows * head_dim_bucket * 2 +
-         decode_stages(head_dim_bucket) * 2 * kDecodeBlockN * head_dim_bucket * 2 +
+         decode_stages(head_dim_bucket, fp8) * decode_stage_bytes(head_dim_bucket, fp8) +
+         (fp8 ? 2 * kDecodeBlockN * head_dim_bucket * 2 : 0) +
          2 * kDecodeWarps * m_tiles * kDecodeMTileRows * 4;
 }
 

@@ -12,8 +12,8 @@
 namespace jax_flash::decode {
 
 // CTAs of the decode kernel that fit an SM (shared memory is the limit).
-inline int decode_ctas_per_sm(int head_dim_bucket, int m_tiles, int smem_per_sm) {
-  const int bytes = decode_smem_bytes(head_dim_bucket, m_tiles) + 1024;  // + the per-CTA reserve
+inline int decode_ctas_per_sm(int head_dim_bucket, int m_tiles, bool fp8, int smem_per_sm) {
+  const int bytes = decode_smem_bytes(head_dim_bucket, m_tiles, fp8) + 1024;  // + the per-CTA reserve
   return std::max(1, std::min(16, smem_per_sm / bytes));
 }
 
@@ -26,12 +26,12 @@ inline int decode_ctas_per_sm(int head_dim_bucket, int m_tiles, int smem_per_sm)
 //   batch * heads_k (KV heads) sequences' heads, seqlen_q new tokens, group
 //   query heads per KV head, caches of max_seqlen keys.
 inline int decode_num_splits(int64_t batch_heads_k, int seqlen_q, int group, int max_seqlen, int head_dim,
-                             int num_sms, int smem_per_sm) {
+                             int num_sms, int smem_per_sm, bool fp8 = false) {
   const int bucket = rounded_head_dim(head_dim);
   const int64_t blocks = batch_heads_k * decode_row_blocks(seqlen_q, group, bucket);
   const int tiles = (max_seqlen + kDecodeBlockN - 1) / kDecodeBlockN;
   const int64_t slots =
-      int64_t(num_sms) * decode_ctas_per_sm(bucket, decode_m_tiles(seqlen_q, group, bucket), smem_per_sm);
+      int64_t(num_sms) * decode_ctas_per_sm(bucket, decode_m_tiles(seqlen_q, group, bucket), fp8, smem_per_sm);
   if (blocks <= 0 || tiles <= 1 || slots <= 0 || blocks * 10 >= slots * 8) return 1;
   const int max_splits = std::min(kDecodeMaxSplits, tiles);
   auto efficiency = [&](int s) {

@@ -13,6 +13,7 @@
 //     cuda/decode/decode_bf16.cu cuda/decode/decode_fp16.cu -o selftest_decode
 // On the CPU: cuda/tests/emu/build_emu.sh builds it as selftest_decode_emu.
 // Options: ./selftest_decode [filter-substring] [--quick]
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,7 +44,26 @@ struct Case {
   int wl = -1, wr = -1;  // causal: wr = 0
   float softcap = 0.f;
   bool fp16 = false;
+  bool fp8 = false;  // an e4m3 cache with a descale per (key, head)
 };
+
+// Per-key e4m3 quantisation of one row of D values (descale = amax / 448,
+// 1 for a zero row); returns the dequantised values.
+double quantize_row(const float* x, int D, uint8_t* out, float* descale) {
+  float amax = 0.f;
+  for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float ds = amax > 0.f ? amax / 448.f : 1.f;
+  *descale = ds;
+  for (int d = 0; d < D; ++d)
+    out[d] = __nv_cvt_float_to_fp8(x[d] / ds, __NV_SATFINITE, __NV_E4M3);
+  return ds;
+}
+double fp8_value(uint8_t b) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(b, __NV_E4M3);
+  __half hh;
+  std::memcpy(&hh, &h, 2);
+  return __half2float(hh);
+}
 
 template <typename T>
 T* dev_alloc(size_t n) {
@@ -72,24 +92,52 @@ Result run_case(const Case& c, std::mt19937& rng) {
   std::vector<int32_t> table(size_t(c.B) * max_pages);
   for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
 
-  // Cache: NaN everywhere, then each sequence's valid keys.
+  // Cache: NaN everywhere (FP8: a large finite e4m3 value, and NaN
+  // descales), then each sequence's valid keys.
   const size_t page_elems = size_t(ps) * c.Hk * D;
-  std::vector<uint16_t> k_bits(num_pages * page_elems, kNaN), v_bits(k_bits);
+  const int elem_bytes = c.fp8 ? 1 : 2;
+  std::vector<uint8_t> k_bytes(num_pages * page_elems * elem_bytes), v_bytes;
+  if (c.fp8) {
+    std::fill(k_bytes.begin(), k_bytes.end(), uint8_t(0x7E));
+  } else {
+    for (size_t i = 0; i < k_bytes.size(); i += 2) { k_bytes[i] = 0xFF; k_bytes[i + 1] = 0x7F; }
+  }
+  v_bytes = k_bytes;
+  std::vector<float> k_desc(size_t(num_pages) * c.Hk * ps, NAN), v_desc(k_desc);
   std::vector<double> kval(size_t(c.B) * c.capacity * c.Hk * D), vval(kval.size());
   auto slot = [&](int b, int j, int hk, int d) {
     const int page = table[size_t(b) * max_pages + j / ps];
     return size_t(page) * page_elems + (size_t(j % ps) * c.Hk + hk) * D + d;
   };
+  auto desc_slot = [&](int b, int j, int hk) {
+    const int page = table[size_t(b) * max_pages + j / ps];
+    return (size_t(page) * c.Hk + hk) * ps + j % ps;
+  };
+  std::vector<float> row(D);
+  std::vector<uint8_t> q8(D);
   for (int b = 0; b < c.B; ++b)
     for (int j = 0; j < std::min(c.seqlens[b], c.capacity); ++j)
       for (int hk = 0; hk < c.Hk; ++hk)
-        for (int d = 0; d < D; ++d) {
-          const size_t at = ((size_t(b) * c.capacity + j) * c.Hk + hk) * D + d;
-          const uint16_t kb = to_bits(nd(rng), c.fp16), vb = to_bits(nd(rng), c.fp16);
-          k_bits[slot(b, j, hk, d)] = kb;
-          v_bits[slot(b, j, hk, d)] = vb;
-          kval[at] = from_bits(kb, c.fp16);
-          vval[at] = from_bits(vb, c.fp16);
+        for (int t = 0; t < 2; ++t) {  // K, then V
+          std::vector<uint8_t>& bytes = t ? v_bytes : k_bytes;
+          std::vector<double>& val = t ? vval : kval;
+          const size_t at = ((size_t(b) * c.capacity + j) * c.Hk + hk) * D;
+          for (int d = 0; d < D; ++d) row[d] = nd(rng) * (d == 3 ? 6.f : 1.f);  // an outlier column
+          if (c.fp8) {
+            float ds;
+            quantize_row(row.data(), D, q8.data(), &ds);
+            (t ? v_desc : k_desc)[desc_slot(b, j, hk)] = ds;
+            for (int d = 0; d < D; ++d) {
+              bytes[slot(b, j, hk, d)] = q8[d];
+              val[at + d] = fp8_value(q8[d]) * double(ds);
+            }
+          } else {
+            for (int d = 0; d < D; ++d) {
+              const uint16_t bits = to_bits(row[d], c.fp16);
+              std::memcpy(&bytes[slot(b, j, hk, d) * 2], &bits, 2);
+              val[at + d] = from_bits(bits, c.fp16);
+            }
+          }
         }
   std::vector<uint16_t> q_bits(size_t(c.B) * c.T * c.H * D);
   std::vector<double> qval(q_bits.size());
@@ -137,8 +185,10 @@ Result run_case(const Case& c, std::mt19937& rng) {
 
   // Device buffers, outputs and partials poisoned.
   uint16_t* dq = dev_alloc<uint16_t>(q_bits.size());
-  uint16_t* dk = dev_alloc<uint16_t>(k_bits.size());
-  uint16_t* dv = dev_alloc<uint16_t>(v_bits.size());
+  uint8_t* dk = dev_alloc<uint8_t>(k_bytes.size());
+  uint8_t* dv = dev_alloc<uint8_t>(v_bytes.size());
+  float* d_kdesc = dev_alloc<float>(k_desc.size());
+  float* d_vdesc = dev_alloc<float>(v_desc.size());
   uint16_t* d_o = dev_alloc<uint16_t>(q_bits.size());
   float* d_lse = dev_alloc<float>(ref_lse.size());
   int32_t* d_table = dev_alloc<int32_t>(table.size());
@@ -147,8 +197,10 @@ Result run_case(const Case& c, std::mt19937& rng) {
   float* d_op = dev_alloc<float>(size_t(c.splits) * rows * D);
   float* d_lp = dev_alloc<float>(size_t(c.splits) * rows);
   CHECK_CUDA(cudaMemcpy(dq, q_bits.data(), q_bits.size() * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dk, k_bits.data(), k_bits.size() * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dv, v_bits.data(), v_bits.size() * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dk, k_bytes.data(), k_bytes.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dv, v_bytes.data(), v_bytes.size(), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_kdesc, k_desc.data(), k_desc.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_vdesc, v_desc.data(), v_desc.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_len, c.seqlens.data(), c.B * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(d_o, 0xFF, q_bits.size() * 2));
@@ -180,7 +232,11 @@ Result run_case(const Case& c, std::mt19937& rng) {
   p.max_pages = max_pages;
   p.window_left = c.wl;
   p.window_right = c.wr;
-  p.sm = jax_flash::make_softmax_scale(float(scale), c.softcap);
+  p.sm = jax_flash::make_softmax_scale(c.fp8 ? 1.f : float(scale), c.softcap);
+  p.kv_fp8 = c.fp8;
+  p.q_scale = float(scale);
+  p.k_descale = d_kdesc;
+  p.v_descale = d_vdesc;
   p.dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
   p.num_splits = c.splits;
   p.o_partial = d_op;
@@ -207,7 +263,7 @@ Result run_case(const Case& c, std::mt19937& rng) {
   const double tol_o = c.fp16 ? 4e-3 : 2e-2;
   r.pass = r.launch_ok && r.o <= tol_o && r.lse <= 2e-3;
   for (void* ptr : {(void*)dq, (void*)dk, (void*)dv, (void*)d_o, (void*)d_lse, (void*)d_table,
-                    (void*)d_len, (void*)d_op, (void*)d_lp})
+                    (void*)d_len, (void*)d_op, (void*)d_lp, (void*)d_kdesc, (void*)d_vdesc})
     CHECK_CUDA(cudaFree(ptr));
   return r;
 }
@@ -248,6 +304,22 @@ std::vector<Case> all_cases(bool quick) {
   c.fp16 = true;
   cs.push_back(c);
   c = Case{"hdim256 rows>16 stays 16-row tiles", 1, 6, 4, 1, 256, 32, 100, {100}};
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"fp8 cache gqa4 paged16 split3", 3, 1, 8, 2, 128, 16, 300, {0, 1, 299}};
+  c.fp8 = true;
+  c.splits = 3;
+  cs.push_back(c);
+  c = Case{"fp8 cache T8 32-row causal window", 2, 8, 8, 2, 64, 0, 260, {260, 77}};
+  c.fp8 = true;
+  c.wl = 100;
+  c.wr = 0;
+  c.splits = 2;
+  cs.push_back(c);
+  c = Case{"fp8 cache hdim256 softcap fp16", 1, 2, 2, 1, 256, 32, 190, {190}};
+  c.fp8 = true;
+  c.fp16 = true;
+  c.softcap = 20.f;
   c.wr = 0;
   cs.push_back(c);
   c = Case{"more splits than tiles", 2, 1, 2, 2, 64, 16, 90, {90, 5}};
