@@ -1,5 +1,6 @@
 // XLA FFI handler of the decoding kernels (cuda/decode): new queries against
-// a paged KV cache (a contiguous cache is passed as one page per sequence).
+// a paged KV cache (a contiguous cache is passed as one page per sequence),
+// 16-bit or e4m3 with per-key descales.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -15,7 +16,8 @@ namespace {
 using decode::DecodeParams;
 
 ffi::Error DecodeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_cache,
-                      ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> page_table,
+                      ffi::AnyBuffer v_cache, ffi::Buffer<ffi::F32> k_descale,
+                      ffi::Buffer<ffi::F32> v_descale, ffi::Buffer<ffi::S32> page_table,
                       ffi::Buffer<ffi::S32> seqlens, ffi::Result<ffi::AnyBuffer> o,
                       ffi::Result<ffi::Buffer<ffi::F32>> lse,
                       ffi::Result<ffi::Buffer<ffi::F32>> o_partial,
@@ -27,9 +29,11 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_ca
                    "[num_pages, page_size, heads_k, head_dim]; got " + ShapeStr(q) + ", " +
                    ShapeStr(k_cache));
   }
-  if (!SameShape(k_cache, v_cache) || k_cache.element_type() != q.element_type() ||
+  const bool fp8 = k_cache.element_type() == ffi::DataType::F8E4M3FN;
+  if (!SameShape(k_cache, v_cache) || (!fp8 && k_cache.element_type() != q.element_type()) ||
       o->element_type() != q.element_type() || o->element_count() != q.element_count()) {
-    return Invalid("decode: k_cache, v_cache must match (shape, dtype), and q, o the dtype");
+    return Invalid("decode: k_cache, v_cache must match (shape, dtype) and have q's dtype or "
+                   "float8_e4m3fn; o has q's dtype");
   }
   if (td.size() != 2 || td[0] != qd[0] || seqlens.element_count() != static_cast<size_t>(qd[0])) {
     return Invalid("decode: page_table must be [batch, max_pages] and seqlens [batch]");
@@ -64,7 +68,19 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_ca
   p.seqlens = seqlens.typed_data();
   p.window_left = window_left;
   p.window_right = window_right;
-  p.sm = make_softmax_scale(scale, softcap);
+  // An FP8 cache: Q is scaled in the kernel (decode_fp8.cuh), the scores not.
+  p.sm = make_softmax_scale(fp8 ? 1.f : scale, softcap);
+  p.kv_fp8 = fp8;
+  p.q_scale = scale;
+  if (fp8) {
+    const size_t want = static_cast<size_t>(p.num_pages) * p.num_heads_k * p.page_size;
+    if (k_descale.element_count() != want || v_descale.element_count() != want) {
+      return Invalid("decode: an FP8 cache needs k_descale, v_descale [num_pages, heads_k, "
+                     "page_size] float32");
+    }
+    p.k_descale = k_descale.typed_data();
+    p.v_descale = v_descale.typed_data();
+  }
   p.num_splits = num_splits;
   switch (q.element_type()) {
     case ffi::DataType::BF16: p.dtype = DType::kBFloat16; break;
@@ -86,7 +102,8 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_ca
     return Invalid("decode: not supported: q " + ShapeStr(q) + ", cache " + ShapeStr(k_cache) +
                    ", num_splits " + std::to_string(num_splits) +
                    " (bf16/fp16, head_dim a multiple of 8 <= 256, heads % heads_k == 0, "
-                   "1 <= num_splits <= 128, 16-byte aligned buffers)");
+                   "1 <= num_splits <= 128, 16-byte aligned buffers; an FP8 cache: "
+                   "head_dim % 16 == 0, page_size % 4 == 0)");
   }
   if (rows == 0) return ffi::Error::Success();
   Poison(p.o, o->size_bytes(), stream);
@@ -108,6 +125,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // q [batch, seqlen_q, heads, head_dim]
         .Arg<ffi::AnyBuffer>()  // k_cache [num_pages, page_size, heads_k, head_dim]
         .Arg<ffi::AnyBuffer>()  // v_cache
+        .Arg<ffi::Buffer<ffi::F32>>()  // k_descale (FP8 cache; else a 1-element dummy)
+        .Arg<ffi::Buffer<ffi::F32>>()  // v_descale
         .Arg<ffi::Buffer<ffi::S32>>()  // page_table [batch, max_pages]
         .Arg<ffi::Buffer<ffi::S32>>()  // seqlens [batch]
         .Ret<ffi::AnyBuffer>()  // o

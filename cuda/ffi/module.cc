@@ -39,11 +39,12 @@ NB_MODULE(_jax_flash_cuda, m) {
   // The split-KV policy of the decoding kernels (cuda/decode/decode_plan.h)
   // on the current device: Python sizes the partials' workspace with it.
   m.def("decode_num_splits", [](int64_t batch_heads_k, int seqlen_q, int group, int max_seqlen,
-                                 int head_dim) {
+                                 int head_dim, bool fp8) {
     using namespace jax_flash;
     const int sms = device_attribute<cudaDevAttrMultiProcessorCount>(132);
     const int smem = device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(228 * 1024);
-    return decode::decode_num_splits(batch_heads_k, seqlen_q, group, max_seqlen, head_dim, sms, smem);
+    return decode::decode_num_splits(batch_heads_k, seqlen_q, group, max_seqlen, head_dim, sms, smem,
+                                     fp8);
   });
   // Kernel families compiled into this build (dispatch reads it).
   m.def("families", []() {

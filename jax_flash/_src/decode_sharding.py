@@ -29,17 +29,30 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_flash._src import sharding as attn_sharding
 
 
-def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int):
-  """fn(q, k_pages, v_pages, table, seqlens) -> (o, lse) over shards.
+# The cache operands: the pages [p s n d] of K and V and, for an FP8 cache,
+# their descales [p n s]. Axis 0 is the pool, `n` the KV heads.
+_PAGES, _DESCALE = "pages", "descale"
 
-  body(q, k_pages, v_pages, table, seqlens) -> (o, lse) runs on local
-  arrays; with identity_rows its table is the local arange.
+
+def _cache_roles(fp8: bool):
+  return (_PAGES, _PAGES) + ((_DESCALE, _DESCALE) if fp8 else ())
+
+
+def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int,
+                fp8: bool = False):
+  """fn(q, *caches, table, seqlens) -> (o, lse) over shards.
+
+  caches: k_pages, v_pages (and with fp8 k_descale, v_descale). body(q,
+  *caches, table, seqlens) -> (o, lse) runs on local arrays; with
+  identity_rows its table is the local arange.
   """
+  roles = _cache_roles(fp8)
 
-  def local(q, k_pages, v_pages, table, seqlens):
+  def local(q, *args):
+    *caches, table, seqlens = args
     if identity_rows:
       table = jnp.arange(q.shape[0], dtype=jnp.int32)[:, None]
-    return tuple(body(q, k_pages, v_pages, table, seqlens))
+    return tuple(body(q, *caches, table, seqlens))
 
   fn = custom_partitioning(local)
 
@@ -57,9 +70,11 @@ def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int):
     return batch_axes, head_axes
 
   def shardings(mesh, batch_axes, head_axes):
-    pages = P(batch_axes if identity_rows else None, None, head_axes, None)
-    ins = (P(batch_axes, None, head_axes, None), pages, pages,
-           P(batch_axes, None), P(batch_axes))
+    pool = batch_axes if identity_rows else None
+    spec = {_PAGES: P(pool, None, head_axes, None),
+            _DESCALE: P(pool, head_axes, None)}
+    ins = ((P(batch_axes, None, head_axes, None),) +
+           tuple(spec[r] for r in roles) + (P(batch_axes, None), P(batch_axes)))
     outs = (P(batch_axes, None, head_axes, None), P(batch_axes, head_axes, None))
     named = lambda specs: tuple(NamedSharding(mesh, s) for s in specs)
     return named(ins), named(outs)
@@ -86,9 +101,10 @@ def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int):
       heads = "(n g)"
     else:
       heads = "h"  # partition keeps q heads with their KV head
-    pages = "b s n d" if identity_rows else "p s n d"
-    rule = (f"b t {heads} d, {pages}, {pages}, b m, b -> b t {heads} d, "
-            f"b {heads} t")
+    pool = "b" if identity_rows else "p"
+    dims = {_PAGES: f"{pool} s n d", _DESCALE: f"{pool} n s"}
+    rule = (f"b t {heads} d, " + ", ".join(dims[r] for r in roles) +
+            f", b m, b -> b t {heads} d, b {heads} t")
     order = dict.fromkeys(rule.replace("(", " ").replace(")", " ").replace(
         ",", " ").replace("->", " ").split())
     kw = dict(need_replication_factors=tuple(
@@ -102,32 +118,34 @@ def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int):
   return fn
 
 
-def decode_call(body, *, identity_rows: bool, group: int, kv_heads: int):
-  """fn(q, k_pages, v_pages, table, seqlens) -> (o, lse): `partitioned`
-  under a custom_vmap that folds a vmapped call into one call on the
-  folded batch and page pool."""
+def decode_call(body, *, identity_rows: bool, group: int, kv_heads: int,
+                fp8: bool = False):
+  """fn(q, *caches, table, seqlens) -> (o, lse): `partitioned` under a
+  custom_vmap that folds a vmapped call into one call on the folded batch
+  and page pool."""
+  kw = dict(group=group, kv_heads=kv_heads, fp8=fp8)
   wrapped = jax.custom_batching.custom_vmap(partitioned(
-      body, identity_rows=identity_rows, group=group, kv_heads=kv_heads))
+      body, identity_rows=identity_rows, **kw))
 
   @wrapped.def_vmap
-  def _rule(axis_size, in_batched, q, k_pages, v_pages, table, seqlens):
-    bq, bk, bv, bt, bs = in_batched
+  def _rule(axis_size, in_batched, q, *args):
+    *caches, table, seqlens = args
+    bq, *bc, bt, bs = in_batched
     V = axis_size
     expand = lambda x, b: x if b else jnp.broadcast_to(x, (V,) + x.shape)
-    if bk != bv:  # fold both caches alike
-      k_pages, v_pages, bk = expand(k_pages, bk), expand(v_pages, bv), True
+    pooled = any(bc)
+    if pooled:  # fold every cache operand alike
+      caches = [expand(c, b) for c, b in zip(caches, bc)]
     q, table, seqlens = expand(q, bq), expand(table, bt), expand(seqlens, bs)
-    if bk:  # element v's pages follow the pools of the elements before it
-      pool = k_pages.shape[1]
+    if pooled:  # element v's pages follow the pools of the elements before it
+      pool = caches[0].shape[1]
       table = table + (jnp.arange(V, dtype=table.dtype) * pool)[:, None, None]
-      k_pages = k_pages.reshape((V * pool,) + k_pages.shape[2:])
-      v_pages = v_pages.reshape((V * pool,) + v_pages.shape[2:])
+      caches = [c.reshape((V * pool,) + c.shape[2:]) for c in caches]
     fold = lambda x: x.reshape((V * x.shape[1],) + x.shape[2:])
     # Rows stay the identity only if every element brought its own rows;
     # calling decode_call again keeps nested vmaps folding.
-    inner = decode_call(body, identity_rows=identity_rows and bool(bk),
-                        group=group, kv_heads=kv_heads)
-    o, lse = inner(fold(q), k_pages, v_pages, fold(table), fold(seqlens))
+    inner = decode_call(body, identity_rows=identity_rows and pooled, **kw)
+    o, lse = inner(fold(q), *caches, fold(table), fold(seqlens))
     unfold = lambda x: x.reshape((V, x.shape[0] // V) + x.shape[1:])
     return (unfold(o), unfold(lse)), (True, True)
 
