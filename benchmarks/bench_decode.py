@@ -16,7 +16,8 @@ end, for jax_flash and FA3; cuDNN's is_causal aligns to the start, so it runs
 unmasked there (the bytes read are the same).
 
 Bandwidth = bytes of K and V read (B * S * H_kv * D * 2 tensors * 2 bytes)
-/ time. Timing as bench_attention.py: warm-up, rounds of --iters
+/ time; jax_flash_cuda_fp8 reads the same cache quantised to e4m3 (one byte
+per element and a float32 descale per key and head), counted as those bytes. Timing as bench_attention.py: warm-up, rounds of --iters
 back-to-back calls between two syncs, implementations interleaved round by
 round in alternating order, median of --repeats.
 """
@@ -75,7 +76,10 @@ def impls_for(B, S, T, paged, ours_splits):
   """{name: fn(q, k, v, seqlens, table) -> o}."""
   causal = T > 1
   out = {"jax_flash_cuda": lambda q, k, v, s, t: jax_flash.attention_with_kvcache(
-      q, k, v, s, page_table=t, causal=causal, implementation="cuda")}
+      q, k, v, s, page_table=t, causal=causal, implementation="cuda"),
+         # The same cache in e4m3 (quantised outside the timed call).
+         "jax_flash_cuda_fp8": lambda q, k, v, s, t: jax_flash.attention_with_kvcache(
+             q, k, v, s, page_table=t, causal=causal, implementation="cuda")}
   if not paged:
     out["cudnn"] = lambda q, k, v, s, t: jax.nn.dot_product_attention(
         q, k, v, key_value_seq_lengths=s, implementation="cudnn")
@@ -100,10 +104,16 @@ def run(names, *, iters, repeats, warmup, command, device, out=None):
     for paged in (False, True):
       args = inputs(B, S, T, paged)
       impls = impls_for(B, S, T, paged, ours_splits)
-      steps = {n: (jax.jit(fn), args) for n, fn in impls.items()}
+      q, k, v, s, t = args
+      fp8_args = (q, jax_flash.quantize_kv_cache(k),
+                  jax_flash.quantize_kv_cache(v), s, t)
+      steps = {n: (jax.jit(fn), fp8_args if n.endswith("fp8") else args)
+               for n, fn in impls.items()}
       timed = ba.time_interleaved(steps, iters=iters, repeats=repeats,
                                   warmup=warmup)
-      gbps = {n: gb / (ms * 1e-3) for n, ms in timed.items()
+      # e4m3 rows plus a float32 descale per row: the bytes that FP8 reads.
+      gb_of = lambda n: gb * (D + 4) / (2 * D) if n.endswith("fp8") else gb
+      gbps = {n: gb_of(n) / (ms * 1e-3) for n, ms in timed.items()
               if isinstance(ms, float)}
       fa3 = max((g for n, g in gbps.items() if n.startswith("fa3")),
                 default=None)

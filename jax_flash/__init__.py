@@ -7,6 +7,7 @@ from jax_flash._src.backends import Unsupported
 from jax_flash._src.backends import runnable as available_implementations
 from jax_flash._src.build_info import build_info
 from jax_flash._src.fp8.api import Fp8Tensor, fp8_attention, quantize_fp8
+from jax_flash._src.fp8_cache import Fp8KVCache, quantize_kv_cache
 from jax_flash._src.kvcache import attention_with_kvcache
 from jax_flash._src.nn import dot_product_attention
 from jax_flash._src.ring import ring_attention
@@ -21,5 +22,6 @@ __version__ = "0.1.0"
 __all__ = ["attention", "dot_product_attention", "ring_attention",
            "varlen_attention", "attention_with_kvcache",
            "fp8_attention", "quantize_fp8", "Fp8Tensor",
+           "quantize_kv_cache", "Fp8KVCache",
            "Unsupported", "available_implementations", "build_info",
            "__version__"]

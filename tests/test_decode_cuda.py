@@ -191,3 +191,46 @@ def test_refusals():
   ke = jnp.zeros((0, 64, 2, 64), jnp.bfloat16)
   assert jax_flash.attention_with_kvcache(qe, ke, ke, jnp.zeros((0,),
                                           jnp.int32)).shape == qe.shape
+
+
+FP8_CASES = [
+    # B, T, H, H_kv, D, capacity, page, dtype, kw, rotate
+    (4, 1, 32, 8, 128, 1000, 64, "bfloat16", dict(causal=True), False),
+    (2, 8, 16, 4, 128, 520, None, "bfloat16", dict(causal=True), True),
+    (2, 3, 8, 2, 64, 300, 16, "float16", dict(causal=True, window=(70, 0)),
+     False),
+    (1, 2, 4, 1, 256, 190, 32, "bfloat16", dict(causal=True, softcap=30.0),
+     True),
+]
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=lambda c: "-".join(
+    map(str, c[:8] + (c[9],))))
+def test_fp8_cache_matches_float64(case, rng):
+  """The kernels on an e4m3 cache against float64 attention on the same
+  (dequantised) cache; baseline: same-dtype dense XLA on those values."""
+  B, T, H, H_kv, D, cap, page, dtype, kw, rotate = case
+  args, extra, dense = _case(rng, B=B, T=T, H=H, H_kv=H_kv, D=D,
+                             capacity=cap, page=page, dtype=dtype)
+  q, k_cache, v_cache, seqlens = args
+  kq = jax_flash.quantize_kv_cache(k_cache, rotate=rotate, seed=5)
+  vq = jax_flash.quantize_kv_cache(v_cache, rotate=rotate, seed=5)
+  fn = jax.jit(lambda q, kq, vq, s: jax_flash.attention_with_kvcache(
+      q, kq, vq, s, **extra, **kw, return_lse=True, implementation="cuda"))
+  assert "jax_flash_decode" in fn.lower(q, kq, vq, seqlens).as_text()
+  o, lse = fn(q, kq, vq, seqlens)
+  # Each sequence's dequantised keys and values (rotated back).
+  kd, vd = np.asarray(kq.dequantize()), np.asarray(vq.dequantize())
+  if page:
+    table = np.asarray(extra["page_table"])
+    view = lambda c: c[table].reshape(B, -1, H_kv, D)
+  else:
+    rows = np.asarray(extra["cache_batch_idx"])
+    view = lambda c: c[rows]
+  q64 = np.asarray(q, np.float64)
+  o64, l64, ox, lx = _references((q64, view(kd), view(vd),
+                                  np.asarray(seqlens)), kw, dtype)
+  # The FP8 path rounds q (rotated when the cache is) to fp16 for the
+  # products: an atol for that on top of the 2x criterion.
+  assert_close_to_reference("out", o, o64, ox, atol=2e-3)
+  assert_close_to_reference("lse", lse, l64, lx, atol=2e-3)

@@ -30,7 +30,8 @@ MAX_SPLITS = 128  # decode_params.h kDecodeMaxSplits
 
 
 def unsupported_reason(q, k_cache, platform: str) -> str | None:
-  """Why the kernels cannot serve this call, or None if they can."""
+  """Why the kernels cannot serve this call, or None if they can (k_cache:
+  an array or an Fp8KVCache)."""
   if platform not in ("gpu", "cuda"):
     return f"the CUDA decoding kernels run on a GPU (platform {platform!r})"
   if not ffi.available():
@@ -38,9 +39,13 @@ def unsupported_reason(q, k_cache, platform: str) -> str | None:
   dtype = jnp.dtype(q.dtype).name
   if dtype not in DTYPES:
     return f"q.dtype must be one of {', '.join(DTYPES)}; got {dtype}"
-  if jnp.dtype(k_cache.dtype) != jnp.dtype(q.dtype):
-    return (f"the caches must have q's dtype ({dtype}); got "
+  fp8 = jnp.dtype(k_cache.dtype) == jnp.dtype(jnp.float8_e4m3fn)
+  if not fp8 and jnp.dtype(k_cache.dtype) != jnp.dtype(q.dtype):
+    return (f"the caches must have q's dtype ({dtype}) or be FP8 caches; got "
             f"{jnp.dtype(k_cache.dtype).name}")
+  if fp8 and (q.shape[-1] % 16 or k_cache.shape[1] % 4):
+    return (f"an FP8 cache needs head_dim % 16 == 0 and slots (page_size or "
+            f"S_max) % 4 == 0; got {q.shape[-1]}, {k_cache.shape[1]}")
   dims = tuple(q.shape) + tuple(k_cache.shape)
   if not all(isinstance(d, (int, np.integer)) for d in dims):
     return "the decoding kernels need static shapes (no symbolic dims)"
@@ -54,21 +59,29 @@ def unsupported_reason(q, k_cache, platform: str) -> str | None:
 
 
 def num_splits_for(B: int, T: int, H: int, H_kv: int, D: int,
-                   capacity: int) -> int:
+                   capacity: int, fp8: bool = False) -> int:
   """The kernels' split policy for a cache of `capacity` keys per sequence."""
   ext = ffi._load()[0]
-  return int(ext.decode_num_splits(B * H_kv, T, H // H_kv, capacity, D))
+  return int(ext.decode_num_splits(B * H_kv, T, H // H_kv, capacity, D,
+                                   bool(fp8)))
 
 
-def forward(q, k_pages, v_pages, page_table, seqlens, *, scale: float,
-            softcap: float | None, window_left: int, window_right: int,
-            num_splits: int | None):
-  """(o [B, T, H, D], lse [B, H, T] float32) from the kernels."""
+def forward(q, k_pages, v_pages, *args, scale: float, softcap: float | None,
+            window_left: int, window_right: int, num_splits: int | None):
+  """(o [B, T, H, D], lse [B, H, T] float32) from the kernels.
+
+  args: (page_table, seqlens), or for e4m3 pages (k_descale, v_descale,
+  page_table, seqlens) with the descales [num_pages, H_kv, page_size].
+  """
+  *descales, page_table, seqlens = args
+  fp8 = bool(descales)
+  if not fp8:
+    descales = [jnp.zeros((1,), jnp.float32)] * 2  # the handler ignores them
   B, T, H, D = q.shape
   H_kv = k_pages.shape[2]
   capacity = page_table.shape[1] * k_pages.shape[1]
   if num_splits is None:
-    num_splits = num_splits_for(B, T, H, H_kv, D, capacity)
+    num_splits = num_splits_for(B, T, H, H_kv, D, capacity, fp8)
   splits = max(1, min(int(num_splits), MAX_SPLITS, -(-capacity // 64) or 1))
   rows = B * H * T
   partial = (splits * rows * D,) if splits > 1 else (1,)
@@ -81,7 +94,8 @@ def forward(q, k_pages, v_pages, page_table, seqlens, *, scale: float,
        jax.ShapeDtypeStruct(partial, jnp.float32),
        jax.ShapeDtypeStruct(lse_partial, jnp.float32)),
       vmap_method="sequential")
-  o, lse, _, _ = call(q, k_pages, v_pages, page_table.astype(jnp.int32),
+  o, lse, _, _ = call(q, k_pages, v_pages, *descales,
+                      page_table.astype(jnp.int32),
                       seqlens.astype(jnp.int32), scale=np.float32(scale),
                       softcap=np.float32(softcap or 0.0),
                       window_left=np.int32(window_left),

@@ -26,12 +26,25 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src import api, checks, decode_cuda, decode_sharding
+from jax_flash._src import api, checks, decode_cuda, decode_sharding, fp8_cache
 from jax_flash._src.backends import Unsupported
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
            cache_batch_idx, num_splits):
+  fp8 = [isinstance(c, fp8_cache.Fp8KVCache) for c in (k_cache, v_cache)]
+  if fp8[0] != fp8[1]:
+    raise ValueError("k_cache and v_cache must both be FP8 caches "
+                     "(jax_flash.quantize_kv_cache) or both arrays")
+  if fp8[0]:
+    if k_cache.rotation_seed != v_cache.rotation_seed:
+      raise ValueError(f"the FP8 caches must share their rotation; got seeds "
+                       f"{k_cache.rotation_seed}, {v_cache.rotation_seed}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+      r, s_, h, _ = c.data.shape
+      if tuple(c.descale.shape) != (r, h, s_):
+        raise ValueError(f"{name}.descale must be [rows, H_kv, slots] = "
+                         f"{(r, h, s_)}; got {tuple(c.descale.shape)}")
   for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
     if not hasattr(x, "ndim") or x.ndim != 4:
       raise ValueError(
@@ -131,12 +144,16 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
                                  jnp.clip(pos // page_size, 0,
                                           page_table.shape[1] - 1), 1)
       page = jnp.where(pos < capacity, page, k_cache.shape[0])  # dropped
-      slot = pos % page_size
-      write = lambda c, x: c.at[page, slot].set(x.astype(c.dtype), mode="drop")
+      at = (page, pos % page_size)
     else:
       where = jnp.where(pos < capacity, pos, capacity)  # dropped
-      write = lambda c, x: c.at[rows[:, None], where].set(x.astype(c.dtype),
-                                                          mode="drop")
+      at = (jnp.broadcast_to(rows[:, None], where.shape), where)
+
+    def write(c, x):
+      if isinstance(c, fp8_cache.Fp8KVCache):
+        return fp8_cache.write(c, *at, x)
+      return c.at[at].set(x.astype(c.dtype), mode="drop")
+
     k_cache, v_cache = write(k_cache, k_new), write(v_cache, v_new)
     seqlens = seqlens + T_new
 
@@ -152,6 +169,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     if implementation == "cuda" and reason:
       raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
                         f"{reason}")
+  fp8 = isinstance(k_cache, fp8_cache.Fp8KVCache)
   if reason is None and not api.no_rows(q.shape[:3]):
     opts = _KernelOptions(
         scale=checks.check_scale(scale, q.shape[-1]),
@@ -160,10 +178,19 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
         num_splits=num_splits,
         identity_rows=(page_table is None and cache_batch_idx is None and
                        k_cache.shape[0] == B))
-    o, lse = _decode(q, k_cache, v_cache, table, lengths, opts)
+    if fp8:
+      seed = k_cache.rotation_seed
+      qr = q if seed is None else fp8_cache.rotate(q, seed).astype(q.dtype)
+      o, lse = _decode_fp8(qr, k_cache.data, v_cache.data, k_cache.descale,
+                           v_cache.descale, table, lengths, opts)
+      if seed is not None:  # the values were rotated: o R^T
+        o = fp8_cache.unrotate(o, seed).astype(q.dtype)
+    else:
+      o, lse = _decode(q, k_cache, v_cache, table, lengths, opts)
     res = (o, lse) if return_lse else o
   else:
-    k, v = _gather(k_cache, table), _gather(v_cache, table)
+    pool = lambda c: c.dequantize(q.dtype) if fp8 else c
+    k, v = _gather(pool(k_cache), table), _gather(pool(v_cache), table)
     res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
                         softcap=softcap, kv_seq_lengths=lengths,
                         return_lse=return_lse, implementation=implementation)
@@ -191,14 +218,7 @@ class _KernelOptions(NamedTuple):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _decode(q, k_pages, v_pages, table, lengths, opts):
-  body = lambda *a: decode_cuda.forward(
-      *a, scale=opts.scale, softcap=opts.softcap,
-      window_left=opts.window_left, window_right=opts.window_right,
-      num_splits=opts.num_splits)
-  H_kv = k_pages.shape[2]
-  return decode_sharding.decode_call(
-      body, identity_rows=opts.identity_rows, group=q.shape[2] // H_kv,
-      kv_heads=H_kv)(q, k_pages, v_pages, table, lengths)
+  return _call(opts, q, k_pages, v_pages, table, lengths)
 
 
 def _decode_fwd(q, k_pages, v_pages, table, lengths, opts):
@@ -221,3 +241,43 @@ def _decode_bwd(opts, res, g):
 
 
 _decode.defvjp(_decode_fwd, _decode_bwd)
+
+
+def _call(opts, q, *caches_table_lengths):
+  body = lambda *a: decode_cuda.forward(
+      *a, scale=opts.scale, softcap=opts.softcap,
+      window_left=opts.window_left, window_right=opts.window_right,
+      num_splits=opts.num_splits)
+  H_kv = caches_table_lengths[0].shape[2]
+  return decode_sharding.decode_call(
+      body, identity_rows=opts.identity_rows, group=q.shape[2] // H_kv,
+      kv_heads=H_kv, fp8=len(caches_table_lengths) == 6)(
+          q, *caches_table_lengths)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _decode_fp8(q, k8, v8, k_descale, v_descale, table, lengths, opts):
+  return _call(opts, q, k8, v8, k_descale, v_descale, table, lengths)
+
+
+def _decode_fp8_fwd(q, k8, v8, k_descale, v_descale, table, lengths, opts):
+  res = (q, k8, v8, k_descale, v_descale, table, lengths)
+  return _decode_fp8(*res, opts), res
+
+
+def _decode_fp8_bwd(opts, res, g):
+  """d/dq through the reference path on the dequantised cache (the cache
+  itself is data, not a parameter: no cotangent)."""
+  q, k8, v8, k_descale, v_descale, table, lengths = res
+  deq = lambda x8, d: (x8.astype(jnp.float32) *
+                       jnp.swapaxes(d, 1, 2)[..., None]).astype(q.dtype)
+  k, v = _gather(deq(k8, k_descale), table), _gather(deq(v8, v_descale), table)
+  _, vjp = jax.vjp(lambda q: api.attention(
+      q, k, v, scale=opts.scale, softcap=opts.softcap,
+      window=(opts.window_left, opts.window_right), kv_seq_lengths=lengths,
+      return_lse=True), q)
+  (dq,) = vjp(g)
+  return (dq, None, None, None, None, None, None)
+
+
+_decode_fp8.defvjp(_decode_fp8_fwd, _decode_fp8_bwd)
