@@ -104,7 +104,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
   Args:
     q: [B, T_new, H, D], the new tokens' queries.
     k_cache, v_cache: contiguous [B_cache, S_max, H_kv, D], or paged
-      [num_pages, page_size, H_kv, D] with `page_table`.
+      [num_pages, page_size, H_kv, D] with `page_table`; arrays of q's
+      dtype, or both `jax_flash.Fp8KVCache` (e4m3, quantize_kv_cache).
     cache_seqlens: int [B], valid tokens per sequence before k_new (traced).
     k_new, v_new: optional [B, T_new, H_kv, D], written at positions
       cache_seqlens[b] ... + T_new - 1 of each sequence; positions past the
