@@ -44,7 +44,7 @@ except ImportError:
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_attention import time_ms  # noqa: E402  (same timing method)
 
-KEY = ("devices", "T", "mode", "causal", "H", "H_kv", "D", "B", "impl")
+KEY = ("devices", "T", "mode", "causal", "H", "H_kv", "D", "B", "impl", "strategy")
 
 
 def run_one(a) -> dict:
@@ -63,7 +63,7 @@ def run_one(a) -> dict:
 
     def attn(q, k, v):
       return jax_flash.ring_attention(q, k, v, mesh=mesh, seq_axis="seq", causal=causal,
-                                      implementation=a.impl)
+                                      implementation=a.impl, strategy=a.strategy)
   else:
     q, k, v, do = (jax.device_put(x, devices[0]) for x in (q, k, v, do))
 
@@ -97,7 +97,8 @@ def run_one(a) -> dict:
     stats = d.memory_stats() or {}
     peaks.append(stats.get("peak_bytes_in_use"))
   return dict(devices=a.devices, mode=a.mode, impl=a.impl, B=a.batch, T=a.seq, H=a.heads,
-              H_kv=a.kv_heads, D=a.dim, causal=causal, ms=sec * 1e3,
+              H_kv=a.kv_heads, D=a.dim, causal=causal,
+              strategy=a.strategy if a.devices > 1 else None, ms=sec * 1e3,
               tflops_total=flops / sec * 1e-12, tflops_per_device=flops / sec * 1e-12 / a.devices,
               peak_bytes_per_device=peaks, compiled_bytes_per_device=est,
               platform=devices[0].platform, device=devices[0].device_kind, jax=jax.__version__)
@@ -110,6 +111,7 @@ def efficiencies(records):
   groups = {}
   for r in records:
     groups.setdefault((r["T"], r["mode"], r["causal"], r["H"], r["H_kv"]), []).append(r)
+  # (one strategy per run: the 1-device baseline has none)
   for rs in groups.values():
     base = min(rs, key=lambda r: r["devices"])
     for r in rs:
@@ -164,6 +166,7 @@ def main():
   p.add_argument("--kv-heads", type=int, help="default: --heads")
   p.add_argument("--dim", type=int, default=128)
   p.add_argument("--impl", default=None, help="per-step backend (default: best)")
+  p.add_argument("--strategy", default="ring", help="ring or all_gather (ring_attention)")
   p.add_argument("--iters", type=int, default=5)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--timeout", type=int, default=600, help="seconds per configuration")
@@ -198,6 +201,7 @@ def main():
                  "--iters", str(a.iters), "--repeats", str(a.repeats)]
           if a.impl:
             cmd += ["--impl", a.impl]
+          cmd += ["--strategy", a.strategy]
           if a.trace:
             cmd += ["--trace", a.trace]
           try:

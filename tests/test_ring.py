@@ -482,3 +482,42 @@ def test_ids_can_meet():
                            jnp.array([[2, 3], [5, 6]])))
   assert not bool(ids_can_meet(jnp.array([[0, 1], [4, 5]]),
                                jnp.array([[2, 3], [6, 7]])))
+
+
+@pytest.mark.parametrize("mesh_name,kw", [
+    ("seq8", dict(causal=True)),
+    ("batch2_seq4", dict(causal=False, window=(7, 3), segments=True)),
+    ("heads2_seq4", dict(causal=True, layout="contiguous")),
+])
+def test_all_gather_strategy_matches_the_ring(mesh_name, kw, rng):
+  """strategy="all_gather": the same o, lse and gradients as the ring (and
+  the unsharded call), with one all-gather and one reduce-scatter."""
+  mesh, axes, spec = _mesh(mesh_name)
+  q, k, v = _qkv(rng)
+  kw = dict(kw)
+  if kw.pop("segments", False):
+    kw["segment_ids"] = _segments(rng, *q.shape[:2])
+
+  def make(strategy):
+    return lambda q, k, v: jax_flash.ring_attention(
+        q, k, v, mesh=mesh, return_lse=True, strategy=strategy, **axes, **kw)
+
+  sh = NamedSharding(mesh, spec)
+  qs, ks, vs = (jax.device_put(x, sh) for x in (q, k, v))
+  step = jax.jit(functools.partial(_fwd_and_grads, make("all_gather")))
+  hlo = step.lower(qs, ks, vs).compile().as_text()
+  assert "all-gather" in hlo and "reduce-scatter" in hlo
+  got = step(qs, ks, vs)
+  ring = jax.jit(functools.partial(_fwd_and_grads, make("ring")))(qs, ks, vs)
+  _close(got, ring)
+  plain_kw = {k_: v_ for k_, v_ in kw.items() if k_ != "layout"}
+  plain = jax.jit(functools.partial(_fwd_and_grads, lambda q, k, v: (
+      jax_flash.attention(q, k, v, return_lse=True, **plain_kw))))(q, k, v)
+  _close(got, plain)
+
+
+def test_unknown_strategy_is_refused(rng):
+  mesh, axes, _ = _mesh("seq8")
+  q, k, v = _qkv(rng)
+  with pytest.raises(ValueError, match="strategy must be one of"):
+    jax_flash.ring_attention(q, k, v, mesh=mesh, strategy="tree", **axes)

@@ -72,6 +72,7 @@ from jax_flash._src import api, backends, checks, ring_plan, ring_steps, vjp
 from jax_flash._src.spec import UNBOUNDED, AttentionSpec
 
 LAYOUTS = ("zigzag", "contiguous", "zigzag_preordered")
+STRATEGIES = ("ring", "all_gather")
 
 
 def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
@@ -80,7 +81,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                    softcap: float | None = None, segment_ids=None,
                    return_lse: bool = False,
                    implementation: str | None = None,
-                   batch_axis=None, head_axis=None, layout: str | None = None):
+                   batch_axis=None, head_axis=None, layout: str | None = None,
+                   strategy: str = "ring"):
   """Exact attention of q/k/v sharded along the sequence over `seq_axis`.
 
   Args:
@@ -112,6 +114,12 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       "zigzag" when exactly one side of the causal-folded window is
       unbounded (causal: triangular work), else "contiguous" (full or banded
       work is balanced anyway).
+    strategy: "ring" (kv chunks passed around the ring, each transfer
+      overlapping the previous step's compute; kv memory per device: one
+      chunk in flight) or "all_gather" (every device gathers all kv chunks
+      once and dK/dV come back in one reduce-scatter: fewer, larger
+      transfers, at the cost of the full kv, and in the backward its fp32
+      gradient, on every device). Same result.
 
   Returns:
     out [B, T, H, D] in query.dtype, or (out, lse) if return_lse.
@@ -126,6 +134,9 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS} or None, got "
                      f"{layout!r}")
+  if strategy not in STRATEGIES:
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got "
+                     f"{strategy!r}")
   if not isinstance(seq_axis, str):
     raise ValueError(f"seq_axis must be one mesh axis name (a string), got "
                      f"{seq_axis!r}")
@@ -192,7 +203,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                             implementation, platform)
   if api.no_rows((B, H)):
     return api.empty_result(q, return_lse)
-  ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag")
+  ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag",
+               strategy == "all_gather")
   segs = () if q_seg is None else (q_seg.astype(jnp.int32),
                                    kv_seg.astype(jnp.int32))
   body = functools.partial(_local_entry, ring)
@@ -289,6 +301,7 @@ class _Ring:
   n: int
   zigzag: bool  # zigzag layout of the local shards
   reorder: bool  # inputs in natural order: reorder in and out
+  gather: bool = False  # all-gather the kv chunks instead of the ring
 
 
 def _local_entry(ring: _Ring, q, k, v, *segs):
@@ -308,9 +321,10 @@ def _ring_fn(ring: _Ring):
   """fn(q, k, v, *segs) -> (o, lse) over local shards, differentiable."""
   be = backends.get(ring.backend)
   steps = ring_plan.plan(ring.spec, ring.n, ring.zigzag)
-  run = functools.partial(ring_steps.forward, be, steps, ring.axis, ring.n)
+  run = functools.partial(ring_steps.forward, be, steps, ring.axis, ring.n,
+                          gather=ring.gather)
   run_bwd = functools.partial(ring_steps.backward, be, steps, ring.axis,
-                              ring.n)
+                              ring.n, gather=ring.gather)
 
   def forward(q, k, v, *segs):
     q_seg, kv_seg = segs if segs else (None, None)

@@ -129,6 +129,40 @@ def _walk(steps, axis: str, n: int, compute, kv):
   return rotate(travel, axis, n, -steps[-1].shift), home
 
 
+def _walk_gathered(steps, axis: str, n: int, compute, kv):
+  """`_walk` with the kv chunks all-gathered instead of passed around.
+
+  Every device gathers all kv chunks once (the first step uses its own, so
+  the gather can overlap that step), then runs the plan's steps on slices of
+  the gathered chunks. What `_walk` sends home with its kv chunk (dK, dV)
+  accumulates per source chunk and is summed over the devices by one
+  reduce-scatter at the end. Memory: the full kv (and, in the backward, its
+  fp32 gradient) on every device; communication: one all-gather (and one
+  reduce-scatter) instead of n - 1 permutes.
+  """
+  me = lax.axis_index(axis)
+  full = jax.tree.map(lambda x: lax.all_gather(x, axis), kv)  # [n, ...]
+  acc = home = None
+  for step in steps:
+    src = (me - step.shift) % n
+    kv_s = kv if step.shift == 0 else jax.tree.map(
+        lambda x: lax.dynamic_index_in_dim(x, src, 0, keepdims=False), full)
+    idx = (None if len(step.cases) == 1 else
+           jnp.asarray(np.array(step.table, np.int32))[me])
+    g, home = compute(step.cases, idx, kv_s, None, home)
+    if g is None:
+      continue
+    if acc is None:
+      acc = jax.tree.map(lambda x: jnp.zeros((n,) + x.shape, x.dtype), g)
+    acc = jax.tree.map(
+        lambda a, x: lax.dynamic_update_index_in_dim(
+            a, lax.dynamic_index_in_dim(a, src, 0, keepdims=False) + x, src, 0),
+        acc, g)
+  travel = None if acc is None else jax.tree.map(
+      lambda a: lax.psum_scatter(a, axis, scatter_dimension=0), acc)
+  return travel, home
+
+
 def _add(a, b):
   """a + b, leafwise; a None (nothing yet) gives b."""
   return b if a is None else jax.tree.map(jnp.add, a, b)
@@ -156,8 +190,10 @@ def _switch(cases, idx, fn, *args):
   return lax.switch(idx, [functools.partial(fn, c) for c in cases], *args)
 
 
-def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg):
-  """Merged (o, lse) of the local q over the plan, in float32/64."""
+def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg, *,
+            gather: bool = False):
+  """Merged (o, lse) of the local q over the plan, in float32/64 (gather:
+  all-gather the kv chunks instead of the ring, `_walk_gathered`)."""
   acc = softmax.accum_dtype(q.dtype)
   m = len(steps[0].cases[0])  # chunks per device
   size = q.shape[1] // m
@@ -184,12 +220,13 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg):
     part = _switch(cases, idx, one_case, q, kv, q_seg)
     return travel, part if res is None else softmax.merge_partials(res, part)
 
-  _, res = _walk(steps, axis, n, compute, (k, v, kv_seg))
+  walk = _walk_gathered if gather else _walk
+  _, res = walk(steps, axis, n, compute, (k, v, kv_seg))
   return res
 
 
 def backward(be, steps, axis: str, n: int, q, k, v, o, lse, do, delta, q_seg,
-             kv_seg):
+             kv_seg, *, gather: bool = False):
   """(dq, dk, dv) in float32/64 over the plan."""
   acc = softmax.accum_dtype(q.dtype)
   m = len(steps[0].cases[0])
@@ -220,5 +257,6 @@ def backward(be, steps, axis: str, n: int, q, k, v, o, lse, do, delta, q_seg,
     g = _switch(cases, idx, one_case, q, kv, o, lse, do, delta, q_seg)
     return _add(dkv, g[1:]), _add(dq, g[0])
 
-  (dk, dv), dq = _walk(steps, axis, n, compute, (k, v, kv_seg))
+  walk = _walk_gathered if gather else _walk
+  (dk, dv), dq = walk(steps, axis, n, compute, (k, v, kv_seg))
   return dq, dk, dv
