@@ -521,3 +521,20 @@ def test_unknown_strategy_is_refused(rng):
   q, k, v = _qkv(rng)
   with pytest.raises(ValueError, match="strategy must be one of"):
     jax_flash.ring_attention(q, k, v, mesh=mesh, strategy="tree", **axes)
+
+
+def test_sharded_flax_example_trains(monkeypatch):
+  """examples/sharded_attention.py on the (data, seq) mesh of 8 host
+  devices: the ring model equals the unsharded one, and it trains."""
+  _need(8)
+  import importlib.util
+  import pathlib
+  import sys
+  path = (pathlib.Path(__file__).resolve().parents[1] / "examples" /
+          "sharded_attention.py")
+  spec = importlib.util.spec_from_file_location("sharded_example", path)
+  mod = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, "sharded_example", mod)
+  spec.loader.exec_module(mod)
+  assert mod.main(["--implementation", "xla", "--batch", "2", "--seq", "64",
+                   "--train-steps", "12"]) == 0
