@@ -6,7 +6,7 @@
 # selftest: cuda/tests/selftest_decode.cu built with nvcc and run;
 # test: the decoding GPU tests (NaN-poisoned outputs) and the generation
 # example; bench: benchmarks/bench_decode.py into the results file.
-# Environment: TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT.
+# Environment: TEST_TIMEOUT, GEN_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT.
 # Logs and the results file go to $OUT (or ./gpu_out); a table is printed last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -36,7 +36,7 @@ if has test; then
   XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-300} \
     python3 -m pytest -q -m gpu -n 4 tests/test_decode_cuda.py 2>&1 | tee "$OUT/test.log" | tail -20
   SUMMARY+=("test: $(tail -1 "$OUT/test.log") ($((SECONDS-t0)) s)")
-  timeout 200 python3 examples/generate.py --dtype bfloat16 --implementation cuda 2>&1 | tee "$OUT/generate.log" | tail -5
+  timeout ${GEN_TIMEOUT:-120} python3 examples/generate.py --dtype bfloat16 --implementation cuda 2>&1 | tee "$OUT/generate.log" | tail -5
   SUMMARY+=("generate: $(grep -E 'tokens/s|FAILED' "$OUT/generate.log" | tr '\n' ';')")
 fi
 if has bench; then
