@@ -137,8 +137,21 @@ def _jax_pallas_triton(q, k, v, causal):
                               causal=causal)
 
 
+def _fa3(q, k, v, causal):
+  """FlashAttention-3's kernels in JAX (the flash-attn3-jax wheel; sm90)."""
+  from flash_attn3_jax import flash_mha
+  return flash_mha(q, k, v, is_causal=causal)
+
+
+def _jax_flash_deterministic(q, k, v, causal):
+  return jax_flash.attention(q, k, v, causal=causal, implementation="cuda",
+                             deterministic=True)
+
+
 IMPLS = {
     "jax_flash_cuda": _jax_flash("cuda"),
+    "jax_flash_cuda_det": _jax_flash_deterministic,
+    "fa3": _fa3,
     "jax_flash_pallas": _jax_flash("pallas"),
     "jax_flash_xla": _jax_flash("xla"),
     "cudnn": _dot_product_attention("cudnn"),
@@ -275,10 +288,14 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
               flush=True)
       del steps  # the bwd residuals of every impl
       cudnn = next((r["tflops"] for r in rows if r["impl"] == "cudnn"), None)
+      fa3 = next((r["tflops"] for r in rows if r["impl"] == "fa3"), None)
       for r in rows:
         r["cudnn_tflops"] = cudnn
         r["ratio_vs_cudnn"] = (round(r["tflops"] / cudnn, 3)
                                if cudnn and r["tflops"] else None)
+        if fa3 is not None:
+          r["fa3_tflops"] = fa3
+          r["ratio_vs_fa3"] = round(r["tflops"] / fa3, 3) if r["tflops"] else None
       records += rows
       if out is not None:
         merge_into(out, rows)

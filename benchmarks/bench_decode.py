@@ -72,7 +72,7 @@ def inputs(B, S, T, paged, seed=0):
   return q, k, v, jnp.full((B,), S, jnp.int32), table
 
 
-def impls_for(B, S, T, paged, ours_splits):
+def impls_for(B, S, T, paged, ours_splits, split_sweep=()):
   """{name: fn(q, k, v, seqlens, table) -> o}."""
   causal = T > 1
   out = {"jax_flash_cuda": lambda q, k, v, s, t: jax_flash.attention_with_kvcache(
@@ -80,6 +80,11 @@ def impls_for(B, S, T, paged, ours_splits):
          # The same cache in e4m3 (quantised outside the timed call).
          "jax_flash_cuda_fp8": lambda q, k, v, s, t: jax_flash.attention_with_kvcache(
              q, k, v, s, page_table=t, causal=causal, implementation="cuda")}
+  for n in split_sweep:  # the split policy's alternatives
+    out[f"jax_flash_cuda_splits{n}"] = (
+        lambda q, k, v, s, t, n=n: jax_flash.attention_with_kvcache(
+            q, k, v, s, page_table=t, causal=causal, num_splits=n,
+            implementation="cuda"))
   if not paged:
     out["cudnn"] = lambda q, k, v, s, t: jax.nn.dot_product_attention(
         q, k, v, key_value_seq_lengths=s, implementation="cudnn")
@@ -93,7 +98,8 @@ def impls_for(B, S, T, paged, ours_splits):
   return out
 
 
-def run(names, *, iters, repeats, warmup, command, device, out=None):
+def run(names, *, iters, repeats, warmup, command, device, out=None,
+        split_sweep=(), pagings=(False, True)):
   from jax_flash._src import decode_cuda
   date = datetime.date.today().isoformat()
   records = []
@@ -101,9 +107,9 @@ def run(names, *, iters, repeats, warmup, command, device, out=None):
     B, S, T = SHAPES[name]
     gb = B * S * H_KV * D * 2 * 2 / 1e9
     ours_splits = decode_cuda.num_splits_for(B, T, H, H_KV, D, S)
-    for paged in (False, True):
+    for paged in pagings:
       args = inputs(B, S, T, paged)
-      impls = impls_for(B, S, T, paged, ours_splits)
+      impls = impls_for(B, S, T, paged, ours_splits, split_sweep)
       q, k, v, s, t = args
       fp8_args = (q, jax_flash.quantize_kv_cache(k),
                   jax_flash.quantize_kv_cache(v), s, t)
@@ -165,6 +171,9 @@ def main(argv=None):
   p.add_argument("--repeats", type=int, default=5)
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--out", type=pathlib.Path)
+  p.add_argument("--splits", default="",
+                 help="also time jax_flash with these fixed num_splits")
+  p.add_argument("--contiguous-only", action="store_true")
   a = p.parse_args(argv)
   device = jax.devices()[0].device_kind
   command = "python benchmarks/bench_decode.py " + " ".join(argv or
@@ -173,7 +182,9 @@ def main(argv=None):
     ba.check_same_device(a.out, device)
   records = run(a.shapes.split(","), iters=a.iters, repeats=a.repeats,
                 warmup=a.warmup, command=command.strip(), device=device,
-                out=a.out)
+                out=a.out,
+                split_sweep=[int(x) for x in a.splits.split(",") if x],
+                pagings=(False,) if a.contiguous_only else (False, True))
   print_table(records)
 
 

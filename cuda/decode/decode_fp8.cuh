@@ -6,12 +6,10 @@
 // descales [kBlockN] floats. Each thread converts the chunks it loaded itself
 // (its own cp.async groups are the ones it waited for) into one fp16 K and V
 // tile in the swizzled layout of the 16-bit path, and the products run in
-// fp16:
-//   e4m3 -> fp16 is a bit move (e4m3's exponent bias, 7, is fp16's 15 minus
-//   8, subnormals included), giving 2^-8 times the value, exact;
-//   S   = (q * scale)_fp16 . k16 * (2^8 * k_descale[key])
+// fp16 (u = kFp8Unscale: 1 with the hardware conversion, 2^8 without):
+//   S   = (q * scale)_fp16 . k16 * (u * k_descale[key])
 //   P'  = P * v_descale[key]          (fp16; the row sum l is of P)
-//   O   = 2^8 * sum P' v16 / l
+//   O   = u * sum P' v16 / l
 // Q is converted once per CTA (times the softmax scale, so the scores need
 // no further scale and fp16's range holds them).
 #pragma once
@@ -21,15 +19,30 @@
 
 namespace jax_flash::decode {
 
-constexpr float kFp8Unscale = 256.f;  // 2^8, undoes e4m3x2_to_half2
+// e4m3 -> fp16. sm89+: the hardware conversion (cvt.rn.f16x2.e4m3x2), exact.
+// Elsewhere (sm80, the host emulator) a bit move: each byte to the top of a
+// 16-bit half, the sign stays at bit 15 and the 7 magnitude bits move to
+// bits [7, 14): e4m3's exponent bias, 7, is fp16's 15 minus 8, so this gives
+// 2^-8 times the value, exact, subnormals included (e4m3's NaN, which the
+// quantiser never writes, is not kept). kFp8Unscale undoes the factor.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define JF_FP8_HW_CVT 1
+constexpr float kFp8Unscale = 1.f;
+#else
+constexpr float kFp8Unscale = 256.f;
+#endif
 
-// Two e4m3 values (the low 16 bits of x) as fp16x2 of 2^-8 times their
-// values: each byte to the top of its 16-bit half, then the sign stays at bit
-// 15 and the 7 magnitude bits move to bits [7, 14). (e4m3's NaN, which the
-// quantiser never writes, is not kept.)
+// Two e4m3 values (the low 16 bits of x) as fp16x2 (times 1 / kFp8Unscale).
 JF_DEVICE uint32_t e4m3x2_to_half2(uint32_t x) {
+#ifdef JF_FP8_HW_CVT
+  uint32_t d;
+  const uint16_t lo = uint16_t(x & 0xFFFFu);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(lo));
+  return d;
+#else
   const uint32_t a = ((x & 0xFFu) << 8) | ((x & 0xFF00u) << 16);
   return (a & 0x80008000u) | ((a >> 1) & 0x3F803F80u);
+#endif
 }
 
 // Sixteen e4m3 values -> sixteen fp16 (two 16-byte chunks).

@@ -332,9 +332,15 @@ struct BwdTileOrder {
     o.heads_per_section = 0;
     o.section_tiles = 0;
     if (a.causal_like && o.total > 0) {
-      // Q + dO of all q heads of one KV head.
-      const long long kv_head_bytes = 2LL * a.seqlen_q * a.head_dim * a.elem_bytes * a.heads_per_kv;
-      const long long l2_budget = 32LL << 20;
+      // What the CTAs of one KV head share in L2: Q and dO of all its q heads
+      // and their fp32 dq_accum rows (which the dQ reductions hit as often as
+      // Q is read). A section of heads then fits 20 MB; counting Q + dO alone
+      // against 32 MB gave sections of 128 heads at T = 512 (132 CTAs in
+      // flight on block 0 of 128 heads, nothing shared) and measured 14%
+      // slower at T = 512, 6% at 1k (H200, benchmarks/NOTES.md).
+      const long long kv_head_bytes =
+          (2LL * a.elem_bytes + 4) * a.seqlen_q * a.head_dim * a.heads_per_kv;
+      const long long l2_budget = 20LL << 20;
       int sec = 1;
       while (2LL * sec * kv_head_bytes <= l2_budget && sec < o.num_bh) sec *= 2;
       if (sec > o.num_bh) sec = o.num_bh;

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The training step on the H200 (device machine), from the repo root, with
+# the extension carried xz-compressed in .ab/ and the flash-attn3-jax wheel
+# in .whl/ (the peer):
+#   tools/gpu/bwd_check.sh [test] [bench]
+# test: the CUDA suite's gradient and deterministic cases, NaN-poisoned;
+# bench: bench_attention.py's sweep (B*T = 16k) at the head dims of $DIMS
+# with jax_flash (default and deterministic), FA3 and cuDNN interleaved,
+# modes $MODES, into $OUT/h200.json.
+# Environment: DIMS (128), SEQS (512,1024,2048,4096,8192,16384), MODES
+# (fwd_bwd,bwd), CAUSAL (both), IMPLS, ITERS (100), REPEATS (5),
+# TEST_TIMEOUT, BENCH_TIMEOUT, PYTEST_K.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+STAGES=${*:-test bench}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+for f in .ab/jax_flash/*.xz; do xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"; done
+cp .ab/jax_flash/_build.json jax_flash/ 2>/dev/null
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
+SUMMARY=()
+if has test; then
+  t0=$SECONDS
+  XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-200} \
+    python3 -m pytest -q -m gpu -n 8 tests/test_cuda.py -k "${PYTEST_K:-grad or bwd or determin}" 2>&1 \
+    | tee "$OUT/test.log" | tail -15
+  SUMMARY+=("test: $(tail -1 "$OUT/test.log") ($((SECONDS-t0)) s)")
+fi
+if has bench; then
+  cp benchmarks/results/h200.json "$OUT/h200.json"
+  timeout ${BENCH_TIMEOUT:-360} python3 benchmarks/bench_attention.py --sweep --dims "${DIMS:-128}" \
+    --seqs "${SEQS:-512,1024,2048,4096,8192,16384}" --causal "${CAUSAL:-both}" \
+    --modes "${MODES:-fwd_bwd,bwd}" --impls "${IMPLS:-jax_flash_cuda,jax_flash_cuda_det,fa3,cudnn}" \
+    --iters "${ITERS:-100}" --repeats "${REPEATS:-5}" --out "$OUT/h200.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/bench.log" | tail -60
+fi
+printf '%s\n' "${SUMMARY[@]}"
