@@ -29,6 +29,7 @@ bool decode_supported(const DecodeParams& p) {
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
   if (p.kv_fp8) {  // descales loaded four keys at a time; 16-element chunks of e4m3
     if (p.page_size % 4 != 0 || p.head_dim % 16 != 0) return false;
+    if (rounded_head_dim(p.head_dim) == 96) return false;  // e4m3 pairs in 32-column blocks
     if (p.k_descale == nullptr || p.v_descale == nullptr) return false;
     if (!aligned16(p.k_descale) || !aligned16(p.v_descale)) return false;
     if (!(p.q_scale > 0.f)) return false;

@@ -26,17 +26,16 @@ struct DecodeConfig {
   using QTile = SmemTile<kRows, kHeadDim>;
   using KTile = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kNT_O = kHeadDim / 8;
-  // Layout: Q, (FP8: the fp16 K and V tiles), the ring, the row statistics.
-  // The fp32 merge buffer [warps][rows][kHeadDim + 4] (the pad spreads the
-  // fragment stores over the banks) reuses everything after Q at the end.
+  // Layout: Q, (FP8: Q in fp16, head dim permuted), the ring, the row
+  // statistics. The fp32 merge buffer [warps][rows][kHeadDim + 4] (the pad
+  // spreads the fragment stores over the banks) reuses everything after Q.
   static constexpr int kMergePitch = kHeadDim + 4;
   static constexpr int kSmemQ = 0;
-  static constexpr int kSmemK16 = kSmemQ + QTile::kBytes;
-  static constexpr int kSmemV16 = kSmemK16 + (kFp8 ? KTile::kBytes : 0);
-  static constexpr int kSmemRing = kSmemV16 + (kFp8 ? KTile::kBytes : 0);
+  static constexpr int kSmemQ16 = kSmemQ + QTile::kBytes;
+  static constexpr int kSmemRing = kSmemQ16 + (kFp8 ? QTile::kBytes : 0);
   static constexpr int kStageBytes = decode_stage_bytes(kHeadDim, kFp8);  // K then V (then descales)
   static constexpr int kSmemStats = kSmemRing + kStages * kStageBytes;
-  static constexpr int kSmemMerge = kSmemK16;
+  static constexpr int kSmemMerge = kSmemQ16;
   static constexpr int kSmemBytes = kSmemStats + 2 * kWarps * kRows * 4;  // row max, row sum
   static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kMT, kFp8), "decode_params.h's size");
   static_assert(kSmemMerge + kWarps * kRows * kMergePitch * 4 <= kSmemStats, "merge buffer fits");

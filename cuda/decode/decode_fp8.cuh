@@ -1,21 +1,32 @@
 // The FP8 (e4m3) KV cache of the decoding kernel: tile loads of e4m3 rows
-// and their per-key descales, and the conversion to fp16 for the products.
+// and their per-key descales, and the two products fed from e4m3 in shared
+// memory, converted to fp16 in registers.
 //
-// Each ring stage holds K8 and V8 [kBlockN][head_dim] bytes (row-major: only
-// the thread that loaded a chunk reads it back) and the tile's K and V
-// descales [kBlockN] floats. Each thread converts the chunks it loaded itself
-// (its own cp.async groups are the ones it waited for) into one fp16 K and V
-// tile in the swizzled layout of the 16-bit path, and the products run in
-// fp16 (u = kFp8Unscale: 1 with the hardware conversion, 2^8 without):
-//   S   = (q * scale)_fp16 . k16 * (u * k_descale[key])
-//   P'  = P * v_descale[key]          (fp16; the row sum l is of P)
-//   O   = u * sum P' v16 / l
-// Q is converted once per CTA (times the softmax scale, so the scores need
-// no further scale and fp16's range holds them).
+// Each ring stage holds K8 and V8 [kBlockN][head_dim] bytes, stored as tiles
+// of 16-bit pairs (SmemTile<kBlockN, head_dim / 2>, swizzled like the 16-bit
+// path's), and the tile's K and V descales [kBlockN] floats. ldmatrix moves
+// pairs of e4m3 as if they were 16-bit values; each lane then converts its
+// four bytes to two fp16x2 (cvt.rn.f16x2.e4m3x2 on sm89+):
+//   S = Q K^T: a non-transposed ldmatrix gives lane (g, t) the e4m3 of key g
+//     at head-dim columns 4t..4t+3 of each 16, where the mma wants 2t, 2t+1
+//     and 2t+8, 2t+9: the head dim is permuted within each 16 (fp8_q_column),
+//     which leaves q.k unchanged when Q is permuted the same way; Q is
+//     converted once per CTA to fp16 (times the softmax scale) in that order.
+//   O = P V: a transposed ldmatrix gives the lane keys 2t, 2t+1 at two
+//     adjacent columns 2g, 2g+1; a byte permute regroups them by column, so
+//     one load feeds the even and the odd columns of a 16-column block as two
+//     n-tiles; the output's columns are mapped back when O is written
+//     (fp8_o_column).
+// With per-key descales, u = kFp8Unscale (1 with the hardware conversion,
+// 2^8 with the bit move):
+//   S  = (q * scale)_fp16 . k16 * (u * k_descale[key])
+//   P' = P * v_descale[key]          (fp16; the row sum l is of P)
+//   O  = u * sum P' v16 / l
 #pragma once
 
 #include "decode/decode_params.h"
 #include "sm80/smem_layout.cuh"
+#include "sm80/warp_gemm.cuh"
 
 namespace jax_flash::decode {
 
@@ -45,17 +56,11 @@ JF_DEVICE uint32_t e4m3x2_to_half2(uint32_t x) {
 #endif
 }
 
-// Sixteen e4m3 values -> sixteen fp16 (two 16-byte chunks).
-JF_DEVICE void e4m3x16_to_half(const uint4& w, uint4& lo, uint4& hi) {
-  lo = make_uint4(e4m3x2_to_half2(w.x), e4m3x2_to_half2(w.x >> 16), e4m3x2_to_half2(w.y),
-                  e4m3x2_to_half2(w.y >> 16));
-  hi = make_uint4(e4m3x2_to_half2(w.z), e4m3x2_to_half2(w.z >> 16), e4m3x2_to_half2(w.w),
-                  e4m3x2_to_half2(w.w >> 16));
-}
-
 template <typename Cfg>
 struct Fp8Stage {
+  using Tile8 = SmemTile<Cfg::kBlockN, Cfg::kHeadDim / 2>;  // e4m3 pairs as 16-bit
   static constexpr int kTileBytes = Cfg::kBlockN * Cfg::kHeadDim;
+  static_assert(Tile8::kBytes == kTileBytes, "e4m3 tile size");
   static constexpr int kK = 0, kV = kTileBytes, kKScale = 2 * kTileBytes,
                        kVScale = kKScale + Cfg::kBlockN * 4;
   static constexpr int kChunks = Cfg::kHeadDim / 16;  // 16 e4m3 per 16-byte chunk
@@ -93,7 +98,7 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
                      : page_base(p, table, j / ps) + int64_t(j % ps) * p.kv_row_stride;
       off += head + c;
     }
-    const uint32_t so = uint32_t(r * Cfg::kHeadDim + c);
+    const uint32_t so = St::Tile8::offset(r, c / 2);
     sm80::cp_async_16(stage + St::kK + so, k + off, ok);
     sm80::cp_async_16(stage + St::kV + so, v + off, ok);
   }
@@ -112,25 +117,15 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
   }
 }
 
-// This thread's chunks of the stage (those it loaded) -> the fp16 K and V
-// tiles (swizzled like the 16-bit path's).
-template <typename Cfg>
-JF_DEVICE void convert_kv_tile(const char* stage, char* k16, char* v16, int tid) {
-  using St = Fp8Stage<Cfg>;
-  using KTile = typename Cfg::KTile;
-#pragma unroll
-  for (int i = 0; i < St::kPerThread; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / St::kChunks, c = (idx % St::kChunks) * 16;
-    const int so = r * Cfg::kHeadDim + c;
-    uint4 lo, hi;
-    e4m3x16_to_half(*reinterpret_cast<const uint4*>(stage + St::kK + so), lo, hi);
-    *reinterpret_cast<uint4*>(k16 + KTile::offset(r, c)) = lo;
-    *reinterpret_cast<uint4*>(k16 + KTile::offset(r, c + 8)) = hi;
-    e4m3x16_to_half(*reinterpret_cast<const uint4*>(stage + St::kV + so), lo, hi);
-    *reinterpret_cast<uint4*>(v16 + KTile::offset(r, c)) = lo;
-    *reinterpret_cast<uint4*>(v16 + KTile::offset(r, c + 8)) = hi;
-  }
+// Head-dim column of Q / K read by mma k index `l` within a block of 16
+// (see the header): logical 2t, 2t+1, 2t+8, 2t+9 are physical 4t .. 4t+3.
+JF_DEVICE constexpr int fp8_q_column(int l) { return 4 * ((l % 8) / 2) + 2 * (l / 8) + l % 2; }
+
+// Output column of accumulator column `c` of n-tile `n` (gemm_pv_fp8): each
+// 32 columns are four n-tiles: even, odd columns of the first 16, then of
+// the second 16.
+JF_DEVICE constexpr int fp8_o_column(int n, int c) {
+  return (n / 4) * 32 + ((n % 4) / 2) * 16 + 2 * c + n % 2;
 }
 
 JF_DEVICE float lo_to_float(uint32_t x, __nv_bfloat16) { return __uint_as_float(x << 16); }
@@ -143,20 +138,81 @@ JF_DEVICE float lo_to_float(uint32_t x, __half) {
 }
 JF_DEVICE float hi_to_float(uint32_t x, __half h) { return lo_to_float(x >> 16, h); }
 
-// The Q tile in place: Element -> fp16 times the softmax scale, the chunks
-// this thread loaded (load_q_tile's walk).
+// The Q tile (Element, as loaded) -> fp16 times the softmax scale into q16,
+// its head dim permuted by fp8_q_column. Reads chunks other threads loaded:
+// call between two barriers.
 template <typename Element, typename Cfg>
-JF_DEVICE void convert_q_tile(char* sq, float scale, int tid) {
-  constexpr int kChunks = Cfg::kHeadDim / 8;
-  for (int idx = tid; idx < Cfg::kRows * kChunks; idx += Cfg::kThreads) {
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    uint4* at = reinterpret_cast<uint4*>(sq + Cfg::QTile::offset(r, c));
-    uint4 w = *at;
-    uint32_t* x = &w.x;
+JF_DEVICE void convert_q_tile(const char* sq, char* q16, float scale, int tid) {
+  using QTile = typename Cfg::QTile;
+  constexpr int kPairs = Cfg::kHeadDim / 2;
+  for (int idx = tid; idx < Cfg::kRows * kPairs; idx += Cfg::kThreads) {
+    const int r = idx / kPairs, c = (idx % kPairs) * 2;  // logical columns c, c + 1
+    const int base = (c / 16) * 16;
+    auto at = [&](int col) {
+      const uint16_t* row = reinterpret_cast<const uint16_t*>(sq + QTile::offset(r, col & ~1));
+      const uint32_t two = *reinterpret_cast<const uint32_t*>(row);
+      return (col & 1) ? hi_to_float(two, Element()) : lo_to_float(two, Element());
+    };
+    const float x0 = at(base + fp8_q_column(c % 16)), x1 = at(base + fp8_q_column(c % 16 + 1));
+    *reinterpret_cast<uint32_t*>(q16 + QTile::offset(r, c)) = Pack<__half>::pack(x0 * scale, x1 * scale);
+  }
+}
+
+// Bytes a and b of x as the low 16 bits.
+JF_DEVICE uint32_t pick_bytes(uint32_t x, int a, int b) {
+  return ((x >> (8 * a)) & 0xFFu) | (((x >> (8 * b)) & 0xFFu) << 8);
+}
+
+// acc[kMT][2][4] += Q K^T for the warp's 16 keys (rows kw .. kw + 15 of the
+// e4m3 K tile), Q fp16 with its head dim permuted (convert_q_tile).
+template <typename Cfg, int kMT>
+JF_DEVICE void gemm_qk_fp8(float (&acc)[kMT][2][4], uint32_t q16, uint32_t k8, int kw, LdsmLane l) {
+  using QTile = typename Cfg::QTile;
+  using Tile8 = typename Fp8Stage<Cfg>::Tile8;
+  const auto fa = sm80::addr_a<QTile>(q16, 0, l);
+  const auto fb = sm80::addr_b_nk<Tile8>(k8, kw, l);
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      x[e] = Pack<__half>::pack(lo_to_float(x[e], Element()) * scale, hi_to_float(x[e], Element()) * scale);
-    *at = w;
+  for (int ks = 0; ks < Cfg::kHeadDim / 32; ++ks) {  // 32 e4m3 = 16 pairs per load
+    uint32_t b[4];
+    sm80::ldmatrix_x4(b, fb.at(0, ks * 16));  // b[0], b[1]: keys 0-7; b[2], b[3]: keys 8-15
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the two 16-column halves
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) sm80::ldmatrix_x4(a[m], fa.at(m * 16, ks * 32 + h * 16));
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint32_t w = b[2 * nt + h];
+        const uint32_t b0 = e4m3x2_to_half2(w), b1 = e4m3x2_to_half2(w >> 16);
+#pragma unroll
+        for (int m = 0; m < kMT; ++m) sm80::Mma<__half>::run(acc[m][nt], a[m], b0, b1);
+      }
+    }
+  }
+}
+
+// acc[kMT][kHeadDim / 8][4] += P V for the warp's 16 keys, P fp16 fragments,
+// V the e4m3 tile (its rows kw .. kw + 15); accumulator columns in
+// fp8_o_column order.
+template <typename Cfg, int kMT>
+JF_DEVICE void gemm_pv_fp8(float (&acc)[kMT][Cfg::kNT_O][4], const uint32_t (&p)[kMT][1][4], uint32_t v8,
+                           int kw, LdsmLane l) {
+  using Tile8 = typename Fp8Stage<Cfg>::Tile8;
+  // 16 rows = whole swizzle periods: the warp's slice is a tile of its own.
+  const auto fb = sm80::addr_b_kn<Tile8, true>(v8 + uint32_t(kw * Tile8::kRowBytes), 0, l);
+#pragma unroll
+  for (int cb = 0; cb < Cfg::kHeadDim / 32; ++cb) {
+    uint32_t r[4];  // (keys 0-7 | 8-15) x (columns 0-15 | 16-31) of the block, as pairs
+    sm80::ldmatrix_x4_trans(r, fb.at(0, cb * 16));
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int par = 0; par < 2; ++par) {  // even, odd columns
+        const uint32_t b0 = e4m3x2_to_half2(pick_bytes(r[2 * h], par, 2 + par));
+        const uint32_t b1 = e4m3x2_to_half2(pick_bytes(r[2 * h + 1], par, 2 + par));
+#pragma unroll
+        for (int m = 0; m < kMT; ++m) sm80::Mma<__half>::run(acc[m][cb * 4 + 2 * h + par], p[m][0], b0, b1);
+      }
   }
 }
 

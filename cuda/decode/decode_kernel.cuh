@@ -86,13 +86,12 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
   const uint32_t sQ = sm80::smem_addr(smem + Cfg::kSmemQ);
   const uint32_t sRing = sm80::smem_addr(smem + Cfg::kSmemRing);
   auto stage_at = [&](int s) { return sRing + uint32_t(s * Cfg::kStageBytes); };
-  // Where the products read K and V of stage s: the ring itself (16-bit), or
-  // the fp16 tiles converted from it (FP8).
-  auto k_tile = [&](int s) {
-    return kFp8 ? sm80::smem_addr(smem + Cfg::kSmemK16) : stage_at(s);
-  };
+  auto k_tile = [&](int s) { return stage_at(s); };
   auto v_tile = [&](int s) {
-    return kFp8 ? sm80::smem_addr(smem + Cfg::kSmemV16) : stage_at(s) + uint32_t(KTile::kBytes);
+    if constexpr (kFp8)
+      return stage_at(s) + uint32_t(Fp8Stage<Cfg>::kV);
+    else
+      return stage_at(s) + uint32_t(KTile::kBytes);
   };
   auto load_tile = [&](int s, int n) {
     if constexpr (kFp8)
@@ -121,10 +120,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
     const int s = i % kStages;
     sm80::cp_async_wait<kStages - 2>();  // this thread's chunks of tile i (and Q) landed
     if constexpr (kFp8) {
-      __syncthreads();  // every warp is done with the fp16 tiles of tile i - 1
-      if (i == 0) convert_q_tile<Element, Cfg>(smem + Cfg::kSmemQ, p.q_scale, tid);
-      convert_kv_tile<Cfg>(smem + Cfg::kSmemRing + s * Cfg::kStageBytes, smem + Cfg::kSmemK16,
-                           smem + Cfg::kSmemV16, tid);
+      if (i == 0) {  // Q to fp16 once: it reads what every thread loaded
+        __syncthreads();
+        convert_q_tile<Element, Cfg>(smem + Cfg::kSmemQ, smem + Cfg::kSmemQ16, p.q_scale, tid);
+      }
     }
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1's stage
     {
@@ -138,11 +137,17 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
 
     float acc_s[kMT][2][4];
     sm80::zero(acc_s);
-    sm80::gemm_ss<MmaT, kMT, 2, kHeadDim, false, false, QTile, KTile>(acc_s, sQ, 0, k_tile(s), kw,
-                                                                     LdsmLane{lane});
-    const float* descale = reinterpret_cast<const float*>(
-        smem + Cfg::kSmemRing + s * Cfg::kStageBytes + Fp8Stage<Cfg>::kKScale);
-    if constexpr (kFp8) scale_columns(acc_s, descale + kw, kFp8Unscale, lane);
+    if constexpr (kFp8)
+      gemm_qk_fp8<Cfg, kMT>(acc_s, sm80::smem_addr(smem + Cfg::kSmemQ16), k_tile(s), kw, LdsmLane{lane});
+    else
+      sm80::gemm_ss<MmaT, kMT, 2, kHeadDim, false, false, QTile, KTile>(acc_s, sQ, 0, k_tile(s), kw,
+                                                                       LdsmLane{lane});
+    const float* descale = nullptr;  // FP8: this tile's K descales, then V's
+    if constexpr (kFp8) {
+      descale = reinterpret_cast<const float*>(smem + Cfg::kSmemRing + s * Cfg::kStageBytes +
+                                               Fp8Stage<Cfg>::kKScale);
+      scale_columns(acc_s, descale + kw, kFp8Unscale, lane);
+    }
     if constexpr (kSoftcap) sm80::apply_softcap(acc_s, p.sm.softcap_pre);
     if (edge) mask_scores(acc_s, p, d, n0 + kw, lane);
     if (i == 0)
@@ -159,8 +164,11 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
     sm80::pack_c_to_a<MmaT>(p_frag, acc_s);
     // The warp's 16 V rows: a 16-row offset keeps the swizzle phase (16 rows
     // are whole 1 KB periods), so the slice is addressed as a tile of its own.
-    sm80::gemm_rs<MmaT, kMT, Cfg::kNT_O, 16, true, KTile, true>(
-        acc_o, p_frag, v_tile(s) + uint32_t(kw * KTile::kRowBytes), 0, LdsmLane{lane});
+    if constexpr (kFp8)
+      gemm_pv_fp8<Cfg, kMT>(acc_o, p_frag, v_tile(s), kw, LdsmLane{lane});
+    else
+      sm80::gemm_rs<MmaT, kMT, Cfg::kNT_O, 16, true, KTile, true>(
+          acc_o, p_frag, v_tile(s) + uint32_t(kw * KTile::kRowBytes), 0, LdsmLane{lane});
   }
 
   // ---- merge the four warps' partial softmax states
@@ -203,12 +211,15 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
       row_stats(r, M, L);
       const float m = softmax.m[mt][h];
       const float f = (m == -INFINITY || !(L > 0.f)) ? 0.f : exp2_approx((m - M) * scale_log2) * o_unscale / L;
-      float* dst = merge + (warp * Cfg::kRows + r) * Cfg::kMergePitch + 2 * tq;
+      float* dst = merge + (warp * Cfg::kRows + r) * Cfg::kMergePitch;
 #pragma unroll
-      for (int n = 0; n < Cfg::kNT_O; ++n) {
-        dst[n * 8] = acc_o[mt][n][2 * h] * f;
-        dst[n * 8 + 1] = acc_o[mt][n][2 * h + 1] * f;
-      }
+      for (int n = 0; n < Cfg::kNT_O; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // FP8: the accumulator's columns are in gemm_pv_fp8's order.
+          const int col = kFp8 ? fp8_o_column(n, 2 * tq + e) : n * 8 + 2 * tq + e;
+          dst[col] = acc_o[mt][n][2 * h + e] * f;
+        }
     }
   __syncthreads();
 

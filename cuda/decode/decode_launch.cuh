@@ -41,8 +41,10 @@ cudaError_t launch_decode_cache(const DecodeParams& p, cudaStream_t stream) {
 
 template <typename Element, int kHeadDim>
 cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
-  return p.kv_fp8 ? launch_decode_cache<Element, kHeadDim, true>(p, stream)
-                  : launch_decode_cache<Element, kHeadDim, false>(p, stream);
+  if (!p.kv_fp8) return launch_decode_cache<Element, kHeadDim, false>(p, stream);
+  // FP8: e4m3 pairs in 32-column blocks (decode_fp8.cuh): no 96 bucket.
+  if constexpr (kHeadDim % 64 == 0) return launch_decode_cache<Element, kHeadDim, true>(p, stream);
+  return cudaErrorNotSupported;
 }
 
 template <typename Element>

@@ -70,20 +70,19 @@ constexpr int kDecodeMaxSplits = 128;
 
 // K/V ring depth per head-dim bucket: two or three tiles in flight per CTA
 // while one is computed, with two (128) or three (64, 96) CTAs per SM. An
-// FP8 cache's stages are half the bytes: four of them.
+// FP8 cache's stages are half the bytes: six of them (four at 256).
 constexpr int decode_stages(int head_dim_bucket, bool fp8 = false) {
-  return fp8 || head_dim_bucket <= 96 ? 4 : 3;
+  return fp8 ? (head_dim_bucket <= 128 ? 6 : 4) : head_dim_bucket <= 96 ? 4 : 3;
 }
 // One ring stage: K and V (16-bit, or e4m3 with a float descale per key).
 constexpr int decode_stage_bytes(int head_dim_bucket, bool fp8) {
   return fp8 ? 2 * kDecodeBlockN * (head_dim_bucket + 4) : 2 * kDecodeBlockN * head_dim_bucket * 2;
 }
-// Dynamic shared memory: the Q tile, the ring, (FP8: the tile converted to
-// fp16 for the products), the per-warp row statistics of the final merge.
+// Dynamic shared memory: the Q tile (FP8: and its fp16 copy), the ring, the
+// per-warp row statistics of the final merge.
 constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles, bool fp8 = false) {
-  return m_tiles * kDecodeMTileRows * head_dim_bucket * 2 +
+  return (fp8 ? 2 : 1) * m_tiles * kDecodeMTileRows * head_dim_bucket * 2 +
          decode_stages(head_dim_bucket, fp8) * decode_stage_bytes(head_dim_bucket, fp8) +
-         (fp8 ? 2 * kDecodeBlockN * head_dim_bucket * 2 : 0) +
          2 * kDecodeWarps * m_tiles * kDecodeMTileRows * 4;
 }
 

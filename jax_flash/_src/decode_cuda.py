@@ -43,9 +43,11 @@ def unsupported_reason(q, k_cache, platform: str) -> str | None:
   if not fp8 and jnp.dtype(k_cache.dtype) != jnp.dtype(q.dtype):
     return (f"the caches must have q's dtype ({dtype}) or be FP8 caches; got "
             f"{jnp.dtype(k_cache.dtype).name}")
-  if fp8 and (q.shape[-1] % 16 or k_cache.shape[1] % 4):
-    return (f"an FP8 cache needs head_dim % 16 == 0 and slots (page_size or "
-            f"S_max) % 4 == 0; got {q.shape[-1]}, {k_cache.shape[1]}")
+  if fp8 and (q.shape[-1] % 16 or k_cache.shape[1] % 4 or
+              64 < q.shape[-1] <= 96):
+    return (f"an FP8 cache needs head_dim % 16 == 0, not in (64, 96], and "
+            f"slots (page_size or S_max) % 4 == 0; got {q.shape[-1]}, "
+            f"{k_cache.shape[1]}")
   dims = tuple(q.shape) + tuple(k_cache.shape)
   if not all(isinstance(d, (int, np.integer)) for d in dims):
     return "the decoding kernels need static shapes (no symbolic dims)"
