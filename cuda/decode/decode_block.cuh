@@ -110,9 +110,13 @@ JF_DEVICE void load_q_tile(uint32_t sQ, const DecodeParams& p, const DecodeBlock
   }
 }
 
+// The pool index of a sequence's page `page` (clamped into the pool), and
+// where that page's rows start.
+JF_DEVICE int page_id(const DecodeParams& p, const int32_t* table, int page) {
+  return min(max(__ldg(table + page), 0), p.num_pages - 1);
+}
 JF_DEVICE int64_t page_base(const DecodeParams& p, const int32_t* table, int page) {
-  const int id = min(max(__ldg(table + page), 0), p.num_pages - 1);
-  return int64_t(id) * p.kv_page_stride;
+  return int64_t(page_id(p, table, page)) * p.kv_page_stride;
 }
 
 // K and V rows n0 .. n0 + kBlockN - 1 of sequence b, head hk, into one ring

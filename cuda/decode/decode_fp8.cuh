@@ -110,8 +110,7 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
     const float* src = is_v ? p.v_descale : p.k_descale;
     const float* at = src;
     if (ok) {
-      const int id = min(max(__ldg(table + j / ps), 0), p.num_pages - 1);
-      at = src + (int64_t(id) * p.num_heads_k + d.hk) * ps + j % ps;
+      at = src + (int64_t(page_id(p, table, j / ps)) * p.num_heads_k + d.hk) * ps + j % ps;
     }
     sm80::cp_async_16(stage + (is_v ? St::kVScale : St::kKScale) + uint32_t(r * 4), at, ok);
   }
