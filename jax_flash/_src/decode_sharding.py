@@ -94,13 +94,7 @@ def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int,
     del operand_types, result_types
     empty = mesh is None or getattr(mesh, "empty", False)
     sizes = None if empty else tuple(mesh.shape.values())
-    if group == 1:
-      heads = "n"
-    elif kv_heads > 1 and sizes is not None and attn_sharding._no_sub_axes(
-        sizes, group * kv_heads, kv_heads):
-      heads = "(n g)"
-    else:
-      heads = "h"  # partition keeps q heads with their KV head
+    heads = attn_sharding.heads_factor(group, kv_heads, sizes)
     pool = "b" if identity_rows else "p"
     dims = {_PAGES: f"{pool} s n d", _DESCALE: f"{pool} n s"}
     rule = (f"b t {heads} d, " + ", ".join(dims[r] for r in roles) +

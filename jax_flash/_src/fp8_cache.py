@@ -73,10 +73,17 @@ class Fp8KVCache:
 
   def dequantize(self, dtype=jnp.float32):
     """The cached rows [rows, slots, H_kv, D], rotated back."""
-    x = self.data.astype(jnp.float32) * jnp.swapaxes(self.descale, 1, 2)[..., None]
+    x = dequantize_rows(self.data, self.descale)
     if self.rotation_seed is not None:
       x = unrotate(x, self.rotation_seed)
     return x.astype(dtype)
+
+
+def dequantize_rows(data, descale, dtype=jnp.float32):
+  """data [rows, slots, H_kv, D] times descale [rows, H_kv, slots] (as
+  stored: still rotated if the cache is)."""
+  return (data.astype(jnp.float32) *
+          jnp.swapaxes(descale, 1, 2)[..., None]).astype(dtype)
 
 
 def rotate(x, seed: int):

@@ -270,8 +270,7 @@ def _decode_fp8_bwd(opts, res, g):
   """d/dq through the reference path on the dequantised cache (the cache
   itself is data, not a parameter: no cotangent)."""
   q, k8, v8, k_descale, v_descale, table, lengths = res
-  deq = lambda x8, d: (x8.astype(jnp.float32) *
-                       jnp.swapaxes(d, 1, 2)[..., None]).astype(q.dtype)
+  deq = lambda x8, d: fp8_cache.dequantize_rows(x8, d, q.dtype)
   k, v = _gather(deq(k8, k_descale), table), _gather(deq(v8, v_descale), table)
   _, vjp = jax.vjp(lambda q: api.attention(
       q, k, v, scale=opts.scale, softcap=opts.softcap,

@@ -66,23 +66,30 @@ def _no_sub_axes(axis_sizes, heads: int, kv_heads: int) -> bool:
   return all(kv_heads % a == 0 for a in products if heads % a == 0)
 
 
+def heads_factor(group: int, kv_heads: int, axis_sizes) -> str:
+  """The q heads' factor in a sharding rule whose kv heads are `n`: "n"
+  (plain multi-head), "(n g)" (GQA, every q head with its kv head), or "h".
+
+  Sharding (n g) over axes that do not divide n would make Shardy split a
+  mesh axis into sub-axes, which custom_partitioning cannot decode; then q
+  heads get a factor of their own and `partition` keeps them with their kv
+  heads (or replicates heads).
+  """
+  if group == 1:
+    return "n"
+  if kv_heads > 1 and axis_sizes is not None and _no_sub_axes(
+      axis_sizes, group * kv_heads, kv_heads):
+    return "(n g)"
+  return "h"
+
+
 def sharding_rule(kind: str, group: int, n_segs: int, kv_heads: int,
                   axis_sizes=None):
   """(rule string, keyword arguments) for `def_partition`.
 
   axis_sizes: the mesh's axis sizes (None: unknown, no shared head factor).
   """
-  if group == 1:
-    heads = "n"
-  elif kv_heads > 1 and axis_sizes is not None and _no_sub_axes(
-      axis_sizes, group * kv_heads, kv_heads):
-    heads = "(n g)"
-  else:
-    # Sharding (n g) over axes that do not divide n would make Shardy split a
-    # mesh axis into sub-axes, which custom_partitioning cannot decode; here q
-    # heads get a factor of their own and `partition` keeps them with their
-    # kv heads (or replicates heads).
-    heads = "h"
+  heads = heads_factor(group, kv_heads, axis_sizes)
   dims = {_Q: f"b t {heads} d", _KV: "b s n d", _LSE: f"b {heads} t",
           _QSEG: "b t", _KVSEG: "b s"}
   ins, outs = _roles(kind, n_segs)

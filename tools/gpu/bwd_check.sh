@@ -10,20 +10,8 @@
 # Environment: DIMS (128), SEQS (512,1024,2048,4096,8192,16384), MODES
 # (fwd_bwd,bwd), CAUSAL (both), IMPLS, ITERS (100), REPEATS (5),
 # TEST_TIMEOUT, BENCH_TIMEOUT, PYTEST_K.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-STAGES=${*:-test bench}
-has() { [[ " $STAGES " == *" $1 "* ]]; }
-for f in .ab/jax_flash/*.xz; do xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"; done
-cp .ab/jax_flash/_build.json jax_flash/ 2>/dev/null
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
+DEFAULT_STAGES="test bench"
+source "$(dirname "$0")/carried.sh" "$@"
 SUMMARY=()
 if has test; then
   t0=$SECONDS

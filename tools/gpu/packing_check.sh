@@ -8,20 +8,8 @@
 # Environment: GPU_TESTS (pytest paths), PYTEST_K (a -k expression),
 # TEST_TIMEOUT, BENCH_ARGS, BENCH_TIMEOUT.
 # Logs and the results file go to $OUT (or ./gpu_out); a table is printed last.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-STAGES=${*:-test bench}
-has() { [[ " $STAGES " == *" $1 "* ]]; }
-for f in .ab/jax_flash/*.xz; do xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"; done
-cp .ab/jax_flash/_build.json jax_flash/ 2>/dev/null
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
+DEFAULT_STAGES="test bench"
+source "$(dirname "$0")/carried.sh" "$@"
 SUMMARY=()
 if has test; then
   t0=$SECONDS

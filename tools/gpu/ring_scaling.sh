@@ -8,16 +8,8 @@
 # D=128, fwd and fwd+bwd, into $OUT/ring_h200.json with the scaling plot.
 # Environment: SEQS (default 131072,262144), DEVICES, MASKS, MODES, BENCH_TIMEOUT (per configuration),
 # TRACE=1 (profiler traces of the multi-GPU runs into $OUT/trace).
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-STAGES=${*:-test bench}
-has() { [[ " $STAGES " == *" $1 "* ]]; }
-for f in .ab/jax_flash/*.xz; do xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"; done
-cp .ab/jax_flash/_build.json jax_flash/ 2>/dev/null
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv,noheader
+DEFAULT_STAGES="test bench"
+source "$(dirname "$0")/carried.sh" "$@"
 N=$(nvidia-smi -L | wc -l)
 SUMMARY=()
 if has test; then
