@@ -100,7 +100,7 @@ def impls_for(B, S, T, paged, ours_splits, split_sweep=()):
 
 def run(names, *, iters, repeats, warmup, command, device, out=None,
         split_sweep=(), pagings=(False, True)):
-  from jax_flash._src import decode_cuda
+  from jax_flash._src.decode import cuda as decode_cuda
   date = datetime.date.today().isoformat()
   records = []
   for name in names:

@@ -183,7 +183,7 @@ def capture_forward_call(q, k, v, causal):
 
 
 def _candidate_specs(shape):
-  from jax_flash._src.spec import UNBOUNDED, AttentionSpec
+  from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
   for dtype in ("bfloat16", "float8_e4m3fn"):
     yield AttentionSpec(
         scale=shape.D**-0.5, causal=shape.causal,

@@ -1,20 +1,20 @@
 """jax_flash: FlashAttention for JAX (CUDA, Pallas and pure-XLA backends)."""
 
-from jax_flash._src import cuda_backend as _cuda  # registers "cuda"
-from jax_flash._src import xla as _xla  # registers the "xla" backend
-from jax_flash._src.api import attention
-from jax_flash._src.backends import Unsupported
-from jax_flash._src.backends import runnable as available_implementations
-from jax_flash._src.build_info import build_info
+from jax_flash._src.backends import cuda as _cuda  # registers "cuda"
+from jax_flash._src.backends import xla as _xla  # registers the "xla" backend
+from jax_flash._src.api.attention import attention
+from jax_flash._src.backends.registry import Unsupported
+from jax_flash._src.backends.registry import runnable as available_implementations
+from jax_flash._src.backends.build_info import build_info
 from jax_flash._src.fp8.api import Fp8Tensor, fp8_attention, quantize_fp8
-from jax_flash._src.fp8_cache import Fp8KVCache, quantize_kv_cache
-from jax_flash._src.kvcache import attention_with_kvcache
-from jax_flash._src.nn import dot_product_attention
-from jax_flash._src.ring import ring_attention
-from jax_flash._src.varlen import varlen_attention
+from jax_flash._src.decode.fp8_cache import Fp8KVCache, quantize_kv_cache
+from jax_flash._src.decode.kvcache import attention_with_kvcache
+from jax_flash._src.compat.nn import dot_product_attention
+from jax_flash._src.ring.api import ring_attention
+from jax_flash._src.api.varlen import varlen_attention
 
 try:  # Pallas is part of jax, but keep the package importable without it.
-  from jax_flash._src.pallas import backend as _pallas  # registers "pallas"
+  from jax_flash._src.backends.pallas import backend as _pallas  # registers "pallas"
 except ImportError:  # pragma: no cover
   _pallas = None
 

@@ -125,7 +125,7 @@ CASES = (
 class Support:
   """What one backend serves when asked for explicitly (`implementation=`).
 
-  Declared here from the backend's `check` (jax_flash/_src/xla.py,
+  Declared here from the backend's `check` (jax_flash/_src/backends/xla.py,
   pallas/backend.py, cuda_backend.py); the probes of `BackendSuite` fail
   when the declaration and the backend disagree, either way.
   """

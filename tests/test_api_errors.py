@@ -170,7 +170,7 @@ def test_cuda_unavailable(mode):
   registered implementations; with it registered but no GPU, Unsupported."""
   if jax.default_backend() == "gpu":
     pytest.skip("a GPU is present; test_cuda.py covers the CUDA backend")
-  if "cuda" not in jax_flash._src.backends.names():  # registered, runnable or not
+  if "cuda" not in jax_flash._src.backends.registry.names():  # registered, runnable or not
     msg = r"implementation='cuda' is not known; supported: .*'xla'.* or None"
     with pytest.raises(ValueError, match=msg):
       _call(mode, _shapes(), implementation="cuda")

@@ -26,7 +26,8 @@ from jax.test_util import check_grads
 
 import jax_flash
 import reference
-from jax_flash._src import backends, derivatives
+from jax_flash._src.backends import registry as backends
+from jax_flash._src.autodiff import derivatives
 from reference import enable_x64
 
 F64_TOL = dict(rtol=1e-9, atol=1e-9)
@@ -328,7 +329,7 @@ def test_grad_compiles_to_the_custom_vjp_program():
   """jax.grad compiles to the same XLA program, op for op, as a custom_vjp
   of the same forward and backward kernel calls (the design before forward
   mode existed): the backward pays nothing for forward mode."""
-  from jax_flash._src.spec import AttentionSpec
+  from jax_flash._src.core.spec import AttentionSpec
   B, T, H, D = 2, 1100, 4, 64  # several blocks of 512
   spec = AttentionSpec(scale=D ** -0.5, causal=True, window_right=0, batch=B,
                        q_len=T, kv_len=T, num_heads=H, num_kv_heads=H,
@@ -410,7 +411,7 @@ def _cuda_or_skip():
 
 
 def _probe_spec():
-  from jax_flash._src.spec import AttentionSpec
+  from jax_flash._src.core.spec import AttentionSpec
   return AttentionSpec(scale=1.0, head_dim=64, dtype="float16")
 
 
@@ -488,5 +489,5 @@ def test_cuda_grad_runs_the_cuda_backward(rng):
            if e.primitive in (derivatives.tangent_p, derivatives.cotangent_p)]
   assert [(e.primitive, e.params["backend"]) for e in prims] == [
       (derivatives.cotangent_p, "cuda")]
-  from jax_flash._src import ffi
+  from jax_flash._src.backends import ffi
   assert ffi.BWD in jax.jit(grad).lower(*args).as_text()

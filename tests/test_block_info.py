@@ -1,13 +1,13 @@
 """The block-range math exists twice: in C++ for the CUDA kernels
 (cuda/include/jax_flash/block_info.h, shared by the sm80 and sm90 families)
-and in Python for the JAX backends (jax_flash/_src/masking.py). This test
+and in Python for the JAX backends (jax_flash/_src/core/masking.py). This test
 compiles a small host program against the C++ header and checks, on many
 random geometries (T != S, windows, causal, empty ranges, block starts that
 are not block multiples), that both give the same block ranges, that the
 C++ "does this block need the element mask" test is the complement of the
 Python full-block ranges, and that the C++ row / key bounds are exactly the
 visible intervals of `masking.visible`. It also checks the workspace rules
-that jax_flash/_src/cuda_backend.py mirrors (head-dim bucket, semaphores).
+that jax_flash/_src/backends/cuda.py mirrors (head-dim bucket, semaphores).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from jax_flash._src import api, masking
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.api import attention as api
+from jax_flash._src.core import masking
+from jax_flash._src.core.spec import AttentionSpec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 INCLUDE = ROOT / "cuda" / "include"
@@ -208,7 +209,7 @@ int main() {
 
 
 def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
-  from jax_flash._src import cuda_backend
+  from jax_flash._src.backends import cuda as cuda_backend
   cxx = _compiler()
   if cxx is None:
     pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to build the "

@@ -16,7 +16,9 @@ import pytest
 import jax_flash
 import reference
 from attention_suite import CUDA_SM80, CUDA_SM90, BackendSuite
-from jax_flash._src import backends, cuda_backend, ffi
+from jax_flash._src.backends import registry as backends
+from jax_flash._src.backends import cuda as cuda_backend
+from jax_flash._src.backends import ffi
 from reference import assert_close_to_reference
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -84,7 +86,7 @@ def test_deterministic_mode_is_bitwise_reproducible(rng):
 def test_default_dispatch_on_gpu():
   """cuda first on GPU (the extension is present here); requests it cannot
   serve fall through to Pallas."""
-  from jax_flash._src.spec import AttentionSpec
+  from jax_flash._src.core.spec import AttentionSpec
   spec_args = dict(scale=0.1, batch=1, q_len=8, kv_len=8, num_heads=2,
                    num_kv_heads=2, head_dim=64, dtype="bfloat16")
   assert backends.choose(AttentionSpec(**spec_args), None, "gpu").name == "cuda"

@@ -17,7 +17,8 @@ import pytest
 
 import jax_flash
 import reference
-from jax_flash._src import decode_cuda, ffi
+from jax_flash._src.decode import cuda as decode_cuda
+from jax_flash._src.backends import ffi
 from reference import assert_close_to_reference
 
 ON_GPU = jax.default_backend() == "gpu"

@@ -16,7 +16,7 @@ from jax.test_util import check_grads
 
 import jax_flash
 import reference as numpy_reference
-from jax_flash._src import dropout
+from jax_flash._src.core import dropout
 
 RATE = 0.25
 

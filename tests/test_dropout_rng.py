@@ -1,4 +1,4 @@
-"""Attention dropout's generator (jax_flash/_src/dropout.py) and its CUDA
+"""Attention dropout's generator (jax_flash/_src/core/dropout.py) and its CUDA
 twin (cuda/include/jax_flash/philox.h): Philox4x32-10 against the published
 known-answer vectors, the C++ header (compiled here with a host compiler)
 against the JAX code bit for bit on random positions, keys and rates, the keep
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_flash._src import dropout
+from jax_flash._src.core import dropout
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 INCLUDE = ROOT / "cuda" / "include"

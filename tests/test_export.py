@@ -21,7 +21,7 @@ import pytest
 from jax import export
 
 import jax_flash
-from jax_flash._src import ffi
+from jax_flash._src.backends import ffi
 
 HAVE_FLATBUFFERS = importlib.util.find_spec("flatbuffers") is not None
 TOL = dict(rtol=1e-5, atol=1e-5)

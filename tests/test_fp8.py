@@ -35,13 +35,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
-from jax_flash._src.backends import Unsupported
-from jax_flash._src.checks import window_fields
+from jax_flash._src.backends.registry import Unsupported
+from jax_flash._src.core.checks import window_fields
 from jax_flash._src.fp8 import api as fp8_api
 from jax_flash._src.fp8 import cuda as fp8_cuda
 from jax_flash._src.fp8 import quantize, scheme
 from jax_flash._src.fp8 import reference as fp8_ref
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.core.spec import AttentionSpec
 
 ON_GPU = jax.default_backend() == "gpu"
 if ON_GPU:  # read once by the FFI handlers: before any kernel launch

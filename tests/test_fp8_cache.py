@@ -13,7 +13,7 @@ import pytest
 
 import jax_flash
 import reference
-from jax_flash._src import fp8_cache
+from jax_flash._src.decode import fp8_cache
 
 B, H, H_KV, D, S = 2, 4, 2, 64, 48
 
@@ -112,8 +112,9 @@ def test_kernel_path_rotation_wiring(rng, monkeypatch):
   """The kernel path with the kernel call replaced by its contract (rotated
   q against the rotated, dequantised pages): kvcache.py rotates q, passes
   data and descales, rotates the output back."""
-  from jax_flash._src import api, decode_cuda
-  from jax_flash._src.kvcache import _gather
+  from jax_flash._src.api import attention as api
+  from jax_flash._src.decode import cuda as decode_cuda
+  from jax_flash._src.decode.kvcache import _gather
   calls = []
 
   def forward(q, k8, v8, kd, vd, table, seqlens, *, scale, softcap,

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_flash._src import ffi
-from jax_flash._src.backends import Unsupported
+from jax_flash._src.backends import ffi
+from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.fp8 import cuda, quantize, scheme
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.core.spec import AttentionSpec
 
 ON_GPU = jax.default_backend() == "gpu"
 pytestmark = [

@@ -142,8 +142,9 @@ def kernel_path_on_cpu(monkeypatch):
   """The kernel path's Python wiring (tables, identity rows, custom_vjp,
   sharding/vmap wrappers) with the kernel call replaced by the reference:
   `decode_cuda.forward`'s contract on the CPU."""
-  from jax_flash._src import api, decode_cuda
-  from jax_flash._src.kvcache import _gather
+  from jax_flash._src.api import attention as api
+  from jax_flash._src.decode import cuda as decode_cuda
+  from jax_flash._src.decode.kvcache import _gather
   calls = []
 
   def forward(q, k_pages, v_pages, table, seqlens, *, scale, softcap,

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
-from jax_flash._src import ffi
+from jax_flash._src.backends import ffi
 from reference import assert_close_to_reference
 
 GPUS = [d for d in jax.devices() if d.platform == "gpu"]

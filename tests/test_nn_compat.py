@@ -20,7 +20,7 @@ import pytest
 
 import jax_flash
 import reference as numpy_reference
-from jax_flash._src import nn_dense
+from jax_flash._src.compat import nn_dense
 
 F32_MAX = float(np.finfo(np.float32).max)
 

@@ -22,9 +22,12 @@ import pytest
 
 import jax_flash
 import reference
-from jax_flash._src import bottom_right, ffi, masking, xla
-from jax_flash._src.spec import UNBOUNDED, AttentionSpec
-from jax_flash._src.vjp import attention_fn
+from jax_flash._src.core import bottom_right
+from jax_flash._src.backends import ffi
+from jax_flash._src.core import masking
+from jax_flash._src.backends import xla
+from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
+from jax_flash._src.autodiff.differentiable import attention_fn
 
 WINDOWS = ((-1, -1), (0, 0), (2, -1), (-1, 3), (1, 2), (4, 0), (0, 5))
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_flash
-from jax_flash._src import backends
+from jax_flash._src.backends import registry as backends
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BACKEND_DIR = ROOT / "build_backend"
@@ -186,7 +186,7 @@ def test_available_implementations_lists_what_runs_here():
 
 
 def _cuda_loaded():
-  from jax_flash._src import ffi
+  from jax_flash._src.backends import ffi
   return ffi.available()
 
 

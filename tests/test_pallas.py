@@ -22,11 +22,12 @@ import jax_flash
 import reference
 from attention_suite import (PALLAS_CPU, PALLAS_GPU, AttentionSuite,
                              BackendSuite, select_cases)
-from jax_flash._src import backends, masking
-from jax_flash._src.pallas import backend as pallas_backend
-from jax_flash._src.pallas import common
-from jax_flash._src.pallas import config as pallas_config
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.backends import registry as backends
+from jax_flash._src.core import masking
+from jax_flash._src.backends.pallas import backend as pallas_backend
+from jax_flash._src.backends.pallas import common
+from jax_flash._src.backends.pallas import config as pallas_config
+from jax_flash._src.core.spec import AttentionSpec
 from reference import assert_close_to_reference
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -272,7 +273,7 @@ def test_lowers_to_triton_for_h200(kw):
     mesh = _abstract_gpu_mesh()
   except (ImportError, AttributeError, TypeError) as e:
     pytest.skip(f"no deviceless GPU lowering in this jax: {e}")
-  from jax_flash._src.pallas import backward, forward
+  from jax_flash._src.backends.pallas import backward, forward
   dtype = kw.get("dtype", jnp.bfloat16)
   B, T, S, H, Hk, D = (kw[x] for x in ("B", "T", "S", "H", "Hk", "D"))
   window = kw.get("window", (-1, -1))

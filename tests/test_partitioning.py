@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
-from jax_flash._src import sharding as sharding_mod
+from jax_flash._src.sharding import partition as sharding_mod
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

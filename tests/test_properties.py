@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import jax_flash
 import reference
-from jax_flash._src import xla as xla_backend
+from jax_flash._src.backends import xla as xla_backend
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                     database=None, print_blob=True,

@@ -26,8 +26,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
-from jax_flash._src import masking, ring, ring_plan
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.core import masking
+from jax_flash._src.ring import api as ring
+from jax_flash._src.ring import plan as ring_plan
+from jax_flash._src.core.spec import AttentionSpec
 
 # B, T, H, H_kv, D: GQA; T divisible by 2 * 8 (zigzag over 8 devices).
 SHAPE = (2, 48, 4, 2, 16)
@@ -472,7 +474,7 @@ def test_packed_documents_skip_calls_they_do_not_cross(mesh_name, layout,
 
 
 def test_ids_can_meet():
-  from jax_flash._src.ring_steps import ids_can_meet
+  from jax_flash._src.ring.steps import ids_can_meet
   a = jnp.array([[0, 0, 1, 1]])
   assert bool(ids_can_meet(a, jnp.array([[1, 2, 2, 3]])))
   assert not bool(ids_can_meet(a, jnp.array([[2, 2, 3, 3]])))

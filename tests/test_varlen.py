@@ -15,8 +15,10 @@ import pytest
 
 import jax_flash
 import reference
-from jax_flash._src import ffi, masking, tile_spans
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.backends import ffi
+from jax_flash._src.core import masking
+from jax_flash._src.core import tile_spans
+from jax_flash._src.core.spec import AttentionSpec
 from reference import assert_close_to_reference
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -225,7 +227,7 @@ def test_cuda_prepass(layout, band, shifted, rng):
   """The CUDA tile-span pre-pass: tile_spans.py's spans, and where it says
   exact, each token's interval is the run of its id (first to last index on
   the other side) cut to the token's band."""
-  from jax_flash._src import cuda_backend
+  from jax_flash._src.backends import cuda as cuda_backend
   B, T, S = 2, 261, 300
   q_seg = np.stack([_layout(layout, rng, T) for _ in range(B)]).astype(np.int32)
   kv_seg = np.stack([_layout(layout, rng, S) for _ in range(B)]).astype(np.int32)

@@ -11,7 +11,7 @@ from jax.test_util import check_grads
 import jax_flash
 import reference
 from attention_suite import XLA, AttentionSuite, BackendSuite, Case, select_cases
-from jax_flash._src import xla as xla_backend
+from jax_flash._src.backends import xla as xla_backend
 
 
 @pytest.mark.slow

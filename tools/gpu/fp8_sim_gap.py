@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash._src.fp8 import cuda, quantize, reference
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.core.spec import AttentionSpec
 
 
 def _rms(x):

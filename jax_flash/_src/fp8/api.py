@@ -39,16 +39,16 @@ import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_flash._src import api as attention_api
-from jax_flash._src import sharding
-from jax_flash._src.backends import Unsupported
-from jax_flash._src.batching import fold_into_batch
-from jax_flash._src.checks import (check_arrays, check_scale,
+from jax_flash._src.api import attention as attention_api
+from jax_flash._src.sharding import partition as sharding
+from jax_flash._src.backends.registry import Unsupported
+from jax_flash._src.core.batching import fold_into_batch
+from jax_flash._src.core.checks import (check_arrays, check_scale,
                                    check_segment_ids, check_softcap,
                                    window_fields)
 from jax_flash._src.fp8 import cuda as fp8_cuda
 from jax_flash._src.fp8 import quantize, reference, scheme
-from jax_flash._src.spec import AttentionSpec
+from jax_flash._src.core.spec import AttentionSpec
 
 KINDS = ("query", "key", "value")
 IN_DTYPES = ("bfloat16", "float16", "float32")

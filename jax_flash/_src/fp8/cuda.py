@@ -6,8 +6,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src import cuda_backend, ffi
-from jax_flash._src.backends import Unsupported
+from jax_flash._src.backends import cuda as cuda_backend
+from jax_flash._src.backends import ffi
+from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.fp8 import scheme
 
 QUANTIZE = ffi.FP8_QUANTIZE

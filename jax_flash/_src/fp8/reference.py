@@ -35,9 +35,9 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from jax_flash._src import masking
+from jax_flash._src.core import masking
 from jax_flash._src.fp8 import scheme
-from jax_flash._src.spec import UNBOUNDED, AttentionSpec
+from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 
 E4M3 = jnp.float8_e4m3fn
 LOG2E = math.log2(math.e)

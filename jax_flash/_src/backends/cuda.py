@@ -1,0 +1,172 @@
+"""The "cuda" backend: hand-written kernels called through XLA FFI.
+
+Python checks every request first (so users get a Python exception at trace
+time) and sizes the workspaces the kernels need (extra FFI results, so the
+handlers never allocate and stay CUDA-graph compatible). The kernels know
+only the bottom-right alignment; specs with another one (ring attention's
+blocks) run on prefixes through `bottom_right.py`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_flash._src.core import bottom_right
+from jax_flash._src.backends import ffi
+from jax_flash._src.core import tile_spans
+from jax_flash._src.backends.registry import Unsupported, register
+from jax_flash._src.core.spec import AttentionSpec
+
+DTYPES = ("bfloat16", "float16")
+MAX_HEAD_DIM = 256
+
+
+def _round_up(x: int, m: int) -> int:
+  return (x + m - 1) // m * m
+
+
+def rounded_head_dim(d: int) -> int:
+  """Same rule as cuda/include/jax_flash/head_dim.h (tests/test_block_info.py
+  checks that they agree)."""
+  return 64 if d <= 64 else 96 if d <= 96 else 128 if d <= 128 else 256
+
+
+def sm90_bwd_semaphore_ints(batch: int, num_heads: int, seqlen_q: int) -> int:
+  """Same rule as cuda/include/jax_flash/params.h: the sm90 deterministic
+  backward's workspace, a dQ-order semaphore per (batch, q head, 64-row query
+  block) plus its tile-claim counter (int32)."""
+  return batch * num_heads * -(-seqlen_q // 64) + 1
+
+
+def _compute_capability() -> tuple[int, int] | None:
+  try:
+    dev = jax.devices("gpu")[0]
+  except RuntimeError:
+    return None
+  cc = getattr(dev, "compute_capability", None)
+  if cc is None:
+    return None
+  major, minor = str(cc).split(".")
+  return int(major), int(minor)
+
+
+def packing_ints(batch: int, seqlen_q: int, seqlen_k: int,
+                 has_shifts: bool) -> int:
+  """Size (int32) of the packing buffer: the same rule as
+  cuda/include/jax_flash/packing_layout.h (64-token groups, 8-int span
+  entries, a [lo, hi) run per token, the shifts)."""
+  groups = -(-seqlen_q // tile_spans.ROWS) + -(-seqlen_k // tile_spans.ROWS)
+  n = batch * (8 * groups + 2 * (seqlen_q + seqlen_k))
+  return n + (batch * (seqlen_q + seqlen_k) if has_shifts else 0)
+
+
+def _segments(spec, q_seg, kv_seg, shifts):
+  """(q_seg, kv_seg, packing) as the handlers take them: the packing buffer
+  (the tile spans of the ids, each token's run, the diagonal shifts) comes
+  from the tile-span pre-pass kernel, one launch per call."""
+  if not spec.has_segment_ids:
+    dummy = jnp.zeros((1,), jnp.int32)  # the handler ignores them
+    return dummy, dummy, dummy
+  q_seg, kv_seg = q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32)
+  if shifts is None:
+    q_shift = kv_shift = jnp.zeros((1,), jnp.int32)
+  else:
+    q_shift, kv_shift = (s.astype(jnp.int32) for s in shifts)
+  B, T = q_seg.shape
+  S = kv_seg.shape[1]
+  packing = ffi.call(
+      ffi.PACKING, jax.ShapeDtypeStruct(
+          (packing_ints(B, T, S, spec.has_shifts),), jnp.int32),
+      q_seg, kv_seg, q_shift, kv_shift,
+      window_left=np.int32(spec.window_left),
+      window_right=np.int32(spec.window_right),
+      has_shifts=bool(spec.has_shifts))
+  return q_seg, kv_seg, packing
+
+
+class CudaBackend:
+  name = "cuda"
+
+  def check(self, spec: AttentionSpec, platform: str) -> None:
+    if platform not in ("gpu", "cuda"):
+      raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
+                        f"platform is {platform!r}")
+    if not ffi.available():
+      raise Unsupported(f"implementation='cuda': {ffi.unavailable_reason()}; "
+                        "reinstall with nvcc on PATH")
+    cc = _compute_capability()
+    if cc is not None and cc < (8, 0):
+      raise Unsupported(f"implementation='cuda' needs compute capability >= "
+                        f"8.0 (sm80+); this GPU is sm{cc[0]}{cc[1]}")
+    if spec.dtype not in DTYPES:
+      raise Unsupported(f"implementation='cuda' supports dtypes "
+                        f"{', '.join(DTYPES)}; got {spec.dtype}")
+    if not (1 <= spec.head_dim <= MAX_HEAD_DIM and spec.head_dim % 8 == 0):
+      # 16-byte vector loads of each row need head_dim % 8 == 0.
+      raise Unsupported(f"implementation='cuda' supports head_dim a multiple "
+                        f"of 8 in 8..{MAX_HEAD_DIM}; got {spec.head_dim}")
+    if spec.scale <= 0:
+      raise Unsupported(f"implementation='cuda' needs scale > 0; got "
+                        f"{spec.scale}")
+
+  def forward(self, spec: AttentionSpec, q, k, v, q_seg, kv_seg,
+              shifts=None):
+    return bottom_right.forward(_forward, spec, q, k, v, q_seg, kv_seg,
+                                shifts)
+
+  def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
+               kv_seg, shifts=None):
+    return bottom_right.backward(_backward, spec, q, k, v, o, lse, do, delta,
+                                 q_seg, kv_seg, shifts)
+
+
+def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None):
+  B, T, H, _ = q.shape
+  q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
+  # The third result is a workspace: the sm90 dynamic tile scheduler's
+  # counter (a per-call buffer, so concurrent calls never share one) and,
+  # with segment ids, the packed tile order [B, ceil(T / 64)] after it.
+  order = B * -(-T // tile_spans.ROWS) if spec.has_segment_ids else 0
+  out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                jax.ShapeDtypeStruct((B, H, T), jnp.float32),
+                jax.ShapeDtypeStruct((1 + order,), jnp.int32))
+  o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg, packing,
+                    kernel_family=ffi.kernel_family(),
+                    **ffi.mask_attrs(spec))
+  return o, lse
+
+
+def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
+              kv_seg, shifts=None):
+  B, T, H, D = q.shape
+  S, H_kv = k.shape[1], k.shape[2]
+  q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
+  d_round = rounded_head_dim(D)
+  f32 = jnp.float32
+  dq_accum = (B * H * _round_up(T, 128) * d_round,)
+  # GQA sums dK/dV over the q heads of a group; the kernel may use these.
+  dkv_accum = ((B * H_kv * _round_up(S, 128) * d_round,)
+               if H != H_kv else (1,))
+  # Deterministic mode: the sm90 backward orders the dQ additions through
+  # these semaphores (zeroed by the kernel's launcher; a per-call buffer, so
+  # concurrent calls never share one). Else a 1-element placeholder.
+  dq_semaphore = ((sm90_bwd_semaphore_ints(B, H, T),)
+                  if spec.deterministic else (1,))
+  out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                jax.ShapeDtypeStruct(k.shape, k.dtype),
+                jax.ShapeDtypeStruct(v.shape, v.dtype),
+                jax.ShapeDtypeStruct(dq_accum, f32),
+                jax.ShapeDtypeStruct(dkv_accum, f32),
+                jax.ShapeDtypeStruct(dkv_accum, f32),
+                jax.ShapeDtypeStruct(dq_semaphore, jnp.int32))
+  dq, dk, dv, *_ = ffi.call(ffi.BWD, out_shapes, q, k, v, o,
+                            lse.astype(f32), do, delta.astype(f32), q_seg,
+                            kv_seg, packing, deterministic=bool(spec.deterministic),
+                            kernel_family=ffi.kernel_family(),
+                            **ffi.mask_attrs(spec))
+  return dq, dk, dv
+
+
+register("cuda", CudaBackend)

@@ -1,0 +1,75 @@
+"""The "pallas" backend: portable pallas_call kernels.
+
+On GPU the kernels lower through Pallas' Triton backend (chosen by passing
+Triton CompilerParams); on CPU they run in interpret mode (correct, slow: for
+tests and debugging, which is why automatic dispatch prefers "xla" on CPU).
+"""
+
+from __future__ import annotations
+
+from jax_flash._src.backends.registry import Unsupported, default_platform, register
+from jax_flash._src.backends.pallas import backward as _backward
+from jax_flash._src.backends.pallas import common
+from jax_flash._src.backends.pallas import config as _config_mod
+from jax_flash._src.backends.pallas import forward as _forward
+from jax_flash._src.core.spec import AttentionSpec
+
+PLATFORMS = ("cpu", "gpu", "cuda")
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+GPU_DTYPES = ("bfloat16", "float16", "float32")
+CPU_DTYPES = GPU_DTYPES + ("float64",)
+
+
+def _interpret(platform: str) -> bool:
+  return platform == "cpu"
+
+
+def _config(q):
+  platform = default_platform()  # the arrays here are usually tracers
+  cfg = _config_mod.config_for(platform, common.padded_head_dim(q.shape[-1]),
+                               q.dtype.itemsize)
+  return cfg, _interpret(platform)
+
+
+class PallasBackend:
+  name = "pallas"
+
+  def check(self, spec: AttentionSpec, platform: str) -> None:
+    if platform not in PLATFORMS:
+      raise Unsupported(
+          f"implementation='pallas' runs on platforms {', '.join(PLATFORMS)} "
+          f"(Triton on GPU, interpret mode on CPU); got platform "
+          f"{platform!r}")
+    if not MIN_HEAD_DIM <= spec.head_dim <= MAX_HEAD_DIM:
+      raise Unsupported(
+          f"implementation='pallas' supports head_dim {MIN_HEAD_DIM}..."
+          f"{MAX_HEAD_DIM}; got head_dim={spec.head_dim}")
+    dtypes = CPU_DTYPES if _interpret(platform) else GPU_DTYPES
+    if spec.dtype not in dtypes:
+      where = ("interpret mode on CPU" if _interpret(platform) else
+               "GPU (float64 only in interpret mode on CPU)")
+      raise Unsupported(
+          f"implementation='pallas' on {where} supports dtypes "
+          f"{', '.join(dtypes)}; got dtype={spec.dtype}")
+    # (Grid axes past CUDA's 65535 limit on y/z are folded by Pallas' Triton
+    # lowering, so batch and heads need no limit here.)
+
+  @staticmethod
+  def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None,
+              shifts=None):
+    cfg, interpret = _config(q)
+    return _forward.forward(spec, q, k, v, q_seg, kv_seg, cfg=cfg.forward,
+                            interpret=interpret, dropout=dropout,
+                            shifts=shifts)
+
+  @staticmethod
+  def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
+               kv_seg, dropout=None, shifts=None):
+    cfg, interpret = _config(q)
+    return _backward.backward(
+        spec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
+        dq_cfg=cfg.backward_dq, dkdv_cfg=cfg.backward_dkdv,
+        interpret=interpret, dropout=dropout, shifts=shifts)
+
+
+register("pallas", PallasBackend)

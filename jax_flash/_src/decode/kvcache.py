@@ -1,0 +1,287 @@
+"""`jax_flash.attention_with_kvcache`: decoding against a KV cache.
+
+FlashAttention's `flash_attn_with_kvcache` in JAX: the new tokens' keys and
+values (if given) are written into the cache at each sequence's end, then the
+queries attend to each sequence's valid keys, aligned to their end (the
+queries are the last T_new tokens). The cache is contiguous [B_cache, S_max,
+H_kv, D] (rows chosen by `cache_batch_idx`) or paged [num_pages, page_size,
+H_kv, D] with a page table [B, max_pages].
+
+On a GPU with the CUDA extension (implementation None or "cuda") the
+decoding kernels read the cache where it lies (cuda/decode: split-KV over
+the keys, the query heads of a KV head packed into one tile, paged loads;
+decode_cuda.py). Otherwise, and for gradients, the reference path gathers
+each sequence's cache and attends through `attention(..., kv_seq_lengths=)`,
+so every backend and transformation applies. The updated caches are
+returned as arrays; under `jax.jit` with the caches donated, XLA writes them
+in place.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jax_flash._src.api import attention as api
+from jax_flash._src.core import checks
+from jax_flash._src.decode import cuda as decode_cuda
+from jax_flash._src.sharding import decode as decode_sharding
+from jax_flash._src.decode import fp8_cache
+from jax_flash._src.backends.registry import Unsupported
+
+
+def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
+           cache_batch_idx, num_splits):
+  fp8 = [isinstance(c, fp8_cache.Fp8KVCache) for c in (k_cache, v_cache)]
+  if fp8[0] != fp8[1]:
+    raise ValueError("k_cache and v_cache must both be FP8 caches "
+                     "(jax_flash.quantize_kv_cache) or both arrays")
+  if fp8[0]:
+    if k_cache.rotation_seed != v_cache.rotation_seed:
+      raise ValueError(f"the FP8 caches must share their rotation; got seeds "
+                       f"{k_cache.rotation_seed}, {v_cache.rotation_seed}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+      r, s_, h, _ = c.data.shape
+      if tuple(c.descale.shape) != (r, h, s_):
+        raise ValueError(f"{name}.descale must be [rows, H_kv, slots] = "
+                         f"{(r, h, s_)}; got {tuple(c.descale.shape)}")
+  for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    if not hasattr(x, "ndim") or x.ndim != 4:
+      raise ValueError(
+          f"attention_with_kvcache: {name} must be a rank-4 array; got "
+          f"{getattr(x, 'shape', type(x).__name__)}")
+  if k_cache.shape != v_cache.shape:
+    raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} "
+                     f"must have the same shape")
+  B, T, H, D = q.shape
+  H_kv, Dk = k_cache.shape[2], k_cache.shape[3]
+  if Dk != D or H_kv == 0 or H % H_kv:
+    raise ValueError(
+        f"attention_with_kvcache: q [B, T_new, H, D] = {q.shape} does not "
+        f"fit the cache [.., .., H_kv, D] = {k_cache.shape} (head_dim must "
+        f"match and H % H_kv == 0)")
+  if (k_new is None) != (v_new is None):
+    raise ValueError("pass k_new and v_new together")
+  if k_new is not None:
+    want = (B, k_new.shape[1], H_kv, D)
+    if k_new.shape != v_new.shape or k_new.shape != want:
+      raise ValueError(f"k_new and v_new must be [B, T_new, H_kv, D] = "
+                       f"{want}; got {k_new.shape}, {v_new.shape}")
+  if not hasattr(cache_seqlens, "shape") or tuple(
+      cache_seqlens.shape) != (B,) or not jnp.issubdtype(
+          cache_seqlens.dtype, jnp.integer):
+    raise ValueError(f"cache_seqlens must be an integer array [B] = [{B}]; "
+                     f"got {getattr(cache_seqlens, 'shape', cache_seqlens)}")
+  if page_table is not None:
+    if cache_batch_idx is not None:
+      raise ValueError("cache_batch_idx works with a contiguous cache, not "
+                       "with page_table")
+    if page_table.ndim != 2 or page_table.shape[0] != B or not jnp.issubdtype(
+        page_table.dtype, jnp.integer):
+      raise ValueError(f"page_table must be an integer array [B, max_pages] "
+                       f"with B = {B}; got {page_table.shape}, "
+                       f"{page_table.dtype}")
+  if cache_batch_idx is not None and (
+      tuple(cache_batch_idx.shape) != (B,) or
+      not jnp.issubdtype(cache_batch_idx.dtype, jnp.integer)):
+    raise ValueError(f"cache_batch_idx must be an integer array [B] = [{B}]")
+  if num_splits is not None and (isinstance(num_splits, bool) or
+                                 not isinstance(num_splits, numbers.Integral)
+                                 or num_splits < 1):
+    raise ValueError(f"num_splits must be None or an int >= 1, got "
+                     f"{num_splits!r}")
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
+                           v_new=None, page_table=None, cache_batch_idx=None,
+                           causal: bool = True, scale: float | None = None,
+                           window: tuple[int, int] | None = None,
+                           softcap: float | None = None,
+                           return_lse: bool = False, num_splits=None,
+                           implementation: str | None = None):
+  """Attention of new queries against a KV cache (FlashAttention's names).
+
+  Args:
+    q: [B, T_new, H, D], the new tokens' queries.
+    k_cache, v_cache: contiguous [B_cache, S_max, H_kv, D], or paged
+      [num_pages, page_size, H_kv, D] with `page_table`; arrays of q's
+      dtype, or both `jax_flash.Fp8KVCache` (e4m3, quantize_kv_cache).
+    cache_seqlens: int [B], valid tokens per sequence before k_new (traced).
+    k_new, v_new: optional [B, T_new, H_kv, D], written at positions
+      cache_seqlens[b] ... + T_new - 1 of each sequence; positions past the
+      cache's capacity are dropped (and those keys are not attended).
+    page_table: int [B, max_pages]: sequence b's position p lives in page
+      page_table[b, p // page_size], slot p % page_size. Page indices out of
+      range are clamped by the gather (keep them valid).
+    cache_batch_idx: int [B]: the cache row of each sequence (contiguous).
+    causal, scale, window, softcap, implementation: as `jax_flash.attention`,
+      aligned to each sequence's end (the queries are its last T_new tokens).
+    return_lse: also return the logsumexp [B, H, T_new].
+    num_splits: how many parts each sequence's keys are split into (the
+      CUDA kernels; None: chosen from the batch, the heads and the cache
+      length). Other backends run one pass over the keys.
+
+  Returns:
+    out [B, T_new, H, D], then lse if return_lse, then (with k_new) the
+    updated k_cache and v_cache: a tuple unless only `out` is returned.
+  """
+  _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
+         cache_batch_idx, num_splits)
+  B = q.shape[0]
+  seqlens = cache_seqlens.astype(jnp.int32)
+  if page_table is not None:
+    page_size = k_cache.shape[1]
+    capacity = page_table.shape[1] * page_size
+  else:
+    capacity = k_cache.shape[1]
+  rows = (jnp.arange(B, dtype=jnp.int32) if cache_batch_idx is None else
+          cache_batch_idx.astype(jnp.int32))
+
+  if k_new is not None:
+    T_new = k_new.shape[1]
+    pos = seqlens[:, None] + jnp.arange(T_new, dtype=jnp.int32)[None]  # [B, T_new]
+    if page_table is not None:
+      page = jnp.take_along_axis(page_table.astype(jnp.int32),
+                                 jnp.clip(pos // page_size, 0,
+                                          page_table.shape[1] - 1), 1)
+      page = jnp.where(pos < capacity, page, k_cache.shape[0])  # dropped
+      at = (page, pos % page_size)
+    else:
+      where = jnp.where(pos < capacity, pos, capacity)  # dropped
+      at = (jnp.broadcast_to(rows[:, None], where.shape), where)
+
+    def write(c, x):
+      if isinstance(c, fp8_cache.Fp8KVCache):
+        return fp8_cache.write(c, *at, x)
+      return c.at[at].set(x.astype(c.dtype), mode="drop")
+
+    k_cache, v_cache = write(k_cache, k_new), write(v_cache, v_new)
+    seqlens = seqlens + T_new
+
+  if page_table is None:
+    # A contiguous cache is B_cache pages of S_max keys, one per sequence.
+    table = rows[:, None]
+  else:
+    table = page_table.astype(jnp.int32)
+  lengths = jnp.clip(seqlens, 0, capacity)
+  reason = "not requested"
+  if implementation in (None, "cuda"):
+    reason = decode_cuda.unsupported_reason(q, k_cache, api._platform(q))
+    if implementation == "cuda" and reason:
+      raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
+                        f"{reason}")
+  fp8 = isinstance(k_cache, fp8_cache.Fp8KVCache)
+  if reason is None and not api.no_rows(q.shape[:3]):
+    opts = _KernelOptions(
+        scale=checks.check_scale(scale, q.shape[-1]),
+        softcap=checks.check_softcap(softcap),
+        **checks.window_fields(window, causal),
+        num_splits=num_splits,
+        identity_rows=(page_table is None and cache_batch_idx is None and
+                       k_cache.shape[0] == B))
+    if fp8:
+      seed = k_cache.rotation_seed
+      qr = q if seed is None else fp8_cache.rotate(q, seed).astype(q.dtype)
+      o, lse = _decode_fp8(qr, k_cache.data, v_cache.data, k_cache.descale,
+                           v_cache.descale, table, lengths, opts)
+      if seed is not None:  # the values were rotated: o R^T
+        o = fp8_cache.unrotate(o, seed).astype(q.dtype)
+    else:
+      o, lse = _decode(q, k_cache, v_cache, table, lengths, opts)
+    res = (o, lse) if return_lse else o
+  else:
+    pool = lambda c: c.dequantize(q.dtype) if fp8 else c
+    k, v = _gather(pool(k_cache), table), _gather(pool(v_cache), table)
+    res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
+                        softcap=softcap, kv_seq_lengths=lengths,
+                        return_lse=return_lse, implementation=implementation)
+  out = res if isinstance(res, tuple) else (res,)
+  if k_new is not None:
+    out = out + (k_cache, v_cache)
+  return out if len(out) > 1 else out[0]
+
+
+def _gather(pages, table):
+  """Each sequence's keys [B, max_pages * page_size, H_kv, D] from the pages."""
+  B, n = table.shape
+  return pages[table].reshape((B, n * pages.shape[1]) + pages.shape[2:])
+
+
+class _KernelOptions(NamedTuple):
+  """The static options of the kernel call (hashable: custom_vjp's nondiff)."""
+  scale: float
+  softcap: float | None
+  window_left: int
+  window_right: int
+  num_splits: int | None
+  identity_rows: bool  # contiguous cache, row b = sequence b (sharding)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _decode(q, k_pages, v_pages, table, lengths, opts):
+  return _call(opts, q, k_pages, v_pages, table, lengths)
+
+
+def _decode_fwd(q, k_pages, v_pages, table, lengths, opts):
+  return (_decode(q, k_pages, v_pages, table, lengths, opts),
+          (q, k_pages, v_pages, table, lengths))
+
+
+def _decode_bwd(opts, res, g):
+  """Gradients through the reference path (the kernels have no backward)."""
+  q, k_pages, v_pages, table, lengths = res
+
+  def reference(q, k_pages, v_pages):
+    return api.attention(
+        q, _gather(k_pages, table), _gather(v_pages, table), scale=opts.scale,
+        softcap=opts.softcap, window=(opts.window_left, opts.window_right),
+        kv_seq_lengths=lengths, return_lse=True)
+
+  _, vjp = jax.vjp(reference, q, k_pages, v_pages)
+  return vjp(g) + (None, None)
+
+
+_decode.defvjp(_decode_fwd, _decode_bwd)
+
+
+def _call(opts, q, *caches_table_lengths):
+  body = lambda *a: decode_cuda.forward(
+      *a, scale=opts.scale, softcap=opts.softcap,
+      window_left=opts.window_left, window_right=opts.window_right,
+      num_splits=opts.num_splits)
+  H_kv = caches_table_lengths[0].shape[2]
+  return decode_sharding.decode_call(
+      body, identity_rows=opts.identity_rows, group=q.shape[2] // H_kv,
+      kv_heads=H_kv, fp8=len(caches_table_lengths) == 6)(
+          q, *caches_table_lengths)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _decode_fp8(q, k8, v8, k_descale, v_descale, table, lengths, opts):
+  return _call(opts, q, k8, v8, k_descale, v_descale, table, lengths)
+
+
+def _decode_fp8_fwd(q, k8, v8, k_descale, v_descale, table, lengths, opts):
+  res = (q, k8, v8, k_descale, v_descale, table, lengths)
+  return _decode_fp8(*res, opts), res
+
+
+def _decode_fp8_bwd(opts, res, g):
+  """d/dq through the reference path on the dequantised cache (the cache
+  itself is data, not a parameter: no cotangent)."""
+  q, k8, v8, k_descale, v_descale, table, lengths = res
+  deq = lambda x8, d: fp8_cache.dequantize_rows(x8, d, q.dtype)
+  k, v = _gather(deq(k8, k_descale), table), _gather(deq(v8, v_descale), table)
+  _, vjp = jax.vjp(lambda q: api.attention(
+      q, k, v, scale=opts.scale, softcap=opts.softcap,
+      window=(opts.window_left, opts.window_right), kv_seq_lengths=lengths,
+      return_lse=True), q)
+  (dq,) = vjp(g)
+  return (dq, None, None, None, None, None, None)
+
+
+_decode_fp8.defvjp(_decode_fp8_fwd, _decode_fp8_bwd)
