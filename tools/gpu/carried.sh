@@ -5,7 +5,7 @@
 # - $OUT (default ./gpu_out) for logs and results;
 # - a prebuilt extension in .ab/jax_flash/ (`_jax_flash_cuda*.so.xz`,
 #   xz-compressed, and `_build.json`) is unpacked into jax_flash/
-#   (`install_build DIR` does the same for another directory);
+#   (`install_build DIR [DEST]` does the same for another directory);
 # - wheels in .whl/ (the peers of the benchmarks, e.g. flash-attn3-jax) are
 #   installed to /tmp/site;
 # - PYTHONPATH holds the repo root and /tmp/site; the GPU is printed.
@@ -15,16 +15,17 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 STAGES=${*:-$DEFAULT_STAGES}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-# install_build DIR: DIR's extension (*.so.xz or *.so) and _build.json into jax_flash/.
+# install_build DIR [DEST]: DIR's extension (*.so.xz or *.so) and _build.json
+# into DEST (default jax_flash/).
 install_build() {
-  local f
+  local f dest=${2:-jax_flash}
   for f in "$1"/_jax_flash_cuda*.so.xz; do
-    [[ -e $f ]] && xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"
+    [[ -e $f ]] && xz -dc "$f" > "$dest/$(basename "${f%.xz}")"
   done
   for f in "$1"/_jax_flash_cuda*.so; do
-    [[ -e $f ]] && cp "$f" jax_flash/
+    [[ -e $f ]] && cp "$f" "$dest/"
   done
-  [[ -e $1/_build.json ]] && cp "$1/_build.json" jax_flash/
+  [[ -e $1/_build.json ]] && cp "$1/_build.json" "$dest/"
   return 0
 }
 [[ -d .ab/jax_flash ]] && install_build .ab/jax_flash
