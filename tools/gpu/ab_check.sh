@@ -27,7 +27,9 @@
 #   racecheck) on tools/gpu/sanitize_case.py: the cases sm90_fwd, sm90_bwd,
 #   varlen, decode and fp8 in one process per tool, and sm80
 #   (JAX_FLASH_CUDA_FAMILY=sm80) in another; one line per run with the
-#   sanitizer's summary, one per case with the reports printed during it.
+#   sanitizer's summary, one per case with the reports printed during it
+#   (and how many of them name a jax_flash kernel: XLA's own kernels are
+#   checked too).
 # Each stage runs whatever the others gave. Time: the stages stop at
 # AB_STAGE_S (300), TEST_STAGE_S (110) and the rest of AB_BUDGET_S (530: the
 # whole script, so that `ab test sanitize` fits in 9 minutes); inside a stage
@@ -145,19 +147,24 @@ if has sanitize; then
           python3 tools/gpu/sanitize_case.py $cases >"$log" 2>&1
         rc=$?
         note "$tool [$cases]: rc=$rc$( ((rc == 124)) && echo " (stopped at its ${limit} s)") $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^=* *//') ($((SECONDS - t0)) s)"
-        # Per case: the sanitizer's reports (lines "========= X" not indented)
-        # between the case's marker and the next one.
+        # Per case: the sanitizer's reports (a line "========= X", X not indented,
+        # and the indented lines after it) between the case's marker and the
+        # next one, and how many of them name a jax_flash kernel or function.
         while IFS= read -r line; do note "  $tool $line"; done < <(awk '
-          /^== case [A-Za-z0-9_]+$/ { c = $3; order[++k] = c; n[c] = 0; next }
-          /^== case [A-Za-z0-9_]+: / { name = $3; sub(/:$/, "", name); st[name] = substr($0, index($0, ": ") + 2); next }
-          /^========= (COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Target application)/ { next }
-          /^========= [^ ]/ { if (c != "") n[c]++; else before++ }
+          function close_report() { if (open) { n[cur]++; if (ours) m[cur]++; open = 0 } }
+          /^== case [A-Za-z0-9_]+$/ { close_report(); c = $3; order[++k] = c; next }
+          /^== case [A-Za-z0-9_]+: / { close_report(); name = $3; sub(/:$/, "", name)
+                                        st[name] = substr($0, index($0, ": ") + 2); next }
+          /^========= (COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|Target application)/ { close_report(); next }
+          /^========= [^ ]/ { close_report(); open = 1; ours = /jax_flash/; cur = (c == "" ? "(before the first case)" : c); next }
+          /^=========  / { if (open && /jax_flash/) ours = 1; next }
           END {
-            if (before) print "before the first case: " before " reports"
+            close_report()
+            if (n["(before the first case)"]) print "before the first case: " n["(before the first case)"] " reports"
             for (i = 1; i <= k; i++) {
               c = order[i]; s = "did not finish"
               if (c in st) s = st[c]
-              print c ": " s ", " n[c] " reports"
+              print c ": " s ", " (n[c] + 0) " reports (" (m[c] + 0) " naming jax_flash)"
             }
           }' "$log")
       done
