@@ -1,6 +1,6 @@
-"""Merge benchmark records fetched from the GPU machine into a results file.
+"""Merge new benchmark records (e.g. a GPU script's $OUT/h200.json) into a results file.
 
-    python benchmarks/merge_results.py FETCHED.json benchmarks/results/h200.json
+    python benchmarks/merge_results.py NEW.json benchmarks/results/h200.json
 
 Records with the same key (impl, mode, dtype, shape, causal) are replaced;
 records of another device than the destination's are refused.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the Hopper (sm_90a) backward self-test into build_carry/ (git-ignored),
-# to be carried to an H100/H200 and run there:
+# to be copied to an H100/H200 host and run there:
 #   build_carry/selftest_sm90_bwd   sm90 backward vs float64 reference (--quick,
 #                                   filter; "det" rows: deterministic mode, 3 runs
 #                                   compared bitwise), --bench: TF/s next to the sm80
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 JOBS=$(nproc)
 if [[ "${1:-}" == "-j" ]]; then JOBS=$2; fi
 OUTDIR=build_carry
-OBJ=build/obj_sm90_bwd_tests  # objects and ptxas logs (git-ignored, not carried)
+OBJ=build/obj_sm90_bwd_tests  # objects and ptxas logs (git-ignored, not needed on the GPU host)
 mkdir -p "$OBJ" "$OUTDIR"
 NVCC=${NVCC:-nvcc}
 FLAGS=(-O3 -std=c++17 --expt-relaxed-constexpr -lineinfo --use_fast_math

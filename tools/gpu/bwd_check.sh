@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The training step on the H200 (device machine), from the repo root, with
-# the extension carried xz-compressed in .ab/ and the flash-attn3-jax wheel
-# in .whl/ (the peer):
+# The training step on an H200, from the repo root, with a prebuilt extension
+# in .ab/jax_flash/ and the flash-attn3-jax wheel in .whl/ (the peer), as
+# tools/gpu/carried.sh sets them up:
 #   tools/gpu/bwd_check.sh [test] [bench]
 # test: the CUDA suite's gradient and deterministic cases, NaN-poisoned;
 # bench: bench_attention.py's sweep (B*T = 16k) at the head dims of $DIMS

@@ -1,18 +1,34 @@
-# Sourced by the GPU scripts (packing_check.sh, decode_check.sh, bwd_check.sh,
-# ring_scaling.sh), from the repo root on the device machine, after they set
-# DEFAULT_STAGES and pass their arguments: the stages to run (`has STAGE`),
-# $OUT (default ./gpu_out), the extension built on the CPU machine and
-# carried xz-compressed in .ab/ unpacked into jax_flash/, the wheels carried
-# in .whl/ (the peers, e.g. flash-attn3-jax) installed into /tmp/site, and
-# PYTHONPATH pointing at both; prints the GPU.
+# Common set-up of the GPU scripts (packing_check.sh, decode_check.sh,
+# bwd_check.sh, ring_scaling.sh, ab_check.sh), sourced from the repo root
+# after the script sets DEFAULT_STAGES, with the script's arguments:
+# - the stages to run ($STAGES, tested with `has STAGE`), default DEFAULT_STAGES;
+# - $OUT (default ./gpu_out) for logs and results;
+# - a prebuilt extension in .ab/jax_flash/ (`_jax_flash_cuda*.so.xz`,
+#   xz-compressed, and `_build.json`) is unpacked into jax_flash/
+#   (`install_build DIR [DEST]` does the same for another directory);
+# - wheels in .whl/ (the peers of the benchmarks, e.g. flash-attn3-jax) are
+#   installed to /tmp/site;
+# - PYTHONPATH holds the repo root and /tmp/site; the GPU is printed.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 STAGES=${*:-$DEFAULT_STAGES}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-for f in .ab/jax_flash/*.xz; do xz -dc "$f" > "jax_flash/$(basename "${f%.xz}")"; done
-cp .ab/jax_flash/_build.json jax_flash/ 2>/dev/null
+# install_build DIR [DEST]: DIR's extension (*.so.xz or *.so) and _build.json
+# into DEST (default jax_flash/).
+install_build() {
+  local f dest=${2:-jax_flash}
+  for f in "$1"/_jax_flash_cuda*.so.xz; do
+    [[ -e $f ]] && xz -dc "$f" > "$dest/$(basename "${f%.xz}")"
+  done
+  for f in "$1"/_jax_flash_cuda*.so; do
+    [[ -e $f ]] && cp "$f" "$dest/"
+  done
+  [[ -e $1/_build.json ]] && cp "$1/_build.json" "$dest/"
+  return 0
+}
+[[ -d .ab/jax_flash ]] && install_build .ab/jax_flash
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# KV-cache decoding on the H200 (device machine), from the repo root, with the
-# extension built on the CPU machine and carried xz-compressed in .ab/ and
-# the flash-attn3-jax wheel in .whl/ (the peer of the benchmark):
+# KV-cache decoding on an H200, from the repo root, with a prebuilt extension
+# in .ab/jax_flash/ and the flash-attn3-jax wheel in .whl/ (the peer of the
+# benchmark), as tools/gpu/carried.sh sets them up:
 #   tools/gpu/decode_check.sh [selftest] [test] [bench]
 # selftest: cuda/tests/selftest_decode.cu built with nvcc and run;
 # test: the decoding GPU tests (NaN-poisoned outputs) and the generation

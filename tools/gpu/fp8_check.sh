@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The FP8 check, run on the H200 (device machine) from the repo root in one call:
+# The FP8 check, run on an H200 from the repo root in one command:
 #   tests      JAX_FLASH_POISON_OUTPUTS=1 pytest -q -m gpu tests/test_fp8.py tests/test_fp8_cuda.py
 #   sanitizer  compute-sanitizer memcheck on one small fp8_attention(implementation="cuda")
 #              call (B=1 T=200 S=333 H=2 D=128 causal: the quantisation pre-pass and the
@@ -11,7 +11,7 @@
 # a short summary printed last. Usage:
 #   tools/gpu/fp8_check.sh                       # all four steps
 #   FP8_STEPS=tests,sanitizer tools/gpu/fp8_check.sh
-# The extension is found as gpu_check.sh's build stage finds it: a carried
+# The extension is found as gpu_check.sh's build stage finds it: a prebuilt
 # jax_flash/_jax_flash_cuda*.so (PYTHONPATH=repo root), else an installed jax_flash with
 # "cuda" (PYTHONSAFEPATH=1 keeps the source tree off sys.path), else pip install . from
 # cuda/CMakeLists.txt, else pure Python.
@@ -37,9 +37,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,no
 
 t0=$SECONDS
 if compgen -G "jax_flash/_jax_flash_cuda*.so" >/dev/null; then
-  # Built on the CPU machine (same nvcc, jax 0.11.2 FFI headers) and carried.
+  # Prebuilt elsewhere (same nvcc, jax 0.11.2 FFI headers) and unpacked here.
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-  note "extension: carried $(ls jax_flash/_jax_flash_cuda*.so)"
+  note "extension: prebuilt $(ls jax_flash/_jax_flash_cuda*.so)"
 elif (cd /tmp && $PY -c "import sys, jax_flash; sys.exit('cuda' not in jax_flash.available_implementations())") 2>/dev/null; then
   export PYTHONSAFEPATH=1
   note "extension: installed jax_flash ($(cd /tmp && $PY -c 'import jax_flash, os; print(os.path.dirname(jax_flash.__file__))'))"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, run on the H200 (device machine) from the repo root:
+# The GPU check, run on an H200 from the repo root:
 #   build -> GPU test suite (outputs poisoned with NaN) -> sanitizer -> benchmark
 # and a short table printed last. Stages can be chosen:
 #   tools/gpu/gpu_check.sh [build] [selftest] [sm90] [test] [sanitize] [sanitize_sm90] [sanitize_jax] [bench] [sweep] [ring]
@@ -7,7 +7,7 @@
 # SM90_SELFTEST (binary, default build_carry/selftest_sm90), SM90_BENCH=1 (ablation table),
 # SWEEP_ARGS, RING_ARGS, SANITIZERS, SANITIZE_TIMEOUT, SANITIZE_SM90_FWD / SANITIZE_SM90_BWD
 # (self-test filters of the sanitize_sm90 stage).
-# Logs and results go to $OUT (the device tool brings them back) or ./gpu_out.
+# Logs and results go to $OUT (default ./gpu_out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/gpu_out}
@@ -24,9 +24,9 @@ $PY -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
 if has build; then
   t0=$SECONDS
   if compgen -G "jax_flash/_jax_flash_cuda*.so" >/dev/null; then
-    # Built on the CPU machine (same nvcc, jax 0.11.2 FFI headers) and carried.
+    # Prebuilt elsewhere (same nvcc, jax 0.11.2 FFI headers) and unpacked here.
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-    note "build: using the carried extension $(ls jax_flash/_jax_flash_cuda*.so)"
+    note "build: using the prebuilt extension $(ls jax_flash/_jax_flash_cuda*.so)"
   elif [[ -f cuda/CMakeLists.txt ]]; then
     # Installed copy only: PYTHONSAFEPATH keeps the source tree (no .so) off sys.path.
     export PYTHONSAFEPATH=1

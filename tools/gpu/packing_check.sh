@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Packed sequences on the H200 (device machine), from the repo root, with the
-# extension built on the CPU machine and carried xz-compressed in .ab/ and
-# the flash-attn3-jax wheel in .whl/ (the peer of the benchmark):
+# Packed sequences on an H200, from the repo root, with a prebuilt extension
+# in .ab/jax_flash/ and the flash-attn3-jax wheel in .whl/ (the peer of the
+# benchmark), as tools/gpu/carried.sh sets them up:
 #   tools/gpu/packing_check.sh [test] [bench]
 # test: the GPU tests of varlen / segment ids and the CUDA suite, outputs
 # NaN-poisoned; bench: benchmarks/bench_packing.py into the results file.

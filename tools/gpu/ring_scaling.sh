@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Ring attention across the GPUs of one host (a multi-GPU device kind), from
-# the repo root, with the extension carried xz-compressed in .ab/:
+# Ring attention across the GPUs of one host, from the repo root, with a
+# prebuilt extension in .ab/jax_flash/ (tools/gpu/carried.sh):
 #   tools/gpu/ring_scaling.sh [test] [bench]
 # test: tests/test_multi_gpu.py (NaN-poisoned outputs) on every GPU;
 # bench: benchmarks/bench_ring.py over device counts 1, 2, 4, 8 (those

@@ -1,8 +1,31 @@
-"""A small forward + backward through the CUDA kernels, for compute-sanitizer.
+"""Small calls through the CUDA kernels, for compute-sanitizer.
 
-Odd sizes, GQA, causal and segment ids, so the masked and predicated paths run.
-Exits non-zero if the result is not finite.
+    python3 tools/gpu/sanitize_case.py [CASE ...]     (default: dense)
+
+Cases (odd sizes, GQA, so that the masked and predicated paths run):
+  dense     forward + backward, D = 64 and 128, causal and window + segment
+            ids + softcap
+  sm90_fwd  the forward alone: D=128 causal, D=64 window + segments + softcap
+  sm90_bwd  the same two calls with their backward
+  sm80      sm90_bwd's calls with JAX_FLASH_CUDA_FAMILY=sm80 (set here before
+            tracing; run it in a process of its own, as a family chosen at
+            trace time is not meant to change within one)
+  varlen    varlen_attention forward + backward: four sequences (one empty),
+            causal, through the packing pre-pass
+  decode    attention_with_kvcache, one new token: a contiguous cache with
+            ragged lengths split in three, and a paged one (shuffled pages)
+  fp8       fp8_attention (the quantisation pre-pass and the FP8 forward),
+            causal, T=200 S=333
+Each case prints "== case NAME" before it and "== case NAME: ok|FAILED ..."
+after its results are ready (a pause then lets compute-sanitizer print that
+case's reports before the next marker). Exits non-zero if a result is not
+finite or a case raises.
 """
+
+import os
+import sys
+import time
+import traceback
 
 import numpy as np
 
@@ -11,28 +34,136 @@ import jax.numpy as jnp
 
 import jax_flash
 
+RNG = np.random.default_rng(7)
 
-def main():
-  rng = np.random.default_rng(7)
+
+def normal(*shape):
+  return jnp.asarray(RNG.standard_normal(shape), jnp.bfloat16)
+
+
+def finite(*xs) -> bool:
+  return all(bool(jnp.all(jnp.isfinite(jnp.asarray(x, jnp.float32))))
+             for x in jax.tree_util.tree_leaves(xs))
+
+
+def dense_calls(dims, masks_of, grad: bool):
+  """(name, ok) for every D in dims and masking of masks_of(T, S)."""
   B, T, S, H, Hk = 1, 77, 131, 4, 2
-  for D in (64, 128):
-    q = jnp.asarray(rng.standard_normal((B, T, H, D)), jnp.bfloat16)
-    k = jnp.asarray(rng.standard_normal((B, S, Hk, D)), jnp.bfloat16)
-    v = jnp.asarray(rng.standard_normal((B, S, Hk, D)), jnp.bfloat16)
-    seg = (jnp.asarray(rng.integers(0, 2, (B, T)), jnp.int32),
-           jnp.asarray(rng.integers(0, 2, (B, S)), jnp.int32))
-    for kw in (dict(causal=True), dict(window=(17, 5), segment_ids=seg,
-                                       softcap=20.0)):
-      f = lambda q, k, v: jnp.sum(
-          jax_flash.attention(q, k, v, implementation="cuda", **kw).astype(
-              jnp.float32))
-      val, grads = jax.value_and_grad(f, argnums=(0, 1, 2))(q, k, v)
-      ok = bool(jnp.isfinite(val)) and all(
-          bool(jnp.all(jnp.isfinite(g.astype(jnp.float32)))) for g in grads)
-      print(f"D={D} {sorted(kw)} finite={ok}")
-      if not ok:
-        raise SystemExit(1)
+  results = []
+  for D in dims:
+    q, k, v = normal(B, T, H, D), normal(B, S, Hk, D), normal(B, S, Hk, D)
+    for kw in masks_of(T, S):
+      def f(q, k, v, kw=kw):
+        return jax_flash.attention(q, k, v, implementation="cuda", **kw)
+      if grad:
+        loss = lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32))
+        out = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+      else:
+        out = jax.jit(f)(q, k, v)
+      results.append((f"D={D} {sorted(kw)}", finite(out)))
+  return results
+
+
+def both_masks(T, S):
+  seg = (jnp.asarray(RNG.integers(0, 2, (1, T)), jnp.int32),
+         jnp.asarray(RNG.integers(0, 2, (1, S)), jnp.int32))
+  return (dict(causal=True),
+          dict(window=(17, 5), segment_ids=seg, softcap=20.0))
+
+
+def causal_only(T, S):
+  return (dict(causal=True),)
+
+
+def window_only(T, S):
+  return both_masks(T, S)[1:]
+
+
+def dense():
+  return dense_calls((64, 128), both_masks, grad=True)
+
+
+def sm90_fwd():
+  return (dense_calls((128,), causal_only, grad=False)
+          + dense_calls((64,), window_only, grad=False))
+
+
+def sm90_bwd():
+  return (dense_calls((128,), causal_only, grad=True)
+          + dense_calls((64,), window_only, grad=True))
+
+
+def sm80():
+  os.environ["JAX_FLASH_CUDA_FAMILY"] = "sm80"
+  return sm90_bwd()
+
+
+def varlen():
+  lens = [37, 0, 113, 61]
+  cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+  total, H, Hk, D = sum(lens), 4, 2, 128
+  q, k, v = normal(total, H, D), normal(total, Hk, D), normal(total, Hk, D)
+
+  def loss(q, k, v):
+    o = jax_flash.varlen_attention(q, k, v, cu, cu, max_seqlen_q=max(lens),
+                                   max_seqlen_k=max(lens), causal=True,
+                                   implementation="cuda")
+    return jnp.sum(o.astype(jnp.float32))
+  out = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+  return [(f"lengths {lens} causal", finite(out))]
+
+
+def decode():
+  B, S, H, Hk, D, page = 3, 320, 8, 2, 128, 64
+  q = normal(B, 1, H, D)
+  lengths = jnp.asarray([5, 190, 320], jnp.int32)
+  k, v = normal(B, S, Hk, D), normal(B, S, Hk, D)
+  o = jax_flash.attention_with_kvcache(q, k, v, lengths, num_splits=3,
+                                       implementation="cuda")
+  results = [("contiguous, 3 splits", finite(o))]
+  n = S // page
+  table = jnp.asarray(RNG.permutation(B * n).reshape(B, n), jnp.int32)
+  k_pages, v_pages = normal(B * n, page, Hk, D), normal(B * n, page, Hk, D)
+  o = jax_flash.attention_with_kvcache(q, k_pages, v_pages, lengths,
+                                       page_table=table,
+                                       implementation="cuda")
+  results.append((f"paged ({page})", finite(o)))
+  return results
+
+
+def fp8():
+  B, T, S, H, D = 1, 200, 333, 2, 128
+  q, k, v = normal(B, T, H, D), normal(B, S, H, D), normal(B, S, H, D)
+  out = jax_flash.fp8_attention(q, k, v, causal=True, return_lse=True,
+                                implementation="cuda")
+  return [(f"B={B} T={T} S={S} H={H} D={D} causal", finite(out))]
+
+
+CASES = dict(dense=dense, sm90_fwd=sm90_fwd, sm90_bwd=sm90_bwd, sm80=sm80,
+             varlen=varlen, decode=decode, fp8=fp8)
+
+
+def main(names):
+  unknown = [n for n in names if n not in CASES]
+  if unknown:
+    raise SystemExit(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+  failed = 0
+  for name in names or ["dense"]:
+    print(f"== case {name}", flush=True)
+    try:
+      results = CASES[name]()
+      bad = [what for what, ok in results if not ok]
+      for what, ok in results:
+        print(f"{name} {what} finite={ok}", flush=True)
+      status = f"FAILED (not finite: {bad})" if bad else "ok"
+    except Exception as e:  # noqa: BLE001 - report and go on
+      traceback.print_exc()
+      bad, status = [name], f"FAILED ({type(e).__name__}: {str(e)[:200]})"
+    failed += bool(bad)
+    time.sleep(1)
+    print(f"== case {name}: {status}", flush=True)
+  return 1 if failed else 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main(sys.argv[1:]))

@@ -4,7 +4,7 @@
 #   tools/gpu/sm90_variant_check.sh DIR [CONFIG]
 # DIR holds sm90_primitives and selftest_sm90 built by tools/build/build_sm90_tests.sh
 # (e.g. build_carry, or a candidate branch's binaries copied into an ignored
-# build_carry_* dir of this checkout and carried with the device call). CONFIG
+# build_carry_* dir of this checkout). CONFIG
 # is the column to compare with "default" (a name of selftest_sm90 --list, or
 # of a candidate configuration added to cuda/tests/sm90_fwd_ablation.h).
 # Logs go to $OUT (or ./gpu_out).
