@@ -1,35 +1,36 @@
-// The consumer warpgroups of the sm90 backward for the hdim-256 bucket
-// (bwd_config.cuh: !kSdpSwapAB, 64 queries x 64 keys per step; the producer
-// and dQ writer warps are those of bwd_mainloop.cuh).
-//
-// dK and dV of the CTA's 64 keys x 256 columns are 128 fp32 registers per
-// consumer thread whichever way they are split, so the other accumulators
-// stay small: warpgroup wg, per step,
-//   S  = Q K_wg^T           wgmma SS, 64 x 32 (keys [32 wg, +32)), K = 256
-//   dP = dO V_wg^T          wgmma SS, 64 x 32
+// The column split of the sm90 backward's consumer warpgroups (hdim 256:
+// !BwdConfig::kSdpSwapAB, 64 queries x 64 keys per step). dK and dV of the
+// CTA's 64 keys x 256 columns are 128 fp32 registers per consumer thread
+// whichever way they are split, so the other accumulators stay small:
+// warpgroup wg owns the head-dim columns C = [128 wg, +128) of dK, dV and dQ
+// and, per step, after the mainloop's S = Q K_wg^T and dP = dO V_wg^T (wgmma
+// SS, 64 x 32: keys [32 wg, +32), K = 256):
 //   P  = 2^(S scale_log2 - lse_log2[q]),  dS = P (dP - delta[q])
-//        (softcap: S <- tanh, dS *= 1 - tanh^2; the mask between; as BwdConsumer)
+//        (softcap: S <- tanh, dS *= 1 - tanh^2; the mask between)
 //   P, dS -> [query][key] 16-bit tiles (stmatrix), double buffered
 //   --- both WGs' P and dS written (named barrier PdS)
-//   dV[:, C] += P^T dO[:, C]    wgmma SS, 64 x 128 (C = columns [128 wg, +128)),
-//                               K = 64 queries; A = P^T read MN-major from the
-//                               P tile (tnspA), B = dO MN-major
+//   dV[:, C] += P^T dO[:, C]    wgmma SS, 64 x 128, K = 64 queries; A = P^T
+//                               read MN-major from the P tile (tnspA), B = dO
+//                               MN-major
 //   dQ[:, C0] = dS K[:, C0]     wgmma SS, 64 x 64 (C0 = the first 64 of C),
 //                               K = 64 keys; A = dS K-major, B = K MN-major
 //   dK[:, C] += dS^T Q[:, C]    as dV
-//   dQ[:, C0] -> staging tile (writer warp: dq_accum), then dQ[:, C1] likewise
+//   dQ[:, C0] -> staging tile (BwdDqAccumulator::stage), then dQ[:, C1] likewise
 // Registers: dK, dV 64 each; S, dP, P 16 each; dQ 32 per slice.
 // Releases: dO (empty_do, 1 stage) once dV is done (first of the three
 // GEMMs, so that the producer can refill it early), Q once dK is done.
 #pragma once
 
-#include "bwd_mainloop.cuh"
+#include "bwd_dq.cuh"
+#include "bwd_tile.cuh"
+#include "sm90/ptx/wgmma.cuh"
 
 namespace jax_flash::sm90 {
 
 template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kPacked = false>
-struct BwdConsumerHd256 {
+struct BwdColumnSplit {
   static_assert(!Cfg::kSdpSwapAB && Cfg::kConsumerWGs == 2, "hdim-256 work split");
+  using Dq = BwdDqAccumulator<Cfg, kDqTensor>;
   static constexpr int kD = Cfg::kHeadDim;
   static constexpr int kBM = Cfg::kBlockM;
   static constexpr int kBN = Cfg::kBlockN;
@@ -41,18 +42,13 @@ struct BwdConsumerHd256 {
   static constexpr int kQR = Cfg::kDqCols / 2;  // dQ registers per slice (64 x 64)
   static constexpr int kPK = kWN / 16;          // 16-key fragments of P / dS
   static_assert(Cfg::kDqSlices * Cfg::kDqCols == kWD, "dQ slices cover the WG's columns");
+  // The WG's part of the dK / dV tiles (BwdEpilogue): every row, its columns.
+  static constexpr int kKvRows = kBN;
+  static constexpr int kKvCols = kWD;
 
   const BwdKernelArgs& a;
   const BwdSmem<Cfg>& sm;
   int wg, warp, lane;
-
-  // Every thread arrives on an "empty" barrier (BwdConfig::kEmptyArrivals),
-  // after its wgmma wait and its last read of the stage.
-  JF_DEVICE void release(uint32_t bar) const { ptx::mbar_arrive(bar); }
-  JF_DEVICE void wait_full(uint32_t bar, uint32_t phase) const {
-    ptx::mbar_wait(bar, phase);
-    __syncwarp();
-  }
 
   // Descriptors of k-step 0 of each GEMM (static: also used by the host-side
   // layout check, cuda/tests/sm90_bwd_layout_check.cpp).
@@ -120,41 +116,10 @@ struct BwdConsumerHd256 {
       ptx::stmatrix_x4(tile + pds_offset(wg, warp, lane, k), f[k][0], f[k][1], f[k][2], f[k][3]);
   }
 
-  // dQ slice (64 x 64 fp32) -> the WG's staging tile, handed to the writer
-  // warp (dQEmpty / dQFull, as BwdConsumer; the writer adds it at columns
-  // 128 wg + 64 sl).
-  JF_DEVICE void stage_dq(const float (&dq)[kQR]) const {
-    using namespace ptx;
-    named_bar_sync(kBwdBarDqEmpty + wg, kBwdDqBarThreads);
-#pragma unroll
-    for (int j = 0; j < kQR / 4; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        st_shared_v2_f32(sm.dq(wg) + dq_stage_offset<Cfg, kDqTensor>(warp, lane, j, h), dq[4 * j + 2 * h],
-                         dq[4 * j + 2 * h + 1]);
-    fence_proxy_async_smem();  // st.shared -> bulk copy reads
-    named_bar_arrive(kBwdBarDqFull + wg, kBwdDqBarThreads);
-  }
-
-  // dK (scaled) / dV fragment (keys 16 warp + g + 8 h, columns 128 wg + 8 j +
-  // 2 t + e) -> column blocks 2 wg, 2 wg + 1 of a [D/64][kBN][64] 128B-swizzled
-  // tile (the K / V buffer), 16-bit.
-  // Byte offset in the tile of the packed pair acc[4j + 2h], acc[4j + 2h + 1].
-  static JF_DEVICE uint32_t kv_offset(int wg, int warp, int lane, int j, int h) {
-    const int g = lane / 4;  // row % 8 (h adds 8 rows)
-    const uint32_t row_addr = uint32_t((16 * warp + g) * 128 + 4 * (lane % 4));
-    return row_addr + uint32_t(((kWD / 64) * wg + j / 8) * kBN * 128) + (uint32_t((j % 8) ^ g) << 4) +
-           uint32_t(h * 8 * 128);
-  }
-  JF_DEVICE void store_kv_tile(const float (&acc)[kKR], uint32_t tile) const {
-#pragma unroll
-    for (int j = 0; j < kWD / 8; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        ptx::st_shared_b32(tile + kv_offset(wg, warp, lane, j, h),
-                           ptx::pack2<Element>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
-  }
-
+  // The sweep over the tile's steps (dK, dV in registers), then
+  // Epilogue::store. One function: with the step in a function of its own
+  // ptxas allocates the registers differently.
+  template <typename Epilogue>
   JF_DEVICE void run(const BwdTile& w) const {
     using namespace ptx;
     float dk[kKR], dv[kKR];
@@ -163,7 +128,7 @@ struct BwdConsumerHd256 {
     const int n0 = w.n_block * kBN;
 
     if (w.iters > 0) {
-      wait_full(sm.full_kv(), 0);
+      bwd_wait_full(sm.full_kv(), 0);
       const float scale_log2 = a.sm.scale_log2;
       const float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
       PipeState<Cfg::kStages> st;       // Q ring (and LSE)
@@ -177,15 +142,15 @@ struct BwdConsumerHd256 {
         const int m0 = walk.mb * kBM;
         const int s = st.index, sd = st_do.index;
         // Accumulators overwritten by their first wgmma; declared per step
-        // (dead between steps, see BwdConsumer).
+        // (dead between steps, see BwdKeySplit).
         float sc[kSR], dp[kSR], dq0[kQR], dq1[kQR];
 
         // ---- S = Q K_wg^T, dP = dO V_wg^T
-        wait_full(sm.full_q(s), st.phase);
+        bwd_wait_full(sm.full_q(s), st.phase);
         wgmma_fence();
         issue_sdp(sc, sm.q(s), sm.k());
         wgmma_commit();
-        wait_full(sm.full_do(sd), st_do.phase);
+        bwd_wait_full(sm.full_do(sd), st_do.phase);
         wgmma_fence();  // (after the wait loop's branch: ptxas wants it adjacent)
         issue_sdp(dp, sm.dout(sd), sm.v());
         wgmma_commit();
@@ -198,7 +163,7 @@ struct BwdConsumerHd256 {
           wgmma_wait<0>();
           fence_regs(dp);
           const float dl[2] = {ld_shared_f32(sm.delta(sd) + 4 * r0), ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8))};
-#pragma unroll
+    #pragma unroll
           for (int i = 0; i < kSR; ++i) {
             const float t = tanh_approx(sc[i] * softcap_pre);
             sc[i] = t;
@@ -212,21 +177,21 @@ struct BwdConsumerHd256 {
           if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
             apply_mask(sc, a.mask, w.batch, m0 + r0, key0);
         }
-        // P into its own registers (see BwdConsumer: in place, ptxas would
+        // P into its own registers (see BwdKeySplit: in place, ptxas would
         // wait for the dP GEMM before writing them); in place with softcap.
         float pr_own[kSoftcap ? 1 : kSR];
         float(&pr)[kSR] = *select_p<kSoftcap>(&sc, &pr_own);
-#pragma unroll
+    #pragma unroll
         for (int i = 0; i < kSR; ++i) pr[i] = exp2_approx(fmaf(sc[i], scale_log2, -lse[(i / 2) % 2]));
         if constexpr (!kSoftcap) {
           fence_regs(pr);   // P computed while the dP GEMM runs (not sunk below the wait)
           wgmma_wait<0>();  // dP ready
           fence_regs(dp);
           const float dl[2] = {ld_shared_f32(sm.delta(sd) + 4 * r0), ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8))};
-#pragma unroll
+    #pragma unroll
           for (int i = 0; i < kSR; ++i) dp[i] = pr[i] * (dp[i] - dl[(i / 2) % 2]);
         } else {
-#pragma unroll
+    #pragma unroll
           for (int i = 0; i < kSR; ++i) dp[i] *= pr[i];
         }
 
@@ -256,10 +221,10 @@ struct BwdConsumerHd256 {
         wgmma_commit();
         wgmma_wait<2>();  // dV done: dO is free
         fence_regs(dv);
-        release(sm.empty_do(sd));
+        mbar_arrive(sm.empty_do(sd));
         wgmma_wait<1>();  // dQ slice 0 done
         fence_regs(dq0);
-        stage_dq(dq0);
+        Dq::stage(sm, wg, warp, lane, dq0);
 
         // ---- dQ slice 1 (while dK runs)
         wgmma_fence();
@@ -267,39 +232,17 @@ struct BwdConsumerHd256 {
         wgmma_commit();
         wgmma_wait<1>();  // dK done: Q is free
         fence_regs(dk);
-        release(sm.empty_q(s));
+        mbar_arrive(sm.empty_q(s));
         wgmma_wait<0>();
         fence_regs(dq1);
-        stage_dq(dq1);
+        Dq::stage(sm, wg, warp, lane, dq1);
 
         st.advance();
         st_do.advance();
         walk.advance();
       }
     }
-
-    // ---- epilogue: dK * scale, dV -> 16-bit -> the K / V tiles -> TMA store
-    const float scale = a.scale;
-#pragma unroll
-    for (int i = 0; i < kKR; ++i) dk[i] *= scale;
-    named_bar_sync(kBwdBarEpi, 256);  // both WGs are past their last GEMM on K and V
-    store_kv_tile(dk, sm.k());
-    store_kv_tile(dv, sm.v());
-    fence_proxy_async_smem();
-    named_bar_sync(kBwdBarEpiWG + wg, 128);
-    if (warp == 0 && lane == 0) {
-#pragma unroll
-      for (int cb = 0; cb < kWD / 64; ++cb) {
-        const int c = (kWD / 64) * wg + cb;  // column block of the tile
-        if (64 * c < a.head_dim) {           // (head_dim <= 192: block 3 is padding)
-          tma_store_4d(&a.tm_dk, sm.k() + c * kBN * 128, 64 * c, n0, w.head_k, w.batch);
-          tma_store_4d(&a.tm_dv, sm.v() + c * kBN * 128, 64 * c, n0, w.head_k, w.batch);
-        }
-      }
-      bulk_commit();
-      bulk_wait<0>();  // stores done before the CTA's shared memory goes away
-    }
-    __syncwarp();
+    Epilogue::store(*this, w, dk, dv);
   }
 };
 
