@@ -116,133 +116,117 @@ struct BwdColumnSplit {
       ptx::stmatrix_x4(tile + pds_offset(wg, warp, lane, k), f[k][0], f[k][1], f[k][2], f[k][3]);
   }
 
-  // The sweep over the tile's steps (dK, dV in registers), then
-  // Epilogue::store. One function: with the step in a function of its own
-  // ptxas allocates the registers differently.
-  template <typename Epilogue>
-  JF_DEVICE void run(const BwdTile& w) const {
+  // S = Q K_wg^T and dP = dO V_wg^T for BwdMainloop::consume (issue only).
+  JF_DEVICE void issue_s(float (&acc)[kSR], uint32_t q_tile) const { issue_sdp(acc, q_tile, sm.k()); }
+  JF_DEVICE void issue_dp(float (&acc)[kSR], uint32_t do_tile) const { issue_sdp(acc, do_tile, sm.v()); }
+
+  // The registers of a step besides S and dP (BwdMainloop::consume declares
+  // them, step fills them): the two dQ slices, the row statistics, P (unless
+  // in place: softcap), the 16-bit P and dS fragments.
+  struct StepRegs {
+    float dq0[kQR], dq1[kQR];
+    float lse[2];
+    float pr_own[kSoftcap ? 1 : kSR];
+    float dl[2];
+    uint32_t pf[kPK][4], dsf[kPK][4];
+  };
+  // The rest of step `it` (query block at m0; stage s of Q, sd of dO) once S
+  // is ready and dP issued: P, dS, the dV, dQ (two slices), dK GEMMs, dQ to
+  // the writer warp, the releases (see the top).
+  JF_DEVICE void step(int it, const BwdTile& w, int n0, int m0, int s, int sd, float (&sc)[kSR],
+                      float (&dp)[kSR], StepRegs& x, float (&dk)[kKR], float (&dv)[kKR],
+                      float scale_log2, float softcap_pre) const {
     using namespace ptx;
-    float dk[kKR], dv[kKR];
+    // The thread's S / dP rows (queries within the block): r0 and r0 + 8
+    // (element i is row r0 + 8 ((i / 2) % 2)); its first key column.
+    const int r0 = 16 * warp + lane / 4;
+    const int key0 = n0 + kWN * wg + 2 * (lane % 4);
+    float(&dq0)[kQR] = x.dq0;
+    float(&dq1)[kQR] = x.dq1;
+    float(&lse)[2] = x.lse;
+    float(&dl)[2] = x.dl;
+    float(&pr_own)[kSoftcap ? 1 : kSR] = x.pr_own;
+    uint32_t(&pf)[kPK][4] = x.pf;
+    uint32_t(&dsf)[kPK][4] = x.dsf;
+
+    // ---- P, dS. Row statistics of the thread's two queries.
+    lse[0] = ld_shared_f32(sm.lse(s) + 4 * r0);
+    lse[1] = ld_shared_f32(sm.lse(s) + 4 * (r0 + 8));
+    if constexpr (kSoftcap) {  // tanh' needs the finite scores: before the mask
+      wgmma_wait<0>();
+      fence_regs(dp);
+      dl[0] = ld_shared_f32(sm.delta(sd) + 4 * r0);
+      dl[1] = ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8));
 #pragma unroll
-    for (int i = 0; i < kKR; ++i) dk[i] = dv[i] = 0.f;
-    const int n0 = w.n_block * kBN;
-
-    if (w.iters > 0) {
-      bwd_wait_full(sm.full_kv(), 0);
-      const float scale_log2 = a.sm.scale_log2;
-      const float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
-      PipeState<Cfg::kStages> st;       // Q ring (and LSE)
-      PipeState<Cfg::kStagesDo> st_do;  // dO ring (and delta)
-      BwdStepWalker walk(w, a.heads_per_kv);
-      // The thread's S / dP rows (queries within the block): r0 and r0 + 8
-      // (element i is row r0 + 8 ((i / 2) % 2)); its first key column.
-      const int r0 = 16 * warp + lane / 4;
-      const int key0 = n0 + kWN * wg + 2 * (lane % 4);
-      for (int it = 0; it < w.iters; ++it) {
-        const int m0 = walk.mb * kBM;
-        const int s = st.index, sd = st_do.index;
-        // Accumulators overwritten by their first wgmma; declared per step
-        // (dead between steps, see BwdKeySplit).
-        float sc[kSR], dp[kSR], dq0[kQR], dq1[kQR];
-
-        // ---- S = Q K_wg^T, dP = dO V_wg^T
-        bwd_wait_full(sm.full_q(s), st.phase);
-        wgmma_fence();
-        issue_sdp(sc, sm.q(s), sm.k());
-        wgmma_commit();
-        bwd_wait_full(sm.full_do(sd), st_do.phase);
-        wgmma_fence();  // (after the wait loop's branch: ptxas wants it adjacent)
-        issue_sdp(dp, sm.dout(sd), sm.v());
-        wgmma_commit();
-        wgmma_wait<1>();  // S ready (dP may still run)
-        fence_regs(sc);
-
-        // ---- P, dS. Row statistics of the thread's two queries.
-        const float lse[2] = {ld_shared_f32(sm.lse(s) + 4 * r0), ld_shared_f32(sm.lse(s) + 4 * (r0 + 8))};
-        if constexpr (kSoftcap) {  // tanh' needs the finite scores: before the mask
-          wgmma_wait<0>();
-          fence_regs(dp);
-          const float dl[2] = {ld_shared_f32(sm.delta(sd) + 4 * r0), ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8))};
-    #pragma unroll
-          for (int i = 0; i < kSR; ++i) {
-            const float t = tanh_approx(sc[i] * softcap_pre);
-            sc[i] = t;
-            dp[i] = (dp[i] - dl[(i / 2) % 2]) * (1.f - t * t);
-          }
-        }
-        if constexpr (kPacked) {
-          if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
-            apply_mask_packed(sc, a.mask, w.batch, m0 + r0, key0, a.mask.rows_exact(w.batch, m0, kBM));
-        } else {
-          if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
-            apply_mask(sc, a.mask, w.batch, m0 + r0, key0);
-        }
-        // P into its own registers (see BwdKeySplit: in place, ptxas would
-        // wait for the dP GEMM before writing them); in place with softcap.
-        float pr_own[kSoftcap ? 1 : kSR];
-        float(&pr)[kSR] = *select_p<kSoftcap>(&sc, &pr_own);
-    #pragma unroll
-        for (int i = 0; i < kSR; ++i) pr[i] = exp2_approx(fmaf(sc[i], scale_log2, -lse[(i / 2) % 2]));
-        if constexpr (!kSoftcap) {
-          fence_regs(pr);   // P computed while the dP GEMM runs (not sunk below the wait)
-          wgmma_wait<0>();  // dP ready
-          fence_regs(dp);
-          const float dl[2] = {ld_shared_f32(sm.delta(sd) + 4 * r0), ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8))};
-    #pragma unroll
-          for (int i = 0; i < kSR; ++i) dp[i] = pr[i] * (dp[i] - dl[(i / 2) % 2]);
-        } else {
-    #pragma unroll
-          for (int i = 0; i < kSR; ++i) dp[i] *= pr[i];
-        }
-
-        // ---- 16-bit P, dS -> shared memory (buffers it & 1: the PdS barrier
-        // of step it - 1 is passed only once both WGs finished step it - 2,
-        // the last reader of these buffers)
-        {
-          uint32_t pf[kPK][4], dsf[kPK][4];
-          acc_to_a<Element>(pr, pf);
-          acc_to_a<Element>(dp, dsf);
-          store_pds(pf, sm.p(it & 1));
-          store_pds(dsf, sm.ds(it & 1));
-        }
-        const uint32_t p_tile = sm.p(it & 1), ds_tile = sm.ds(it & 1);
-        fence_proxy_async_smem();  // stmatrix (generic proxy) -> wgmma reads (async proxy)
-        named_bar_sync(kBwdBarPdS, 256);
-
-        // ---- dV += P^T dO, dQ slice 0 = dS K, dK += dS^T Q
-        fence_regs(dv);
-        fence_regs(dk);
-        wgmma_fence();
-        issue_dkv(dv, p_tile, sm.dout(sd));
-        wgmma_commit();
-        issue_dq(dq0, ds_tile, 0);
-        wgmma_commit();
-        issue_dkv(dk, ds_tile, sm.q(s));
-        wgmma_commit();
-        wgmma_wait<2>();  // dV done: dO is free
-        fence_regs(dv);
-        mbar_arrive(sm.empty_do(sd));
-        wgmma_wait<1>();  // dQ slice 0 done
-        fence_regs(dq0);
-        Dq::stage(sm, wg, warp, lane, dq0);
-
-        // ---- dQ slice 1 (while dK runs)
-        wgmma_fence();
-        issue_dq(dq1, ds_tile, 1);
-        wgmma_commit();
-        wgmma_wait<1>();  // dK done: Q is free
-        fence_regs(dk);
-        mbar_arrive(sm.empty_q(s));
-        wgmma_wait<0>();
-        fence_regs(dq1);
-        Dq::stage(sm, wg, warp, lane, dq1);
-
-        st.advance();
-        st_do.advance();
-        walk.advance();
+      for (int i = 0; i < kSR; ++i) {
+        const float t = tanh_approx(sc[i] * softcap_pre);
+        sc[i] = t;
+        dp[i] = (dp[i] - dl[(i / 2) % 2]) * (1.f - t * t);
       }
     }
-    Epilogue::store(*this, w, dk, dv);
+    if constexpr (kPacked) {
+      if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
+        apply_mask_packed(sc, a.mask, w.batch, m0 + r0, key0, a.mask.rows_exact(w.batch, m0, kBM));
+    } else {
+      if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
+        apply_mask(sc, a.mask, w.batch, m0 + r0, key0);
+    }
+    // P into its own registers (see BwdKeySplit: in place, ptxas would
+    // wait for the dP GEMM before writing them); in place with softcap.
+    float(&pr)[kSR] = *select_p<kSoftcap>(&sc, &pr_own);
+#pragma unroll
+    for (int i = 0; i < kSR; ++i) pr[i] = exp2_approx(fmaf(sc[i], scale_log2, -lse[(i / 2) % 2]));
+    if constexpr (!kSoftcap) {
+      fence_regs(pr);   // P computed while the dP GEMM runs (not sunk below the wait)
+      wgmma_wait<0>();  // dP ready
+      fence_regs(dp);
+      dl[0] = ld_shared_f32(sm.delta(sd) + 4 * r0);
+      dl[1] = ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8));
+#pragma unroll
+      for (int i = 0; i < kSR; ++i) dp[i] = pr[i] * (dp[i] - dl[(i / 2) % 2]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSR; ++i) dp[i] *= pr[i];
+    }
+
+    // ---- 16-bit P, dS -> shared memory (buffers it & 1: the PdS barrier
+    // of step it - 1 is passed only once both WGs finished step it - 2,
+    // the last reader of these buffers)
+    acc_to_a<Element>(pr, pf);
+    acc_to_a<Element>(dp, dsf);
+    store_pds(pf, sm.p(it & 1));
+    store_pds(dsf, sm.ds(it & 1));
+    const uint32_t p_tile = sm.p(it & 1), ds_tile = sm.ds(it & 1);
+    fence_proxy_async_smem();  // stmatrix (generic proxy) -> wgmma reads (async proxy)
+    named_bar_sync(kBwdBarPdS, 256);
+
+    // ---- dV += P^T dO, dQ slice 0 = dS K, dK += dS^T Q
+    fence_regs(dv);
+    fence_regs(dk);
+    wgmma_fence();
+    issue_dkv(dv, p_tile, sm.dout(sd));
+    wgmma_commit();
+    issue_dq(dq0, ds_tile, 0);
+    wgmma_commit();
+    issue_dkv(dk, ds_tile, sm.q(s));
+    wgmma_commit();
+    wgmma_wait<2>();  // dV done: dO is free
+    fence_regs(dv);
+    mbar_arrive(sm.empty_do(sd));
+    wgmma_wait<1>();  // dQ slice 0 done
+    fence_regs(dq0);
+    Dq::stage(sm, wg, warp, lane, dq0);
+
+    // ---- dQ slice 1 (while dK runs)
+    wgmma_fence();
+    issue_dq(dq1, ds_tile, 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // dK done: Q is free
+    fence_regs(dk);
+    mbar_arrive(sm.empty_q(s));
+    wgmma_wait<0>();
+    fence_regs(dq1);
+    Dq::stage(sm, wg, warp, lane, dq1);
   }
 };
 

@@ -9,9 +9,9 @@
 //   BwdEpilogue   (bwd_epilogue.cuh)   dK * scale, dV -> 16-bit -> TMA store
 //   TileScheduler (tile_scheduler.cuh) BwdTileScheduler<kDet>: one tile per CTA
 // Each part has host Arguments -> device Params (to_params). The parts' Params
-// are fields of one block, BwdKernelArgs (bwd_config.cuh), in the order the
-// kernels' parameter space has always had; the shared memory is the config's
-// plan (BwdSmem).
+// are fields of one block, BwdKernelArgs (bwd_config.cuh), whose order
+// interleaves the parts: the kernels' code addresses each parameter by its
+// offset in that block. The shared memory is the config's plan (BwdSmem).
 //
 // Grid: one CTA per (KV block of kBlockN keys: 128, hdim 256: 64, kv head,
 // batch), in the order of BwdTileOrder (tile_scheduler.cuh; causal: heaviest

@@ -122,161 +122,140 @@ struct BwdKeySplit {
                              dsf[k][3]);
   }
 
-  // The sweep over the tile's steps (dK, dV in registers), then
-  // Epilogue::store. One function: with the step in a function of its own
-  // ptxas allocates the registers differently.
-  template <typename Epilogue>
-  JF_DEVICE void run(const BwdTile& w) const {
+  // S^T = K_wg Q^T and dP^T = V_wg dO^T for BwdMainloop::consume (issue only).
+  JF_DEVICE void issue_s(float (&acc)[kSR], uint32_t q_tile) const { issue_sdp(acc, sm.k(), q_tile); }
+  JF_DEVICE void issue_dp(float (&acc)[kSR], uint32_t do_tile) const { issue_sdp(acc, sm.v(), do_tile); }
+
+  // The registers of a step besides S^T and dP^T (BwdMainloop::consume
+  // declares them, step fills them): dQ, P^T (unless in place: softcap), the
+  // 16-bit P^T and dS^T fragments.
+  struct StepRegs {
+    float dq[kQR];
+    float pr_own[kSoftcap ? 1 : kSR];
+    uint32_t pf[kPK][4], dsf[kPK][4];
+  };
+  // The rest of step `it` (query block at m0; stages s of Q and sd == s of
+  // dO) once S^T is ready and dP^T issued: P^T, dS^T, the dV, dQ, dK GEMMs,
+  // dQ to the writer warp, the releases (see the top).
+  JF_DEVICE void step(int it, const BwdTile& w, int n0, int m0, int s, int sd, float (&sc)[kSR],
+                      float (&dp)[kSR], StepRegs& x, float (&dk)[kKR], float (&dv)[kKR],
+                      float scale_log2, float softcap_pre) const {
     using namespace ptx;
-    float dk[kKR], dv[kKR];
+    float(&dq)[kQR] = x.dq;
+    float(&pr_own)[kSoftcap ? 1 : kSR] = x.pr_own;
+    uint32_t(&pf)[kPK][4] = x.pf;
+    uint32_t(&dsf)[kPK][4] = x.dsf;
+    // ---- P^T, dS^T. Column (query) statistics from the stat stage:
+    // this thread's queries are 8j + 2t + {0, 1}.
+    const uint32_t lse_addr = sm.lse(s) + 8 * (lane % 4);
+    const uint32_t dl_addr = sm.delta(sd) + 8 * (lane % 4);
+    // (kSoftcap is a template parameter: with the wgmma waits under one
+    // run-time condition ptxas cannot prove dP^T complete where it is read
+    // and serialises the wgmma pipeline, warning C7514.)
+    if constexpr (kSoftcap) {  // tanh' needs the finite scores: before the mask
+      wgmma_wait<0>();
+      fence_regs(dp);
 #pragma unroll
-    for (int i = 0; i < kKR; ++i) dk[i] = dv[i] = 0.f;
-    const int n0 = w.n_block * kBN;
-
-    if (w.iters > 0) {
-      bwd_wait_full(sm.full_kv(), 0);
-      const float scale_log2 = a.sm.scale_log2;
-      const float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
-      PipeState<Cfg::kStages> st;
-      BwdStepWalker walk(w, a.heads_per_kv);
-      for (int it = 0; it < w.iters; ++it) {
-        const int m0 = walk.mb * kBM;
-        const int s = st.index;
-        // Accumulators overwritten by their first wgmma (scale-d = 0). Declared
-        // per step: their values are dead between steps (declared outside the
-        // loop, the wgmma's "+f" operands would keep them live across it).
-        float sc[kSR], dp[kSR], dq[kQR];
-
-        // ---- S^T = K Q^T, dP^T = V dO^T
-        bwd_wait_full(sm.full_q(s), st.phase);
-        wgmma_fence();
-        issue_sdp(sc, sm.k(), sm.q(s));
-        wgmma_commit();
-        bwd_wait_full(sm.full_do(s), st.phase);
-        wgmma_fence();  // (after the wait loop's branch: ptxas wants it adjacent)
-        issue_sdp(dp, sm.v(), sm.dout(s));
-        wgmma_commit();
-        wgmma_wait<1>();  // S^T ready (dP^T may still run)
-        fence_regs(sc);
-
-        // ---- P^T, dS^T. Column (query) statistics from the stat stage:
-        // this thread's queries are 8j + 2t + {0, 1}.
-        const uint32_t lse_addr = sm.lse(s) + 8 * (lane % 4);
-        const uint32_t dl_addr = sm.delta(s) + 8 * (lane % 4);
-        // (kSoftcap is a template parameter: with the wgmma waits under one
-        // run-time condition ptxas cannot prove dP^T complete where it is read
-        // and serialises the wgmma pipeline, warning C7514.)
-        if constexpr (kSoftcap) {  // tanh' needs the finite scores: before the mask
-          wgmma_wait<0>();
-          fence_regs(dp);
-    #pragma unroll
-          for (int j = 0; j < kSR / 4; ++j) {
-            const float2 d2 = ld_shared_v2_f32(dl_addr + 32 * j);
-    #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int i0 = 4 * j + 2 * h;
-              const float t0 = tanh_approx(sc[i0] * softcap_pre);
-              const float t1 = tanh_approx(sc[i0 + 1] * softcap_pre);
-              sc[i0] = t0;
-              sc[i0 + 1] = t1;
-              dp[i0] = (dp[i0] - d2.x) * (1.f - t0 * t0);
-              dp[i0 + 1] = (dp[i0 + 1] - d2.y) * (1.f - t1 * t1);
-            }
-          }
+      for (int j = 0; j < kSR / 4; ++j) {
+        const float2 d2 = ld_shared_v2_f32(dl_addr + 32 * j);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i0 = 4 * j + 2 * h;
+          const float t0 = tanh_approx(sc[i0] * softcap_pre);
+          const float t1 = tanh_approx(sc[i0 + 1] * softcap_pre);
+          sc[i0] = t0;
+          sc[i0 + 1] = t1;
+          dp[i0] = (dp[i0] - d2.x) * (1.f - t0 * t0);
+          dp[i0 + 1] = (dp[i0 + 1] - d2.y) * (1.f - t1 * t1);
         }
-        if constexpr (kPacked) {
-          if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + 64 * wg, 64))
-            apply_mask_t_packed<kSR, kMaskSegUnroll>(sc, a.mask, w.batch,
-                                                     n0 + 64 * wg + 16 * warp + lane / 4,
-                                                     m0 + 2 * (lane % 4),
-                                                     a.mask.keys_exact(w.batch, n0 + 64 * wg, 64));
-        } else {
-          if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + 64 * wg, 64))
-            apply_mask_t<kSR, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
-                                              m0 + 2 * (lane % 4));
-        }
-        // P^T into its own registers: ptxas holds back writes to the S^T
-        // accumulator registers (in place) until every wgmma in flight is done,
-        // which would serialise this with the dP^T GEMM.
-        // (With softcap the dP^T GEMM is already waited for: P^T in place,
-        // which keeps the hdim-64 softcap kernel within its registers.)
-        float pr_own[kSoftcap ? 1 : kSR];
-        float(&pr)[kSR] = *select_p<kSoftcap>(&sc, &pr_own);
-    #pragma unroll
-        for (int j = 0; j < kSR / 4; ++j) {
-          const float2 l2 = ld_shared_v2_f32(lse_addr + 32 * j);
-    #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i0 = 4 * j + 2 * h;
-            pr[i0] = exp2_approx(fmaf(sc[i0], scale_log2, -l2.x));
-            pr[i0 + 1] = exp2_approx(fmaf(sc[i0 + 1], scale_log2, -l2.y));
-          }
-        }
-        if constexpr (!kSoftcap) {
-          fence_regs(pr);   // P^T computed while the dP^T GEMM runs (not sunk below the wait)
-          wgmma_wait<0>();  // dP^T ready
-          fence_regs(dp);
-    #pragma unroll
-          for (int j = 0; j < kSR / 4; ++j) {
-            const float2 d2 = ld_shared_v2_f32(dl_addr + 32 * j);
-    #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int i0 = 4 * j + 2 * h;
-              dp[i0] = pr[i0] * (dp[i0] - d2.x);
-              dp[i0 + 1] = pr[i0 + 1] * (dp[i0 + 1] - d2.y);
-            }
-          }
-        } else {
-    #pragma unroll
-          for (int i = 0; i < kSR; ++i) dp[i] *= pr[i];
-        }
-
-        // ---- 16-bit P^T, dS^T fragments; dS -> shared memory
-        uint32_t pf[kPK][4], dsf[kPK][4];
-        acc_to_a<Element>(pr, pf);
-        acc_to_a<Element>(dp, dsf);
-        const uint32_t ds_tile = sm.ds(it & 1);
-        store_ds(dsf, ds_tile);
-
-        // ---- dV += P^T dO
-        fence_regs(pf);
-        fence_regs(dv);
-        wgmma_fence();
-        issue_dkv(dv, pf, sm.dout(s));
-        wgmma_commit();
-
-        // ---- dQ = dS K once both WGs' dS are in shared memory
-        fence_proxy_async_smem();  // stmatrix (generic proxy) -> wgmma reads (async proxy)
-        named_bar_sync(kBwdBarPdS, 256);
-        wgmma_fence();
-        issue_dq(dq, ds_tile);
-        wgmma_commit();
-        wgmma_wait<1>();  // dV done: dO is free
-        fence_regs(dv);
-        fence_regs(pf);
-        mbar_arrive(sm.empty_do(s));
-
-        // ---- dK += dS^T Q
-        fence_regs(dsf);
-        fence_regs(dk);
-        wgmma_fence();
-        issue_dkv(dk, dsf, sm.q(s));
-        wgmma_commit();
-        wgmma_wait<1>();  // dQ done
-        fence_regs(dq);
-
-        // ---- dQ -> staging tile -> (writer warp) dq_accum
-        Dq::stage(sm, wg, warp, lane, dq);
-
-        wgmma_wait<0>();  // dK done: Q is free
-        fence_regs(dk);
-        fence_regs(dsf);
-        mbar_arrive(sm.empty_q(s));
-        st.advance();
-        walk.advance();
       }
     }
-    Epilogue::store(*this, w, dk, dv);
+    if constexpr (kPacked) {
+      if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + 64 * wg, 64))
+        apply_mask_t_packed<kSR, kMaskSegUnroll>(sc, a.mask, w.batch,
+                                                 n0 + 64 * wg + 16 * warp + lane / 4,
+                                                 m0 + 2 * (lane % 4),
+                                                 a.mask.keys_exact(w.batch, n0 + 64 * wg, 64));
+    } else {
+      if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + 64 * wg, 64))
+        apply_mask_t<kSR, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
+                                          m0 + 2 * (lane % 4));
+    }
+    // P^T into its own registers: ptxas holds back writes to the S^T
+    // accumulator registers (in place) until every wgmma in flight is done,
+    // which would serialise this with the dP^T GEMM.
+    // (With softcap the dP^T GEMM is already waited for: P^T in place,
+    // which keeps the hdim-64 softcap kernel within its registers.)
+    float(&pr)[kSR] = *select_p<kSoftcap>(&sc, &pr_own);
+#pragma unroll
+    for (int j = 0; j < kSR / 4; ++j) {
+      const float2 l2 = ld_shared_v2_f32(lse_addr + 32 * j);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i0 = 4 * j + 2 * h;
+        pr[i0] = exp2_approx(fmaf(sc[i0], scale_log2, -l2.x));
+        pr[i0 + 1] = exp2_approx(fmaf(sc[i0 + 1], scale_log2, -l2.y));
+      }
+    }
+    if constexpr (!kSoftcap) {
+      fence_regs(pr);   // P^T computed while the dP^T GEMM runs (not sunk below the wait)
+      wgmma_wait<0>();  // dP^T ready
+      fence_regs(dp);
+#pragma unroll
+      for (int j = 0; j < kSR / 4; ++j) {
+        const float2 d2 = ld_shared_v2_f32(dl_addr + 32 * j);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i0 = 4 * j + 2 * h;
+          dp[i0] = pr[i0] * (dp[i0] - d2.x);
+          dp[i0 + 1] = pr[i0 + 1] * (dp[i0 + 1] - d2.y);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSR; ++i) dp[i] *= pr[i];
+    }
+
+    // ---- 16-bit P^T, dS^T fragments; dS -> shared memory
+    acc_to_a<Element>(pr, pf);
+    acc_to_a<Element>(dp, dsf);
+    const uint32_t ds_tile = sm.ds(it & 1);
+    store_ds(dsf, ds_tile);
+
+    // ---- dV += P^T dO
+    fence_regs(pf);
+    fence_regs(dv);
+    wgmma_fence();
+    issue_dkv(dv, pf, sm.dout(sd));
+    wgmma_commit();
+
+    // ---- dQ = dS K once both WGs' dS are in shared memory
+    fence_proxy_async_smem();  // stmatrix (generic proxy) -> wgmma reads (async proxy)
+    named_bar_sync(kBwdBarPdS, 256);
+    wgmma_fence();
+    issue_dq(dq, ds_tile);
+    wgmma_commit();
+    wgmma_wait<1>();  // dV done: dO is free
+    fence_regs(dv);
+    fence_regs(pf);
+    mbar_arrive(sm.empty_do(sd));
+
+    // ---- dK += dS^T Q
+    fence_regs(dsf);
+    fence_regs(dk);
+    wgmma_fence();
+    issue_dkv(dk, dsf, sm.q(s));
+    wgmma_commit();
+    wgmma_wait<1>();  // dQ done
+    fence_regs(dq);
+
+    // ---- dQ -> staging tile -> (writer warp) dq_accum
+    Dq::stage(sm, wg, warp, lane, dq);
+
+    wgmma_wait<0>();  // dK done: Q is free
+    fence_regs(dk);
+    fence_regs(dsf);
+    mbar_arrive(sm.empty_q(s));
   }
 };
 

@@ -190,11 +190,60 @@ struct BwdMainloop {
 
   // ---------------------------------------------------------------- consumer warpgroups
   // Consumer warpgroup `split` (the config's work split, holding the Params,
-  // the smem plan, its WG, warp and lane): the sweep over the tile's steps,
-  // dK and dV in registers, then Epilogue::store.
+  // the smem plan, its WG, warp and lane): dK and dV zeroed, the sweep over
+  // the tile's steps accumulating them, then Epilogue::store. Every register
+  // array of a step is declared here (S, dP and the split's StepRegs) and the
+  // split's step works on them: so ptxas gets the code of one function (a
+  // step with arrays of its own compiles to another register allocation).
   template <typename Epilogue>
   JF_DEVICE static void consume(const Split& split, const BwdTile& w) {
-    split.template run<Epilogue>(w);
+    using namespace ptx;
+    const BwdKernelArgs& a = split.a;
+    const Smem& sm = split.sm;
+    float dk[kKR], dv[kKR];
+#pragma unroll
+    for (int i = 0; i < kKR; ++i) dk[i] = dv[i] = 0.f;
+    const int n0 = w.n_block * kBlockN;
+
+    if (w.iters > 0) {
+      bwd_wait_full(sm.full_kv(), 0);
+      const float scale_log2 = a.sm.scale_log2;
+      const float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
+      PipeState<Cfg::kStages> st;       // Q ring (and LSE)
+      PipeState<Cfg::kStagesDo> st_do;  // dO ring (and delta)
+      BwdStepWalker walk(w, a.heads_per_kv);
+      for (int it = 0; it < w.iters; ++it) {
+        const int m0 = walk.mb * kBlockM;
+        const int s = st.index;
+        const int sd = kSameStages ? s : st_do.index;
+        const uint32_t ph_do = kSameStages ? st.phase : st_do.phase;
+        // Accumulators overwritten by their first wgmma (scale-d = 0). Declared
+        // per step: their values are dead between steps (declared outside the
+        // loop, the wgmma's "+f" operands would keep them live across it).
+        float sc[kSR], dp[kSR];
+
+        // ---- S = Q K^T, dP = dO V^T (the key split: S^T, dP^T)
+        bwd_wait_full(sm.full_q(s), st.phase);
+        wgmma_fence();
+        split.issue_s(sc, sm.q(s));
+        wgmma_commit();
+        bwd_wait_full(sm.full_do(sd), ph_do);
+        wgmma_fence();  // (after the wait loop's branch: ptxas wants it adjacent)
+        split.issue_dp(dp, sm.dout(sd));
+        wgmma_commit();
+        wgmma_wait<1>();  // S ready (dP may still run)
+        fence_regs(sc);
+
+        // ---- the split's part: P, dS, the dV / dQ / dK GEMMs, dQ out, the releases
+        typename Split::StepRegs r;
+        split.step(it, w, n0, m0, s, sd, sc, dp, r, dk, dv, scale_log2, softcap_pre);
+
+        st.advance();
+        if constexpr (!kSameStages) st_do.advance();
+        walk.advance();
+      }
+    }
+    Epilogue::store(split, w, dk, dv);
   }
 };
 
