@@ -410,7 +410,7 @@ static void check_config() {
 }
 
 // ---------------------------------------------------------------- hdim 256
-// The !kSdpSwapAB consumer (bwd_column_split.cuh): S / dP over key halves,
+// The column split (!kSdpSwapAB, bwd_column_split.cuh): S / dP over key halves,
 // P / dS through [query][key] tiles, dK / dV / dQ over column halves.
 template <typename Cfg>
 static void check_config_hd256() {
@@ -570,8 +570,8 @@ static void check_config_hd256() {
       for (int l = 0; l < 32; ++l)
         for (int j = 0; j < Cfg::kDqCols / 8; ++j)
           for (int h = 0; h < 2; ++h) {
-            const uint32_t off =
-                variant == 0 ? BwdDqAccumulator<Cfg, true>::offset(w, l, j, h) : BwdDqAccumulator<Cfg, false>::offset(w, l, j, h);
+            const uint32_t off = variant == 0 ? BwdDqAccumulator<Cfg, true>::offset(w, l, j, h)
+                                              : BwdDqAccumulator<Cfg, false>::offset(w, l, j, h);
             CHECK(off % 8 == 0 && off + 8 <= uint32_t(Cfg::kDqWGBytes), "dQ staging offset %u", off);
             if (off % 8 || off + 8 > uint32_t(Cfg::kDqWGBytes)) continue;
             for (int e = 0; e < 2; ++e) {

@@ -55,7 +55,6 @@ struct BwdKernel {
   using Cfg = typename Mainloop::Cfg;
   static constexpr int kThreads = Cfg::kThreads;
   static constexpr int kSmemAlloc = Cfg::kSmemAlloc;
-  static constexpr int kKR = Mainloop::kKR;
   static_assert(Scheduler::kOneTilePerCta, "the roles process one tile per CTA");
   static_assert(Scheduler::kNumBarriers == 0 && Scheduler::kDataBytes <= 4,
                 "the scheduler's data fits the plan's slack (BwdSmem::claim_slot)");
@@ -104,6 +103,7 @@ struct BwdKernel {
       }
     } else {
       ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+      // The consumer warpgroup as its work split sees it: Params, smem plan, WG, warp, lane.
       const int tid_wg = threadIdx.x % 128;
       Mainloop::template consume<Epilogue>({args, sm, warp / 4 - 1, tid_wg / 32, tid_wg % 32}, tile);
     }

@@ -31,7 +31,7 @@ cudaError_t launch_dq_convert(const BwdParams& p, cudaStream_t stream) {
 template <typename Kernel>
 typename Kernel::Arguments bwd_arguments(const BwdParams& p, const MaskInfo& mask) {
   using Cfg = typename Kernel::Cfg;
-  constexpr bool kDet = Kernel::Scheduler::kNeedsWorkspace;
+  constexpr bool kDet = Kernel::Scheduler::kNeedsWorkspace;  // the claimed scheduler: deterministic kernels
   const int group = p.num_heads / p.num_heads_k;
   // dO has O's layout, dK / dV those of K / V.
   const GmemTensor dout{p.dout, p.head_dim, p.seqlen_q, p.num_heads, p.batch,
@@ -57,11 +57,11 @@ typename Kernel::Arguments bwd_arguments(const BwdParams& p, const MaskInfo& mas
           {order, kDet ? p.sm90_dq_semaphore : nullptr}};
 }
 
-// The variants of one config and dQ order: the Params (one for all: the
-// variants differ in their code only), the workspaces zeroed, the kernel of
-// the call's softcap / packing, then dq_convert.
+// The kernels of a call, for one config and dQ order (kDet): the Params
+// (one for all variants: they differ in their code only), the workspaces
+// zeroed, the main kernel of the call's softcap / packing, then dq_convert.
 template <typename Element, typename Cfg, bool kDqTensor, bool kDet>
-cudaError_t launch_bwd_kernel(const BwdParams& p, const MaskInfo& mask, cudaStream_t stream) {
+cudaError_t launch_bwd_kernels(const BwdParams& p, const MaskInfo& mask, cudaStream_t stream) {
   using Plain = typename BwdKernelFor<Element, Cfg, false, kDqTensor, kDet, false>::type;
   using Scheduler = typename Plain::Scheduler;
   typename Plain::Params params;
@@ -131,9 +131,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // kBlockM 80 (FA3's non-causal tile) only without a causal / local bound.
   if (Cfg::kDqSwapAB && mask.bounded()) return cudaErrorNotSupported;
   if constexpr (!Cfg::kDqSwapAB && kDqTensor) {
-    if (p.deterministic) return launch_bwd_kernel<Element, Cfg, true, true>(p, mask, stream);
+    if (p.deterministic) return launch_bwd_kernels<Element, Cfg, true, true>(p, mask, stream);
   }
-  return launch_bwd_kernel<Element, Cfg, kDqTensor, false>(p, mask, stream);
+  return launch_bwd_kernels<Element, Cfg, kDqTensor, false>(p, mask, stream);
 }
 
 template <typename Element, int kHeadDim>
