@@ -1,6 +1,7 @@
 // CPU-only check of the sm90 backward's shared-memory index math (no GPU, no
-// nvcc): the kernel's own address / descriptor functions (BwdConsumer::
-// ds_offset, dq_offset, kv_offset, *_desc_*, the k-step functors, the smem
+// nvcc): the kernel's own address / descriptor functions (BwdKeySplit /
+// BwdColumnSplit ds_offset, pds_offset, *_desc_*, BwdDqAccumulator offsets,
+// BwdEpilogue::kv_offset, the k-step functors, the smem
 // plan, the masks and the tile scheduler) are compiled by g++ and checked
 // against independent models of the hardware, written from the PTX ISA and
 // CUTLASS (not from the kernel):
@@ -60,7 +61,7 @@ inline int __any_sync(unsigned, int p) { return p; }
 inline void __syncwarp() {}
 inline float __fdividef(float a, float b) { return a / b; }
 
-#include "sm90/bwd/bwd_consumer_hd256.cuh"
+#include "sm90/bwd/bwd_epilogue.cuh"
 #include "sm90/bwd/bwd_mainloop.cuh"
 
 using namespace jax_flash;
@@ -164,13 +165,14 @@ enum : int { kTagK = 1, kTagV, kTagQ, kTagDO, kTagDS };
 // ---------------------------------------------------------------- checks
 // dQ_swapAB (kBlockM 80): the dQ^T accumulator of a WG (64 columns x kDqRows
 // queries: d[4j + 2h + e] = dQ^T[16w + g + 8h][8j + 2t + e]) -> the staging
-// tile by BwdConsumer::dq_t_offset -> read back as the two TMA reduce boxes
+// tile by BwdDqAccumulator::t_offset -> read back as the two TMA reduce boxes
 // {32 cols, kDqRows rows} (128B swizzle, fp32; box b at b * kDqRows * 128):
 // every element once, in place; and the 32 lanes' 4-byte stores of each
 // register hit 32 distinct banks.
 template <typename Cfg>
 static void check_dq_staging_swapab() {
-  using C = BwdConsumer<__nv_bfloat16, Cfg, false, true>;
+  using C = BwdKeySplit<__nv_bfloat16, Cfg, false, true>;
+  using Dq = BwdDqAccumulator<Cfg, true>;
   constexpr int kRows = Cfg::kDqRows;
   static_assert(C::kQR == kRows / 2, "dQ^T fragment: 64 x kBlockM");
   std::vector<int64_t> st(Cfg::kDqWGBytes / 4, -1);
@@ -181,7 +183,7 @@ static void check_dq_staging_swapab() {
         for (int e = 0; e < 2; ++e) {
           int banks[32] = {0};
           for (int l = 0; l < 32; ++l) {
-            const uint32_t off = C::dq_t_offset(w, l, j, h, e);
+            const uint32_t off = Dq::t_offset(w, l, j, h, e);
             CHECK(off % 4 == 0 && off + 4 <= uint32_t(Cfg::kDqWGBytes), "dQ^T staging offset %u", off);
             if (off % 4 || off + 4 > uint32_t(Cfg::kDqWGBytes)) continue;
             const int q = 8 * j + 2 * (l % 4) + e, c = 16 * w + l / 4 + 8 * h;
@@ -202,8 +204,10 @@ static void check_dq_staging_swapab() {
 
 template <typename Cfg>
 static void check_config() {
-  using C = BwdConsumer<__nv_bfloat16, Cfg, false, true>;
-  using CRows = BwdConsumer<__nv_bfloat16, Cfg, false, false>;
+  using C = BwdKeySplit<__nv_bfloat16, Cfg, false, true>;
+  using Dq = BwdDqAccumulator<Cfg, true>;
+  using DqRows = BwdDqAccumulator<Cfg, false>;
+  using Epi = BwdEpilogue<BwdMainloop<__nv_bfloat16, Cfg, false, true, false, false>>;
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   std::printf("config D=%d BM=%d BN=%d%s: smem %d B (+1 KB slack)\n", kD, kBM, kBN,
               Cfg::kDqSwapAB ? " (dQ_swapAB)" : "", Cfg::kSmemBytes);
@@ -352,7 +356,7 @@ static void check_config() {
       for (int l = 0; l < 32; ++l)
         for (int j = 0; j < Cfg::kDqCols / 8; ++j)
           for (int h = 0; h < 2; ++h) {
-            const uint32_t off = variant == 0 ? C::dq_offset(w, l, j, h) : CRows::dq_offset(w, l, j, h);
+            const uint32_t off = variant == 0 ? Dq::offset(w, l, j, h) : DqRows::offset(w, l, j, h);
             CHECK(off % 8 == 0 && off + 8 <= uint32_t(Cfg::kDqWGBytes), "dQ staging offset %u", off);
             if (off % 8 || off + 8 > uint32_t(Cfg::kDqWGBytes)) continue;
             for (int e = 0; e < 2; ++e) {
@@ -386,7 +390,7 @@ static void check_config() {
         for (int l = 0; l < 32; ++l)
           for (int j = 0; j < kD / 8; ++j)
             for (int h = 0; h < 2; ++h) {
-              const uint32_t off = C::kv_offset(wg, w, l, j, h);
+              const uint32_t off = Epi::kv_offset(wg, w, l, j, h);
               CHECK(off % 4 == 0, "dK/dV pair offset %u not 4-byte aligned", off);
               for (int e = 0; e < 2; ++e)
                 t.put(off + 2 * e, ident(7, 64 * wg + 16 * w + l / 4 + 8 * h, 8 * j + 2 * (l % 4) + e), wr.data());
@@ -406,11 +410,12 @@ static void check_config() {
 }
 
 // ---------------------------------------------------------------- hdim 256
-// The !kSdpSwapAB consumer (bwd_consumer_hd256.cuh): S / dP over key halves,
+// The column split (!kSdpSwapAB, bwd_column_split.cuh): S / dP over key halves,
 // P / dS through [query][key] tiles, dK / dV / dQ over column halves.
 template <typename Cfg>
 static void check_config_hd256() {
-  using C = BwdConsumerHd256<__nv_bfloat16, Cfg, false, true>;
+  using C = BwdColumnSplit<__nv_bfloat16, Cfg, false, true>;
+  using Epi = BwdEpilogue<BwdMainloop<__nv_bfloat16, Cfg, false, true, false, false>>;
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   constexpr int kWN = C::kWN, kWD = C::kWD;
   std::printf("config D=%d BM=%d BN=%d (split over keys / columns, dO stages %d): smem %d B (+1 KB slack)\n", kD,
@@ -565,8 +570,8 @@ static void check_config_hd256() {
       for (int l = 0; l < 32; ++l)
         for (int j = 0; j < Cfg::kDqCols / 8; ++j)
           for (int h = 0; h < 2; ++h) {
-            const uint32_t off =
-                variant == 0 ? dq_stage_offset<Cfg, true>(w, l, j, h) : dq_stage_offset<Cfg, false>(w, l, j, h);
+            const uint32_t off = variant == 0 ? BwdDqAccumulator<Cfg, true>::offset(w, l, j, h)
+                                              : BwdDqAccumulator<Cfg, false>::offset(w, l, j, h);
             CHECK(off % 8 == 0 && off + 8 <= uint32_t(Cfg::kDqWGBytes), "dQ staging offset %u", off);
             if (off % 8 || off + 8 > uint32_t(Cfg::kDqWGBytes)) continue;
             for (int e = 0; e < 2; ++e) {
@@ -593,7 +598,7 @@ static void check_config_hd256() {
         for (int l = 0; l < 32; ++l)
           for (int j = 0; j < kWD / 8; ++j)
             for (int h = 0; h < 2; ++h) {
-              const uint32_t off = C::kv_offset(wg, w, l, j, h);
+              const uint32_t off = Epi::kv_offset(wg, w, l, j, h);
               CHECK(off % 4 == 0, "dK/dV pair offset %u not 4-byte aligned", off);
               for (int e = 0; e < 2; ++e)
                 t.put(off + 2 * e, ident(7, 16 * w + l / 4 + 8 * h, kWD * wg + 8 * j + 2 * (l % 4) + e), wr.data());
@@ -654,7 +659,7 @@ static void check_masks() {
             const int nb = (S + 127) / 128;
             for (int n = 0; n < nb; ++n) {
               int first, last;
-              mi.q_block_range(n * 128, 128, kBM, first, last);
+              mi.BlockMath<MaskInfo>::q_block_range(n * 128, 128, kBM, first, last);
               // every query block with a visible pair in this KV block is in range
               for (int i = 0; i < T; ++i)
                 for (int k = n * 128; k < std::min(S, n * 128 + 128); ++k)
@@ -667,7 +672,7 @@ static void check_masks() {
               for (int mb = first; mb < last; ++mb)
                 for (int wg = 0; wg < 2; ++wg) {
                   const int m0 = mb * kBM, n0 = n * 128 + 64 * wg;
-                  const bool needs = mi.block_needs_mask(m0, kBM, n0, 64);
+                  const bool needs = mi.block_needs_mask_by_position(m0, kBM, n0, 64);
                   for (int w = 0; w < 4; ++w)
                     for (int l = 0; l < 32; ++l) {
                       float s[kBM / 2];
@@ -727,7 +732,7 @@ static void check_masks_hd256() {
             const int nb = (S + kBN - 1) / kBN;
             for (int n = 0; n < nb; ++n) {
               int first, last;
-              mi.q_block_range(n * kBN, kBN, kBM, first, last);
+              mi.BlockMath<MaskInfo>::q_block_range(n * kBN, kBN, kBM, first, last);
               for (int i = 0; i < T; ++i)
                 for (int k = n * kBN; k < std::min(S, n * kBN + kBN); ++k)
                   if (visible_ref(mi, i, k, nullptr, nullptr) && !(i / kBM >= first && i / kBM < last)) {
@@ -739,7 +744,7 @@ static void check_masks_hd256() {
               for (int mb = first; mb < last; ++mb)
                 for (int wg = 0; wg < 2; ++wg) {
                   const int m0 = mb * kBM, n0 = n * kBN + kWN * wg;
-                  const bool needs = mi.block_needs_mask(m0, kBM, n0, kWN);
+                  const bool needs = mi.block_needs_mask_by_position(m0, kBM, n0, kWN);
                   for (int w = 0; w < 4; ++w)
                     for (int l = 0; l < 32; ++l) {
                       float s[kWN / 2];
@@ -793,7 +798,7 @@ static void check_scheduler() {
   std::printf("tile scheduler: %s\n", g_fail == fail0 ? "ok" : "FAILED");
 }
 
-// Deterministic mode (bwd_dq_writer kDet, BwdTileOrder<true>,
+// Deterministic mode (BwdDqAccumulator::store kDet, BwdTileOrder<true>,
 // dq_pred_range): for every query block m the KV blocks that add into it
 // form an interval; block n waits for n + 1 exactly when n + 1 adds too; the
 // tile it waits for has a smaller tile index (decode<true>). Then a model of
@@ -821,7 +826,7 @@ static bool simulate_det(const MaskInfo& mi, const BwdOrders& s, int group, int 
     else
       s.decode<false>(next, c.n, c.hk, c.b);
     ++next;
-    mi.q_block_range(c.n * bn, bn, bm, c.mf, c.ml);
+    mi.BlockMath<MaskInfo>::q_block_range(c.n * bn, bn, bm, c.mf, c.ml);
     c.iters = (c.ml - c.mf) * group;
     c.step = 0;
     dq_pred_range(mi, c.n, N, bn, bm, c.pf, c.pl);
@@ -886,7 +891,7 @@ static void check_det_order() {
               int lo = -1, hi = -1, count = 0;
               for (int n = 0; n < N; ++n) {
                 int f, l;
-                mi.q_block_range(n * bl.bn, bl.bn, bl.bm, f, l);
+                mi.BlockMath<MaskInfo>::q_block_range(n * bl.bn, bl.bn, bl.bm, f, l);
                 if (m >= f && m < l) {
                   if (lo < 0) lo = n;
                   hi = n;

@@ -1,11 +1,13 @@
 // GPU unit test of the sm90 backward's own building blocks, below the full
 // kernel, so that a failing selftest_sm90_bwd can be localised (needs an
 // sm_90 GPU). One CTA of the two consumer warpgroups runs the real
-// BwdConsumer member functions of bwd_mainloop.cuh on known inputs:
+// functions of the key split (bwd_key_split.cuh), the dQ staging
+// (bwd_dq.cuh) and the epilogue's dK tile store (bwd_epilogue.cuh) on known
+// inputs:
 //   dS^T fragment (wgmma accumulator layout) -> acc_to_a -> store_ds
 //   (stmatrix.trans into the K-major dS tile) -> issue_dq (wgmma SS, dS K-major
 //   A, K MN-major B) -> dQ, and issue_dkv (wgmma RS, dS^T A fragments, Q
-//   MN-major B) -> dK; then store_dq into the staging tile and its addition
+//   MN-major B) -> dK; then BwdDqAccumulator::store_tile into the staging tile and its addition
 //   into a prefilled fp32 dq_accum by the writer's reduction (TMA tensor
 //   reduce-add through encode_dq_accum, or the row bulk reductions), with
 //   seq and head-dim tails that must be skipped; then store_kv_tile of dK and
@@ -15,7 +17,7 @@
 // of 80 rows; tensor reductions only):
 //   dQ = dS K  (registers)     : store_ds / the dQ descriptors
 //   dK = dS^T Q (registers)    : acc_to_a / the RS GEMM with MN-major Q (64 rows)
-//   dq_accum += dQ (tensor)    : store_dq swizzle / encode_dq_accum / cp.reduce.async.bulk.tensor
+//   dq_accum += dQ (tensor)    : store_tile swizzle / encode_dq_accum / cp.reduce.async.bulk.tensor
 //   dq_accum += dQ (rows)      : the ablation path
 //   dK tile -> TMA store       : store_kv_tile / tm_dk
 // Inputs are quarter-integers: everything is exact, results must match bit
@@ -38,7 +40,7 @@
 #include <vector>
 
 #include "host_utils.h"  // CHECK_CUDA, to_bits / from_bits
-#include "sm90/bwd/bwd_launch_templates.cuh"  // BwdConsumer, encode_dq_accum, encode_bshd
+#include "sm90/bwd/bwd_launch_templates.cuh"  // BwdKeySplit, BwdEpilogue, encode_dq_accum, encode_bshd
 
 using namespace jax_flash;
 using namespace jax_flash::sm90;
@@ -55,7 +57,8 @@ __global__ void __launch_bounds__(256, 1)
                  const uint16_t* Q, float* dq_out, float* dk_out, int seqlen_q, int seqlen_k) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace ptx;
-  using C = BwdConsumer<__nv_bfloat16, Cfg, false, kDqTensor>;
+  using C = BwdKeySplit<__nv_bfloat16, Cfg, false, kDqTensor>;
+  using Epi = BwdEpilogue<BwdMainloop<__nv_bfloat16, Cfg, false, kDqTensor, false, false>>;
   constexpr int kD = Cfg::kHeadDim, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
   extern __shared__ __align__(1024) char smem_raw[];
   BwdSmem<Cfg> sm;
@@ -125,8 +128,8 @@ __global__ void __launch_bounds__(256, 1)
         dk_out[(64 * wg + 16 * warp + lane / 4 + 8 * h) * kD + 8 * j + 2 * (lane % 4) + e] = dk[4 * j + 2 * h + e];
 
   // dQ staging + the writer's reduction (head 1 of dq_accum), one WG at a time
-  // as in bwd_dq_writer: thread 0 of the WG issues.
-  c.store_dq(dq);
+  // as in BwdDqAccumulator::store: thread 0 of the WG issues.
+  C::Dq::store_tile(sm, wg, warp, lane, dq);
   fence_proxy_async_smem();
   named_bar_sync(kBwdBarDqFull + wg, 128);
   const int row0 = 64 * wg_m, col0 = 64 * wg_n;
@@ -152,7 +155,7 @@ __global__ void __launch_bounds__(256, 1)
 
   // dK -> 16-bit tile (the K buffer) -> TMA store of the WG's rows
   __syncthreads();  // every GEMM done with K
-  c.store_kv_tile(dk, sm.k());
+  Epi::store_kv_tile(c, dk, sm.k());
   fence_proxy_async_smem();
   named_bar_sync(kBwdBarEpiWG + wg, 128);
   if (tid % 128 == 0 && 64 * wg < seqlen_k) {

@@ -6,7 +6,7 @@
 // the whole sweep over the query blocks (kBlockM rows per step) of every q
 // head of the GQA group. Two work splits over the consumer warpgroups:
 //
-// kSdpSwapAB (hdim 64, 128; bwd_mainloop.cuh BwdConsumer): kBlockN = 128,
+// kSdpSwapAB (hdim 64, 128; bwd_key_split.cuh BwdKeySplit): kBlockN = 128,
 // warpgroup wg owns keys [64 wg, 64 wg + 64) (wgmma M = 64) and their dK, dV
 // (64 x D each). FA3 (hopper/flash_bwd_launch_template.h, sm90): hdim 64:
 // 128 x 128, hdim 128: 64 x 128, both with SdP_swapAB (S^T = K Q^T, so that
@@ -20,7 +20,7 @@
 // 64 x 80 per WG, dV / dK RS GEMMs of 5 k-steps, and dQ_swapAB: dQ^T = K^T
 // dS^T, 64 head-dim columns x 80 queries per WG (see kDqSwapAB below).
 //
-// !kSdpSwapAB (hdim 256; bwd_consumer_hd256.cuh BwdConsumerHd256): kBlockM =
+// !kSdpSwapAB (hdim 256; bwd_column_split.cuh BwdColumnSplit): kBlockM =
 // kBlockN = 64. dK and dV of 64 keys x 256 are 128 registers per thread
 // however they are split, so S = Q K^T and dP = dO V^T are split along the
 // keys (warpgroup wg: keys [32 wg, 32 wg + 32), 64 x 32, 16 registers each)

@@ -44,7 +44,7 @@ cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
 bool bwd_supported(const BwdParams&) { return false; }
 #else
 bool bwd_supported(const BwdParams& p) {
-  // Deterministic (fixed dQ order through semaphores, bwd_mainloop.cuh): needs
+  // Deterministic (fixed dQ order through semaphores, bwd_dq.cuh): needs
   // the semaphore workspace (and runs the bucket's tile, bwd_default_tile).
   if (p.deterministic &&
       (p.sm90_dq_semaphore == nullptr || (reinterpret_cast<uintptr_t>(p.sm90_dq_semaphore) & 3) != 0))

@@ -300,7 +300,7 @@ struct DynamicPersistentTileScheduler {
 //   first), with the heads taken in sections whose Q + dO fit in ~32 MB of L2.
 // kDescending (deterministic mode): the same orders with the KV blocks
 // descending (FA3's SPT order for causal), the order in which the KV blocks
-// add into each dQ tile (bwd_mainloop.cuh, bwd_dq_writer): the KV block a CTA
+// add into each dQ tile (bwd_dq.cuh, BwdDqAccumulator::store): the KV block a CTA
 // waits for always has a smaller tile index.
 struct BwdTileOrderArguments {
   int batch, num_heads, heads_per_kv;  // num_heads: KV heads

@@ -1,0 +1,99 @@
+// Epilogue of the sm90 backward, one consumer warpgroup: its part of dK
+// (times the softmax scale) and dV -> 16-bit -> the K / V tiles (the
+// 128B-swizzled [D/64][kBlockN][64] layout the TMA loads used) -> TMA store,
+// which clips the seq and head-dim tails. The work split (Mainloop::Split)
+// gives the WG's part: kKvRows rows x kKvCols columns of the tile (key split:
+// its 64 keys, every column; column split: every key, its 128 columns).
+#pragma once
+
+#include "bwd_tile.cuh"
+#include "sm90/ptx/barrier.cuh"
+#include "sm90/ptx/smem_ops.cuh"
+#include "sm90/ptx/tma.cuh"
+#include "sm90/ptx/wgmma.cuh"
+#include "sm90/common/tma_desc.h"
+
+namespace jax_flash::sm90 {
+
+template <typename Mainloop>
+struct BwdEpilogue {
+  using Element = typename Mainloop::Element;
+  using Cfg = typename Mainloop::Cfg;
+  using Split = typename Mainloop::Split;
+  static constexpr int kD = Cfg::kHeadDim;
+  static constexpr int kBN = Cfg::kBlockN;
+  static constexpr int kKR = Split::kKR;  // dK / dV registers per thread
+  // Rows / column blocks between consecutive WGs' parts (0: the WGs share them).
+  static constexpr int kRowStep = Split::kKvRows == kBN ? 0 : Split::kKvRows;
+  static constexpr int kColBlockStep = Split::kKvCols == kD ? 0 : Split::kKvCols / 64;
+  static_assert(kKR == Split::kKvCols / 2 && Split::kKvRows == 64, "a WG's part: 64 rows x kKvCols");
+
+  // ---------------------------------------------------------------- host -> device
+  struct Arguments {
+    GmemTensor dk, dv;  // dK / dV: the layouts (strides) of K / V
+    float scale;        // softmax scale (dK is multiplied by it)
+  };
+  static bool to_params(const Arguments& a, BwdKernelArgs& p) {
+    if (!encode_bshd(&p.tm_dk, tma_element<Element>(), a.dk, 64) ||
+        !encode_bshd(&p.tm_dv, tma_element<Element>(), a.dv, 64))
+      return false;
+    p.scale = a.scale;
+    p.head_dim = a.dk.head_dim;
+    return true;
+  }
+
+  // ---------------------------------------------------------------- device
+  // Byte offset in the tile of the packed pair acc[4j + 2h], acc[4j + 2h + 1]
+  // (key 16 warp + g + 8h, column 8j + 2t of the WG's part).
+  static JF_DEVICE uint32_t kv_offset(int wg, int warp, int lane, int j, int h) {
+    const int row = kRowStep * wg + 16 * warp + lane / 4;  // h = 0; row % 8 == lane / 4
+    const uint32_t row_addr = uint32_t(row * 128 + 4 * (lane % 4));
+    const uint32_t sw = uint32_t(lane / 4) << 4;
+    return row_addr + uint32_t((kColBlockStep * wg + j / 8) * kBN * 128) + ((uint32_t(j % 8) << 4) ^ sw) +
+           uint32_t(h * 8 * 128);
+  }
+  JF_DEVICE static void store_kv_tile(const Split& c, const float (&acc)[kKR], uint32_t tile) {
+#pragma unroll
+    for (int j = 0; j < Split::kKvCols / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        ptx::st_shared_b32(tile + kv_offset(c.wg, c.warp, c.lane, j, h),
+                           ptx::pack2<Element>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+  }
+
+  // Stores the part of dK (scaled here) and dV of consumer warpgroup c (its
+  // work split's view); all 128 threads of the WG.
+  JF_DEVICE static void store(const Split& c, const BwdTile& w, float (&dk)[kKR], const float (&dv)[kKR]) {
+    using namespace ptx;
+    const BwdKernelArgs& a = c.a;
+    const BwdSmem<Cfg>& sm = c.sm;
+    const int n0 = w.n_block * kBN;
+    const float scale = a.scale;
+#pragma unroll
+    for (int i = 0; i < kKR; ++i) dk[i] *= scale;
+    named_bar_sync(kBwdBarEpi, 256);  // both WGs are past their last GEMM on K and V
+    store_kv_tile(c, dk, sm.k());
+    store_kv_tile(c, dv, sm.v());
+    fence_proxy_async_smem();
+    named_bar_sync(kBwdBarEpiWG + c.wg, 128);
+    // Parts entirely past seqlen_k (key split) or head_dim (column split,
+    // head_dim <= 192: block 3 is padding) are not stored.
+    if (c.warp == 0 && c.lane == 0 && (kRowStep == 0 || n0 + kRowStep * c.wg < a.mask.seqlen_k)) {
+#pragma unroll
+      for (int cb = 0; cb < Split::kKvCols / 64; ++cb) {
+        const int cblk = kColBlockStep * c.wg + cb;  // column block of the tile
+        if (kColBlockStep == 0 || 64 * cblk < a.head_dim) {
+          tma_store_4d(&a.tm_dk, sm.k() + cblk * kBN * 128 + kRowStep * c.wg * 128, 64 * cblk,
+                       n0 + kRowStep * c.wg, w.head_k, w.batch);
+          tma_store_4d(&a.tm_dv, sm.v() + cblk * kBN * 128 + kRowStep * c.wg * 128, 64 * cblk,
+                       n0 + kRowStep * c.wg, w.head_k, w.batch);
+        }
+      }
+      bulk_commit();
+      bulk_wait<0>();  // stores done before the CTA's shared memory goes away
+    }
+    __syncwarp();
+  }
+};
+
+}  // namespace jax_flash::sm90
