@@ -191,8 +191,10 @@ def test_cpp_block_info_matches_masking_py(block_info_cli, seed):
 
 # The host rules that Python mirrors to size the CUDA workspaces
 # (cuda_backend.py): the head-dim bucket of dq_accum's pitch and the sm90
-# deterministic backward's semaphore count. One output line per query:
-# rounded_head_dim(d) sm90_head_dim_bucket(d) sm90_bwd_semaphore_ints(b, h, t).
+# deterministic backward's semaphore count; and the sm90 buckets of the kernel
+# table. One output line per query: rounded_head_dim(d)
+# Sm90FwdHeadDims::bucket(d) Sm90BwdHeadDims::bucket(d)
+# sm90_bwd_semaphore_ints(b, h, t).
 RULES_PROGRAM = r"""
 #include <cstdio>
 #include "jax_flash/head_dim.h"
@@ -200,15 +202,15 @@ RULES_PROGRAM = r"""
 int main() {
   int d, b, h, t;
   while (std::scanf("%d %d %d %d", &d, &b, &h, &t) == 4)
-    std::printf("%d %d %lld\n", jax_flash::rounded_head_dim(d), jax_flash::sm90_head_dim_bucket(d),
-                (long long)jax_flash::sm90_bwd_semaphore_ints(b, h, t));
+    std::printf("%d %d %d %lld\n", jax_flash::rounded_head_dim(d), jax_flash::Sm90FwdHeadDims::bucket(d),
+                jax_flash::Sm90BwdHeadDims::bucket(d), (long long)jax_flash::sm90_bwd_semaphore_ints(b, h, t));
   return 0;
 }
 """
 
 
 def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
-  from jax_flash._src import cuda_backend
+  from jax_flash._src import cuda_backend, kernel_table
   cxx = _compiler()
   if cxx is None:
     pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to build the "
@@ -224,7 +226,8 @@ def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
                                                 for q in queries),
                        capture_output=True, text=True, check=True, timeout=60)
   for (d, b, h, t), line in zip(queries, out.stdout.splitlines(), strict=True):
-    pitch, bucket90, sems = (int(x) for x in line.split())
+    pitch, fwd90, bwd90, sems = (int(x) for x in line.split())
     assert pitch == cuda_backend.rounded_head_dim(d), d
-    assert bucket90 in (64, 128, 256) and bucket90 >= d and pitch <= bucket90, d
+    assert fwd90 == kernel_table.bucket("sm90_fwd", d), d
+    assert bwd90 == kernel_table.bucket("sm90_bwd", d) and bwd90 >= d and pitch <= bwd90, d
     assert sems == cuda_backend.sm90_bwd_semaphore_ints(b, h, t), (b, h, t)

@@ -24,9 +24,9 @@ Usage: python tools/codegen/gen_instantiations.py [--out ROOT]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import pathlib
+from typing import NamedTuple
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TABLE_PATH = ROOT / "jax_flash" / "_src" / "kernel_table.py"
@@ -43,8 +43,7 @@ def load_table():
   return module
 
 
-@dataclasses.dataclass(frozen=True)
-class Launcher:
+class Launcher(NamedTuple):
   """One launcher template, instantiated per (dtype, bucket) of its family."""
   family: str      # key of kernel_table.HEAD_DIMS
   sources: str     # the CMake list it belongs to (JAX_FLASH_<sources>_SOURCES)
