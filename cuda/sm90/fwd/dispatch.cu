@@ -11,7 +11,6 @@
 #include "jax_flash/head_dim.h"
 #include "sm90/launch.h"
 #include "sm90/common/mask.cuh"
-#include "sm90/common/smem_layout.cuh"
 
 namespace jax_flash::sm90 {
 namespace {
