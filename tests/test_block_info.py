@@ -192,8 +192,10 @@ def test_cpp_block_info_matches_masking_py(block_info_cli, seed):
 
 # The host rules that Python mirrors to size the CUDA workspaces
 # (cuda_backend.py): the head-dim bucket of dq_accum's pitch and the sm90
-# deterministic backward's semaphore count. One output line per query:
-# rounded_head_dim(d) sm90_head_dim_bucket(d) sm90_bwd_semaphore_ints(b, h, t).
+# deterministic backward's semaphore count; and the sm90 buckets of the kernel
+# table. One output line per query: rounded_head_dim(d)
+# Sm90FwdHeadDims::bucket(d) Sm90BwdHeadDims::bucket(d)
+# sm90_bwd_semaphore_ints(b, h, t).
 RULES_PROGRAM = r"""
 #include <cstdio>
 #include "jax_flash/head_dim.h"
@@ -201,15 +203,15 @@ RULES_PROGRAM = r"""
 int main() {
   int d, b, h, t;
   while (std::scanf("%d %d %d %d", &d, &b, &h, &t) == 4)
-    std::printf("%d %d %lld\n", jax_flash::rounded_head_dim(d), jax_flash::sm90_head_dim_bucket(d),
-                (long long)jax_flash::sm90_bwd_semaphore_ints(b, h, t));
+    std::printf("%d %d %d %lld\n", jax_flash::rounded_head_dim(d), jax_flash::Sm90FwdHeadDims::bucket(d),
+                jax_flash::Sm90BwdHeadDims::bucket(d), (long long)jax_flash::sm90_bwd_semaphore_ints(b, h, t));
   return 0;
 }
 """
 
 
 def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
-  from jax_flash._src.backends import cuda as cuda_backend
+  from jax_flash._src.backends import cuda as cuda_backend, kernel_table
   cxx = _compiler()
   if cxx is None:
     pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to build the "
@@ -220,12 +222,14 @@ def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
                   "-o", str(exe)], check=True, capture_output=True, timeout=300)
   rng = np.random.default_rng(7)
   queries = [(d, int(rng.integers(0, 9)), int(rng.integers(1, 33)),
-              int(rng.integers(0, 3000))) for d in range(1, 257)]
+              int(rng.integers(0, 3000))) for d in range(1, 301)]
   out = subprocess.run([str(exe)], input="".join(" ".join(map(str, q)) + "\n"
                                                 for q in queries),
                        capture_output=True, text=True, check=True, timeout=60)
   for (d, b, h, t), line in zip(queries, out.stdout.splitlines(), strict=True):
-    pitch, bucket90, sems = (int(x) for x in line.split())
+    pitch, fwd90, bwd90, sems = (int(x) for x in line.split())
     assert pitch == cuda_backend.rounded_head_dim(d), d
-    assert bucket90 in (64, 128, 256) and bucket90 >= d and pitch <= bucket90, d
+    assert fwd90 == kernel_table.bucket("sm90_fwd", d), d
+    assert bwd90 == kernel_table.bucket("sm90_bwd", d), d
+    assert bwd90 == 0 or pitch <= bwd90, d
     assert sems == cuda_backend.sm90_bwd_semaphore_ints(b, h, t), (b, h, t)

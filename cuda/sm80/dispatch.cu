@@ -32,15 +32,15 @@ cudaError_t validate(const FwdParams& p) {
 // The sm80 buckets (rounded_head_dim); the backward's is the dq_accum pitch.
 template <typename Element>
 cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
-  return dispatch_head_dim<64, 96, 128, 256>(
-      rounded_head_dim(p.head_dim), [&](auto d) { return run_fwd_hdim<Element, decltype(d)::value>(p, stream); });
+  return dispatch_head_dim(Sm80HeadDims{}, rounded_head_dim(p.head_dim), cudaErrorNotSupported,
+                           [&](auto d) { return run_fwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
 
 #ifndef JAX_FLASH_DISABLE_BACKWARD
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
-  return dispatch_head_dim<64, 96, 128, 256>(
-      p.head_dim_rounded, [&](auto d) { return run_bwd_hdim<Element, decltype(d)::value>(p, stream); });
+  return dispatch_head_dim(Sm80HeadDims{}, p.head_dim_rounded, cudaErrorNotSupported,
+                           [&](auto d) { return run_bwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
 #endif
 

@@ -31,7 +31,7 @@ cudaError_t launch(const BwdParams& p, cudaStream_t stream) {
 
 template <template <int> class Tile>
 cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
-  switch (sm90_head_dim_bucket(p.head_dim)) {
+  switch (Sm90BwdHeadDims::bucket(p.head_dim)) {
     case 64: return launch<Tile<64>>(p, stream);
     case 128: return launch<Tile<128>>(p, stream);
     case 256: return launch<Tile<256>>(p, stream);
@@ -48,7 +48,7 @@ bool variant_applies(const BwdParams& p, int variant) {
   switch (variant) {
     case kRowReduce: return !p.deterministic;
     case kBlockM80:
-      return sm90_head_dim_bucket(p.head_dim) == 128 && !make_mask_info(p).bounded() && !p.deterministic;
+      return Sm90BwdHeadDims::bucket(p.head_dim) == 128 && !make_mask_info(p).bounded() && !p.deterministic;
     case kBucket: return true;
     default: return false;
   }

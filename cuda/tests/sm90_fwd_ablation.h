@@ -99,7 +99,7 @@ inline FwdLaunch fwd_ablation_launcher(int ablation, const FwdParams& p) {
   if (ablation < 0 || ablation >= kNumFwdAblations || p.dtype != DType::kBFloat16) return nullptr;
   static const FwdAblationBucket b64 = fwd_ablation_bucket_64(), b128 = fwd_ablation_bucket_128(),
                                  b256 = fwd_ablation_bucket_256();
-  const int bucket = sm90_rounded_head_dim(p.head_dim);
+  const int bucket = Sm90FwdHeadDims::bucket(p.head_dim);
   const FwdAblationBucket& b = bucket == 64 ? b64 : bucket == 128 ? b128 : b256;
   const MaskInfo mi = make_mask_info(p);
   return b.launch[ablation][fwd_causal_like(mi.wl, mi.wr) ? 1 : 0];

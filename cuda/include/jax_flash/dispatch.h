@@ -1,6 +1,6 @@
 // From a request to the compiled instantiation: the element type and the
 // head-dim bucket as C++ types / constants, the same way in every family.
-// Pieces left out of a build (-DJAX_FLASH_DISABLE_FP16, _HDIM64 ... _HDIM256)
+// Pieces left out of a build (-DJAX_FLASH_DISABLE_FP16, _HDIM<d>)
 // answer cudaErrorNotSupported instead of failing to link.
 #pragma once
 
@@ -10,6 +10,7 @@
 
 #include <type_traits>
 
+#include "jax_flash/head_dim.h"
 #include "jax_flash/params.h"
 
 namespace jax_flash {
@@ -32,29 +33,12 @@ cudaError_t dispatch_dtype(DType dtype, Run&& run) {
   }
 }
 
-// Buckets left out of a build (-DJAX_FLASH_DISABLE_HDIM64 ... 256): their
-// requests answer cudaErrorNotSupported instead of failing to link.
-constexpr bool head_dim_bucket_compiled(int bucket) {
-#ifdef JAX_FLASH_DISABLE_HDIM64
-  if (bucket == 64) return false;
-#endif
-#ifdef JAX_FLASH_DISABLE_HDIM96
-  if (bucket == 96) return false;
-#endif
-#ifdef JAX_FLASH_DISABLE_HDIM128
-  if (bucket == 128) return false;
-#endif
-#ifdef JAX_FLASH_DISABLE_HDIM256
-  if (bucket == 256) return false;
-#endif
-  return bucket > 0;
-}
-
 // run(std::integral_constant<int, kBucket>{}) for the family's bucket
-// kBucket == bucket (one of kBuckets, compiled in); else cudaErrorNotSupported.
-template <int... kBuckets, typename Run>
-cudaError_t dispatch_head_dim(int bucket, Run&& run) {
-  cudaError_t result = cudaErrorNotSupported;
+// kBucket == bucket if this build compiles it (head_dim_bucket_compiled,
+// kernel_table.h); else `otherwise`.
+template <int... kBuckets, typename Result, typename Run>
+Result dispatch_head_dim(HeadDimBuckets<kBuckets...>, int bucket, Result otherwise, Run&& run) {
+  Result result = otherwise;
   const auto one = [&](auto b) {
     if constexpr (head_dim_bucket_compiled(decltype(b)::value)) result = run(b);
     return true;

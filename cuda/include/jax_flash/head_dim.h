@@ -1,23 +1,44 @@
-// Head-dim buckets: a head dim is served by the kernel of the next bucket up.
-// The padding columns are zero-filled by the kernels' loads, so they do not
-// change the result.
+// Head-dim buckets: a head dim is served by the kernel of the next bucket up
+// of its family. The padding columns are zero-filled by the kernels' loads, so
+// they do not change the result. The buckets of every family come from the
+// kernel table (jax_flash/_src/backends/kernel_table.py, generated into kernel_table.h).
 #pragma once
 
 #include "jax_flash/host_device.h"
+#include "jax_flash/kernel_table.h"
 
 namespace jax_flash {
 
-// The sm80 kernels' buckets, and the row pitch of the dq_accum workspace of
-// both backward families (BwdParams::head_dim_rounded): 64, 96, 128, 256.
-// Python mirrors it (jax_flash/_src/cuda_backend.py) to size the workspace.
-JF_HOST_DEVICE constexpr int rounded_head_dim(int d) {
-  return d <= 64 ? 64 : d <= 96 ? 96 : d <= 128 ? 128 : 256;
-}
+// One family's buckets, ascending.
+template <int... kBuckets>
+struct HeadDimBuckets {
+  static_assert(sizeof...(kBuckets) > 0, "a family has at least one bucket");
 
-// The sm90 kernels' buckets: TMA boxes and wgmma tiles come in 64-column
-// blocks, so 96 runs in 128. 0: not served (above 256).
-JF_HOST_DEVICE constexpr int sm90_head_dim_bucket(int d) {
-  return d <= 64 ? 64 : d <= 128 ? 128 : d <= 256 ? 256 : 0;
+  // The smallest bucket >= d; 0 past the largest (not served).
+  JF_HOST_DEVICE static constexpr int bucket(int d) {
+    int b = 0;
+    (void)((d <= kBuckets ? (b = kBuckets, true) : false) || ...);
+    return b;
+  }
+  JF_HOST_DEVICE static constexpr bool contains(int d) { return ((d == kBuckets) || ...); }
+  JF_HOST_DEVICE static constexpr int largest() {
+    int b = 0;
+    ((b = kBuckets), ...);
+    return b;
+  }
+};
+
+using Sm80HeadDims = HeadDimBuckets<JAX_FLASH_SM80_HEAD_DIMS>;
+using Sm90FwdHeadDims = HeadDimBuckets<JAX_FLASH_SM90_FWD_HEAD_DIMS>;
+using Sm90BwdHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_HEAD_DIMS>;
+using Sm90Fp8HeadDims = HeadDimBuckets<JAX_FLASH_SM90_FP8_HEAD_DIMS>;
+
+// The sm80 kernels' bucket (callers check the maximum head dim first; past it
+// the largest bucket), and the row pitch of the dq_accum workspace of both
+// backward families (BwdParams::head_dim_rounded). Python mirrors it
+// (jax_flash/_src/cuda_backend.py) to size the workspace.
+JF_HOST_DEVICE constexpr int rounded_head_dim(int d) {
+  return Sm80HeadDims::bucket(d < Sm80HeadDims::largest() ? d : Sm80HeadDims::largest());
 }
 
 }  // namespace jax_flash

@@ -21,20 +21,23 @@ namespace {
 
 // The shared memory of the tile bwd_default_tile picks (bwd_launch_templates.cuh).
 bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, BwdTileChoice tile) {
-  const int bucket = sm90_head_dim_bucket(p.head_dim);
-  if (!head_dim_bucket_compiled(bucket)) return false;
-  const int smem = bucket == 64    ? BwdConfigFor<64>::type::kSmemAlloc
-                   : bucket == 256 ? BwdConfigFor<256>::type::kSmemAlloc
-                   : tile == BwdTileChoice::kBlockM80 ? BwdConfigHd128Bm80::kSmemAlloc
-                                                      : BwdConfigFor<128>::type::kSmemAlloc;
-  return smem <= dev.smem_optin;
+  return dispatch_head_dim(Sm90BwdHeadDims{}, Sm90BwdHeadDims::bucket(p.head_dim), false, [&](auto d) {
+    const int smem = tile == BwdTileChoice::kBlockM80 ? BwdConfigHd128Bm80::kSmemAlloc
+                                                      : BwdConfigFor<decltype(d)::value>::type::kSmemAlloc;
+    return smem <= dev.smem_optin;
+  });
+}
+
+// Keys per CTA of the bucket's tiles (the kBlockM 80 tile has the bucket's).
+int bwd_block_n(int bucket) {
+  return dispatch_head_dim(Sm90BwdHeadDims{}, bucket, 0,
+                           [](auto d) { return BwdConfigFor<decltype(d)::value>::type::kBlockN; });
 }
 
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
-  return dispatch_head_dim<64, 128, 256>(sm90_head_dim_bucket(p.head_dim), [&](auto d) {
-    return run_bwd_hdim<Element, decltype(d)::value>(p, stream);
-  });
+  return dispatch_head_dim(Sm90BwdHeadDims{}, Sm90BwdHeadDims::bucket(p.head_dim), cudaErrorNotSupported,
+                           [&](auto d) { return run_bwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
 
 }  // namespace
@@ -59,10 +62,11 @@ bool bwd_supported(const BwdParams& p) {
 #else
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
 #endif
-  const int bucket = sm90_head_dim_bucket(p.head_dim);
+  const int bucket = Sm90BwdHeadDims::bucket(p.head_dim);
   const BwdTileChoice tile = bwd_default_tile(bucket, make_mask_info(p).bounded(), p.deterministic);
-  // Grid (KV blocks x kv heads x batch) fits.
-  const int64_t block_n = bucket == 256 ? BwdConfigFor<256>::type::kBlockN : 128;
+  // A bucket this build serves, and its grid (KV blocks x kv heads x batch) fits.
+  const int64_t block_n = bwd_block_n(bucket);
+  if (block_n == 0) return false;
   if (int64_t(p.batch) * p.num_heads_k * ((int64_t(p.seqlen_k) + block_n - 1) / block_n) >=
       (int64_t(1) << 31))
     return false;

@@ -1,4 +1,4 @@
-// The shared-memory tile layout of the sm90 kernels, and their head-dim buckets.
+// The shared-memory tile layout of the sm90 kernels.
 //
 // Every tile (Q, K, V, O) is kept in the layout that TMA writes with
 // CU_TENSOR_MAP_SWIZZLE_128B and a box of one 128-byte row (kSwizzleRow =
@@ -26,8 +26,5 @@ __host__ __device__ constexpr uint32_t sw128_offset(int r, int c) {
   return uint32_t((c / kRowElems) * kRows * 128 + r * 128 +
                   ((((c % kRowElems) / kChunkElems) ^ (r % 8)) * 16) + (c % kChunkElems) * kBytes);
 }
-
-// The sm90 head-dim buckets (no 96: 65..128 use the 128 kernel, zero-padded).
-inline int sm90_rounded_head_dim(int d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 }  // namespace jax_flash::sm90

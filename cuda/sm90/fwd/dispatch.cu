@@ -7,9 +7,10 @@
 #include "fwd_tuning.h"
 #include "fwd_kernel.cuh"  // FwdKernelFor: the shared-memory sizes (no kernel is instantiated here)
 #include "instantiations.h"
+#include "jax_flash/dispatch.h"
+#include "jax_flash/head_dim.h"
 #include "sm90/launch.h"
 #include "sm90/common/mask.cuh"
-#include "sm90/common/smem_layout.cuh"
 
 namespace jax_flash::sm90 {
 namespace {
@@ -27,47 +28,21 @@ bool bucket_ok(const FwdParams& p, const DeviceInfo& dev) {
 }
 
 bool bucket_compiled_and_ok(const FwdParams& p, const DeviceInfo& dev) {
-  switch (sm90_rounded_head_dim(p.head_dim)) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return bucket_ok<64>(p, dev);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return bucket_ok<128>(p, dev);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return bucket_ok<256>(p, dev);
-#endif
-    default: return false;
-  }
+  return dispatch_head_dim(Sm90FwdHeadDims{}, Sm90FwdHeadDims::bucket(p.head_dim), false,
+                           [&](auto d) { return bucket_ok<decltype(d)::value>(p, dev); });
 }
 
 template <typename Element>
 cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
-  switch (sm90_rounded_head_dim(p.head_dim)) {
-#ifndef JAX_FLASH_DISABLE_HDIM64
-    case 64: return run_fwd_hdim<Element, 64>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return run_fwd_hdim<Element, 128>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return run_fwd_hdim<Element, 256>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_head_dim(Sm90FwdHeadDims{}, Sm90FwdHeadDims::bucket(p.head_dim), cudaErrorNotSupported,
+                           [&](auto d) { return run_fwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
 
+// The FP8 buckets are served exactly (fwd_fp8_supported).
 template <typename OutElement>
 cudaError_t fwd_fp8_out(const Fp8FwdParams& p, cudaStream_t stream) {
-  switch (p.head_dim) {
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return run_fwd_fp8_hdim<OutElement, 128>(p, stream);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return run_fwd_fp8_hdim<OutElement, 256>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_head_dim(Sm90Fp8HeadDims{}, p.head_dim, cudaErrorNotSupported,
+                           [&](auto d) { return run_fwd_fp8_hdim<OutElement, decltype(d)::value>(p, stream); });
 }
 
 template <int kHeadDim>
@@ -105,7 +80,7 @@ bool fwd_call_ok(const FwdParams& p, bool needs_tile_counter) {
 
 bool fwd_fp8_supported(const Fp8FwdParams& p) {
   if (!fwd_call_ok(p, fwd_fp8_needs_tile_counter(p))) return false;
-  if (p.head_dim != 128 && p.head_dim != 256) return false;
+  if (!Sm90Fp8HeadDims::contains(p.head_dim)) return false;
   if (p.dtype != DType::kFloat8E4M3) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.out_dtype != DType::kBFloat16) return false;
@@ -125,15 +100,8 @@ bool fwd_fp8_supported(const Fp8FwdParams& p) {
     return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
-  switch (p.head_dim) {
-#ifndef JAX_FLASH_DISABLE_HDIM128
-    case 128: return fp8_bucket_ok<128>(p, dev);
-#endif
-#ifndef JAX_FLASH_DISABLE_HDIM256
-    case 256: return fp8_bucket_ok<256>(p, dev);
-#endif
-    default: return false;
-  }
+  return dispatch_head_dim(Sm90Fp8HeadDims{}, p.head_dim, false,
+                           [&](auto d) { return fp8_bucket_ok<decltype(d)::value>(p, dev); });
 }
 
 bool fwd_fp8_needs_tile_counter(const Fp8FwdParams& p) {
@@ -144,18 +112,12 @@ bool fwd_fp8_needs_tile_counter(const Fp8FwdParams& p) {
 cudaError_t run_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
   if (!fwd_fp8_supported(p)) return cudaErrorNotSupported;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
-  switch (p.out_dtype) {
-    case DType::kBFloat16: return fwd_fp8_out<__nv_bfloat16>(p, stream);
-#ifndef JAX_FLASH_DISABLE_FP16
-    case DType::kFloat16: return fwd_fp8_out<__half>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_dtype(p.out_dtype, [&](auto e) { return fwd_fp8_out<typename decltype(e)::type>(p, stream); });
 }
 
 bool fwd_supported(const FwdParams& p) {
   if (!fwd_call_ok(p, fwd_needs_tile_counter(p))) return false;
-  if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return false;
+  if (p.head_dim <= 0 || Sm90FwdHeadDims::bucket(p.head_dim) == 0 || p.head_dim % 8 != 0) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;
 #else
@@ -177,20 +139,14 @@ bool fwd_supported(const FwdParams& p) {
 
 bool fwd_needs_tile_counter(const FwdParams& p) {
   const MaskInfo mi = make_mask_info(p);
-  return fwd_default_tuning(sm90_rounded_head_dim(p.head_dim), fwd_causal_like(mi.wl, mi.wr))
+  return fwd_default_tuning(Sm90FwdHeadDims::bucket(p.head_dim), fwd_causal_like(mi.wl, mi.wr))
       .dynamic_scheduler;
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (!fwd_supported(p)) return cudaErrorNotSupported;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;  // nothing to write
-  switch (p.dtype) {
-    case DType::kBFloat16: return fwd_dtype<__nv_bfloat16>(p, stream);
-#ifndef JAX_FLASH_DISABLE_FP16
-    case DType::kFloat16: return fwd_dtype<__half>(p, stream);
-#endif
-    default: return cudaErrorNotSupported;
-  }
+  return dispatch_dtype(p.dtype, [&](auto e) { return fwd_dtype<typename decltype(e)::type>(p, stream); });
 }
 
 }  // namespace jax_flash::sm90

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash._src.core import bottom_right
-from jax_flash._src.backends import ffi
+from jax_flash._src.backends import ffi, kernel_table
 from jax_flash._src.core import tile_spans
 from jax_flash._src.backends.registry import Unsupported, register
 from jax_flash._src.core.spec import AttentionSpec
 
 DTYPES = ("bfloat16", "float16")
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = kernel_table.max_head_dim("sm80")
 
 
 def _round_up(x: int, m: int) -> int:
@@ -28,9 +28,10 @@ def _round_up(x: int, m: int) -> int:
 
 
 def rounded_head_dim(d: int) -> int:
-  """Same rule as cuda/include/jax_flash/head_dim.h (tests/test_block_info.py
-  checks that they agree)."""
-  return 64 if d <= 64 else 96 if d <= 96 else 128 if d <= 128 else 256
+  """The sm80 bucket of d (the largest past it), the dq_accum pitch: the rule
+  of cuda/include/jax_flash/head_dim.h (tests/test_block_info.py checks that
+  they agree)."""
+  return kernel_table.bucket("sm80", min(d, MAX_HEAD_DIM))
 
 
 def sm90_bwd_semaphore_ints(batch: int, num_heads: int, seqlen_q: int) -> int:

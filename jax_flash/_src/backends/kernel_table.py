@@ -1,0 +1,48 @@
+"""Which CUDA kernels exist: the head-dim buckets and element types each
+kernel family instantiates.
+
+Pure data (no jax import), read by:
+- tools/codegen/gen_instantiations.py, which writes one instantiation file per
+  kernel (cuda/instantiations/), their CMake source lists and build options
+  (cuda/instantiations/sources.cmake) and the C++ view of this table
+  (cuda/include/jax_flash/kernel_table.h) that the dispatchers expand;
+- cuda_backend.py, which rounds head dims the way the kernels do.
+
+A head dim d runs in the kernel of the smallest bucket of its family >= d,
+zero-padded (the kernels' loads fill the padding columns with zeros). Adding a
+bucket is one entry here plus its tile in the family's tile policy
+(cuda/sm80/kernel_traits.cuh FwdConfigFor / BwdConfigFor,
+cuda/sm90/fwd/fwd_tuning.h fwd_default_tuning, cuda/sm90/bwd/bwd_config.cuh
+BwdConfigFor), then `python tools/codegen/gen_instantiations.py`.
+"""
+
+from __future__ import annotations
+
+# The 16-bit element types (file-name tag -> C++ type). The FP8 family reads
+# e4m3 and writes these.
+DTYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
+
+# Kernel family -> its head-dim buckets, ascending.
+HEAD_DIMS = {
+    # The sm80 forward and backward. Also the row pitch of the dq_accum
+    # workspace of both backward families (rounded_head_dim) and the buckets
+    # of the decoding kernels (cuda/decode).
+    "sm80": (64, 96, 128, 256),
+    # sm90 (sm_90a only): TMA boxes and wgmma tiles come in 64-column blocks,
+    # so 65..128 run in the 128 kernel.
+    "sm90_fwd": (64, 128, 256),
+    "sm90_bwd": (64, 128, 256),
+    # The sm90 FP8 forward (e4m3 inputs), served exactly: a head dim of whole
+    # 128-byte swizzle rows of e4m3; the FP8 path pads 64 to 128 before
+    # quantising.
+    "sm90_fp8": (128, 256),
+}
+
+
+def bucket(family: str, d: int) -> int:
+  """The smallest bucket of `family` >= d; 0 past the largest."""
+  return next((b for b in HEAD_DIMS[family] if d <= b), 0)
+
+
+def max_head_dim(family: str) -> int:
+  return HEAD_DIMS[family][-1]
