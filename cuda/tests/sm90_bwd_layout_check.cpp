@@ -673,7 +673,7 @@ static void check_masks() {
                       float s[kBM / 2];
                       for (float& x : s) x = 1.f;
                       const int key0 = n0 + 16 * w + l / 4, q0 = m0 + 2 * (l % 4);
-                      if (needs) apply_mask_t<kBM / 2, kSegUnroll>(s, mi, 0, key0, q0);
+                      if (needs) apply_mask_t<false, kSegUnroll>(s, mi, 0, key0, q0, false);
                       for (int j = 0; j < kBM / 8; ++j)
                         for (int h = 0; h < 2; ++h)
                           for (int e = 0; e < 2; ++e) {
