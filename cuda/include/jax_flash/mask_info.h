@@ -5,10 +5,10 @@
 // The element rule lives here once: MaskInfo::visible_keys gives the keys one
 // query row sees (visible_rows the rows that see one key, for kernels that
 // hold S^T); with segment ids and no exact runs the ids are compared on top
-// (has_seg() && !exact). The element masks of the kernel families only map their
-// fragment layouts onto these intervals (sm80/mask.cuh, sm90/common/mask.cuh,
-// sm90/bwd/bwd_mask.cuh; the decoding kernel, which has no segment ids, takes
-// BlockInfo::packed_row_bounds).
+// (has_seg() && !exact). The element masks of the kernel families only map
+// their fragment layouts onto these intervals (sm80/mask.cuh,
+// sm90/common/mask.cuh, sm90/bwd/bwd_mask.cuh; the decoding kernel, which has
+// no segment ids, takes BlockInfo::packed_row_bounds).
 #pragma once
 
 #include <cstdint>
@@ -236,6 +236,7 @@ struct MaskInfo : BlockMath<MaskInfo> {
       key_bounds(key, lo, hi, key_shift(batch, key));
     }
   }
+
   // Read-only loads (through the non-coherent cache on the device).
   JF_HOST_DEVICE static void load_run(const RunEntry* e, int& lo, int& hi) {
 #ifdef __CUDA_ARCH__
