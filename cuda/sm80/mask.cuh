@@ -1,7 +1,8 @@
 // The element mask of the sm80 kernels (and of the decoding kernel, which
 // shares the mma.sync layout): sets the scores of invisible (query, key) pairs
 // in a warp's fragments to -inf. The rule is MaskInfo's (jax_flash/mask_info.h:
-// visible_keys per row, compare_ids); this file only walks the fragment.
+// visible_keys per row, the segment ids unless the runs are exact); this file
+// only walks the fragment.
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,11 @@
 // Masking for the sm90 backward, on the transposed score tile S^T (keys x
 // queries) that the consumer warpgroups hold (SdP_swapAB). The rule is
 // MaskInfo's (jax_flash/mask_info.h: visible_rows per key, the transpose of
-// visible_keys, and compare_ids; BlockMath::q_block_range gives each KV
-// block's query blocks); this file only walks the fragment. Queries >=
-// seqlen_q are not masked here: their P is 0 through the staged LSE (+inf),
-// and their Q / dO rows are zero-filled by TMA.
+// visible_keys, and the segment ids unless the runs are exact;
+// BlockMath::q_block_range gives each KV block's query blocks); this file
+// only walks the fragment. Queries >= seqlen_q are not masked here: their P
+// is 0 through the staged LSE (+inf), and their Q / dO rows are zero-filled
+// by TMA.
 #pragma once
 
 #include <cstdint>

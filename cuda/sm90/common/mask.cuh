@@ -1,9 +1,9 @@
 // The element mask of the sm90 forward (and of the backward's hdim-256
 // consumer, which holds S as the forward does): sets the scores of invisible
 // (query, key) pairs in a warpgroup's wgmma fragment to -inf. The rule is
-// MaskInfo's (jax_flash/mask_info.h: visible_keys per row, compare_ids; its
-// block tests say which blocks need this mask); this file only walks the
-// fragment.
+// MaskInfo's (jax_flash/mask_info.h: visible_keys per row, the segment ids
+// unless the runs are exact; its block tests say which blocks need this
+// mask); this file only walks the fragment.
 #pragma once
 
 #include <cstdint>
