@@ -6,8 +6,12 @@ random geometries (T != S, windows, causal, empty ranges, block starts that
 are not block multiples), that both give the same block ranges, that the
 C++ "does this block need the element mask" test is the complement of the
 Python full-block ranges, and that the C++ row / key bounds are exactly the
-visible intervals of `masking.visible`. It also checks the workspace rules
-that jax_flash/_src/backends/cuda.py mirrors (head-dim bucket, semaphores).
+visible intervals of `masking.visible`. The same brute force checks what the
+decoding kernel takes from BlockInfo: pack-GQA rows (query heads folded into
+the rows), the keys every row of a tile sees, split-KV block shares; and
+SeqlenInfo per batch element (seqlen_info.h: cumulative offsets, used
+lengths). It also checks the workspace rules that
+jax_flash/_src/backends/cuda.py mirrors (head-dim bucket, semaphores).
 """
 
 from __future__ import annotations
@@ -233,3 +237,168 @@ def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
     assert bwd90 == kernel_table.bucket("sm90_bwd", d), d
     assert bwd90 == 0 or pitch <= bwd90, d
     assert sems == cuda_backend.sm90_bwd_semaphore_ints(b, h, t), (b, h, t)
+
+
+# Per batch element (seqlen_info.h): BatchSeqlens from cumulative offsets and
+# used lengths. One query per input line: B T S flags, then B + 1 cumulative
+# q offsets, B + 1 cumulative k offsets, B used q lengths, B used k lengths
+# (flags bit 0..3: which of the four arrays the launch passes). One output
+# line per batch element: offset_q offset_k seqlen_q seqlen_k, then uniform().
+SEQLEN_PROGRAM = r"""
+#include <cstdio>
+#include <vector>
+#include "jax_flash/seqlen_info.h"
+int main() {
+  int B, T, S, flags;
+  while (std::scanf("%d %d %d %d", &B, &T, &S, &flags) == 4) {
+    std::vector<int32_t> cq(B + 1), ck(B + 1), uq(B), uk(B);
+    for (auto* v : {&cq, &ck, &uq, &uk})
+      for (int32_t& x : *v) std::scanf("%d", &x);
+    jax_flash::BatchSeqlens s{T, S};
+    if (flags & 1) s.cu_seqlens_q = cq.data();
+    if (flags & 2) s.cu_seqlens_k = ck.data();
+    if (flags & 4) s.seqused_q = uq.data();
+    if (flags & 8) s.seqused_k = uk.data();
+    for (int b = 0; b < B; ++b) {
+      const jax_flash::SeqlenInfo i = s(b);
+      std::printf("%d %d %d %d ", i.offset_q, i.offset_k, i.seqlen_q, i.seqlen_k);
+    }
+    std::printf("%d\n", int(s.uniform()));
+  }
+  return 0;
+}
+"""
+
+
+def _build(tmp_path, name, program):
+  cxx = _compiler()
+  if cxx is None:
+    pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH")
+  src, exe = tmp_path / f"{name}.cpp", tmp_path / name
+  src.write_text(program)
+  subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{INCLUDE}", str(src),
+                  "-o", str(exe)], check=True, capture_output=True, timeout=300)
+
+  def run(lines):
+    res = subprocess.run([str(exe)], input="".join(lines), capture_output=True,
+                         text=True, check=True, timeout=300)
+    return [[int(x) for x in line.split()] for line in res.stdout.splitlines()]
+
+  return run
+
+
+def test_cpp_seqlen_info_per_batch(tmp_path):
+  run = _build(tmp_path, "seqlen_info", SEQLEN_PROGRAM)
+  rng = np.random.default_rng(11)
+  lines, expect = [], []
+  for _ in range(300):
+    B = int(rng.integers(1, 6))
+    T, S = int(rng.integers(0, 300)), int(rng.integers(0, 300))
+    flags = int(rng.integers(0, 16))
+    lq, lk = rng.integers(0, 200, B), rng.integers(0, 200, B)
+    cq = np.concatenate([[0], np.cumsum(lq)])
+    ck = np.concatenate([[0], np.cumsum(lk)])
+    uq = rng.integers(-5, 400, B)  # clamped into [0, the length before]
+    uk = rng.integers(-5, 400, B)
+    arrays = (cq, ck, uq, uk)
+    lines.append(f"{B} {T} {S} {flags} " + " ".join(" ".join(map(str, a)) for a in arrays) + "\n")
+    rows = []
+    for b in range(B):
+      off_q, off_k, sq, sk = 0, 0, T, S
+      if flags & 1:
+        off_q, sq = int(cq[b]), int(lq[b])
+      if flags & 2:
+        off_k, sk = int(ck[b]), int(lk[b])
+      if flags & 4:
+        sq = min(max(int(uq[b]), 0), sq)
+      if flags & 8:
+        sk = min(max(int(uk[b]), 0), sk)
+      rows += [off_q, off_k, sq, sk]
+    expect.append(rows + [int(flags == 0)])
+  assert run(lines) == expect
+
+
+# Pack-GQA rows and split-KV blocks (BlockInfo, as the decoding kernel takes
+# them). One query per input line: T S wl wr group r0 n bn num_splits row.
+# One output line: the packed rows' KV blocks [first, last), the keys every
+# row sees [lo, hi), the packed row's visible keys [lo, hi] (inclusive), then
+# each split's blocks [first, last).
+PACKED_PROGRAM = r"""
+#include <cstdio>
+#include "jax_flash/block_info.h"
+int main() {
+  int T, S, wl, wr, group, r0, n, bn, splits, row;
+  while (std::scanf("%d %d %d %d %d %d %d %d %d %d", &T, &S, &wl, &wr, &group, &r0, &n, &bn, &splits,
+                    &row) == 10) {
+    const jax_flash::BatchSeqlens seqlens{T, S};
+    const jax_flash::BlockInfo b = jax_flash::make_block_info(seqlens(0), wl, wr, group);
+    int first, last, rlo, rhi;
+    int64_t flo, fhi;
+    b.packed_kv_block_range(r0, n, bn, first, last);
+    b.packed_full_keys(r0, n, flo, fhi);
+    b.packed_row_bounds(row, rlo, rhi);
+    std::printf("%d %d %lld %lld %d %d", first, last, (long long)flo, (long long)fhi, rlo, rhi);
+    for (int s = 0; s < splits; ++s) {
+      int f = first, l = last;
+      jax_flash::BlockInfo::split_blocks(s, splits, f, l);
+      std::printf(" %d %d", f, l);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_cpp_block_info_packed_gqa_and_split_kv(tmp_path):
+  run = _build(tmp_path, "block_info_packed", PACKED_PROGRAM)
+  rng = np.random.default_rng(23)
+  queries, cases = [], []
+  for _ in range(1500):
+    spec, _, bn = _random_geometry(rng)
+    T, S = spec.q_len, spec.kv_len
+    group = int(rng.choice([1, 2, 3, 4, 8]))
+    n = int(rng.choice([16, 32]))
+    rows = T * group
+    r0 = int(rng.integers(0, _ceil_div(rows, n))) * n
+    row = int(rng.integers(r0, min(r0 + n, rows)))  # rows past the end: never stored
+    splits = int(rng.choice([1, 2, 3, 5, 8]))
+    queries.append(f"{T} {S} {spec.window_left} {spec.window_right} {group} {r0} {n} {bn} "
+                   f"{splits} {row}\n")
+    cases.append((spec, group, r0, n, bn, splits, row))
+  got = run(queries)
+  empty = 0
+  for (spec, group, r0, n, bn, splits, row), g in zip(cases, got, strict=True):
+    T, S = spec.q_len, spec.kv_len
+    where = f"(T, S, wl, wr, group, r0, n, bn, splits, row) = {(T, S, spec.window_left, spec.window_right, group, r0, n, bn, splits, row)}"
+    tokens = np.arange(r0, min(r0 + n, T * group)) // group
+    keys = np.arange(S)
+    vis = _visible(spec, tokens, keys)  # [rows of the tile, keys]
+    first, last, flo, fhi, rlo, rhi = g[:6]
+    # The KV blocks: the hull of the blocks holding a visible key.
+    seen = np.flatnonzero(vis.any(axis=0))
+    if seen.size:
+      assert (first, last) == (seen[0] // bn, seen[-1] // bn + 1), f"packed_kv_block_range at {where}"
+    else:
+      empty += 1
+      assert first == last, f"packed_kv_block_range not empty at {where}"
+    # A block of keys needs the element mask iff some pair of it is hidden.
+    for n0 in range(0, S + bn, bn):
+      blk = np.arange(n0, n0 + bn)
+      full = bool(np.all(blk < S) and vis[:, blk[blk < S]].all())
+      assert (not (n0 < flo or n0 + bn > fhi)) == full, f"packed_full_keys at {where} n0={n0}"
+    # One packed row: its token's visible keys.
+    vr = np.flatnonzero(_visible(spec, np.array([row // group]), keys)[0])
+    if vr.size:
+      assert (rlo, rhi) == (vr[0], vr[-1]), f"packed_row_bounds at {where}"
+    else:
+      assert rlo > rhi, f"packed_row_bounds not empty at {where}"
+    # The splits cut [first, last) into consecutive shares of whole blocks.
+    parts = np.array(g[6:]).reshape(splits, 2)
+    per = _ceil_div(last - first, splits)
+    at = first
+    for f, l in parts:
+      assert f == at and f <= l <= f + per, f"split_blocks at {where}: {parts.tolist()}"
+      at = l
+    assert at == last, f"split_blocks do not cover [{first}, {last}) at {where}"
+  assert empty > 0

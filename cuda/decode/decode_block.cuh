@@ -4,7 +4,9 @@
 #pragma once
 
 #include "decode/decode_params.h"
-#include "jax_flash/block_info.h"  // min64, max64
+#include "jax_flash/block_info.h"
+#include "jax_flash/seqlen_info.h"
+#include "sm80/mask.cuh"
 #include "sm80/smem_layout.cuh"
 
 namespace jax_flash::decode {
@@ -45,48 +47,32 @@ struct DecodeConfig {
 // Which rows and keys one CTA owns, and where its tiles need the element mask.
 struct DecodeBlock {
   int b, hk, split;
-  int group;       // query heads per KV head
-  int r0, rows;    // first packed row of the CTA; packed rows in total
-  int seqlen_k;    // this sequence's keys
-  int off;         // query token t sits at key position t + off
-  int n_first, n_last;    // this split's KV tiles [n_first, n_last)
+  int r0;                    // first packed row of the CTA
+  BlockInfo blk;             // the sequence's geometry; rows packed (blk.group query heads per token)
+  int n_first, n_last;       // this split's KV tiles [n_first, n_last)
   int64_t full_lo, full_hi;  // keys that every row of the CTA sees
 
   JF_DEVICE bool tile_needs_mask(int n0, int bn) const { return n0 < full_lo || n0 + bn > full_hi; }
 };
+
+// Each sequence's keys: its seqlens entry, within the cache's capacity (no
+// pages: no keys).
+JF_HOST_DEVICE BatchSeqlens decode_seqlens(const DecodeParams& p) {
+  BatchSeqlens s{p.seqlen_q, p.num_pages > 0 ? p.max_pages * p.page_size : 0};
+  s.seqused_k = p.seqlens;
+  return s;
+}
 
 JF_DEVICE DecodeBlock decode_block(const DecodeParams& p, int rows_per_cta, int bn) {
   DecodeBlock d;
   d.b = blockIdx.y / p.num_heads_k;
   d.hk = blockIdx.y % p.num_heads_k;
   d.split = blockIdx.z;
-  d.group = p.num_heads / p.num_heads_k;
-  d.rows = p.seqlen_q * d.group;
   d.r0 = blockIdx.x * rows_per_cta;
-  const int cap = p.num_pages > 0 ? p.max_pages * p.page_size : 0;  // no pages: no keys
-  d.seqlen_k = max(0, min(__ldg(p.seqlens + d.b), cap));
-  d.off = d.seqlen_k - p.seqlen_q;
-  const int64_t t_lo = d.r0 / d.group;
-  const int64_t t_hi = (min(d.r0 + rows_per_cta, d.rows) - 1) / d.group;
-  int64_t lo = 0, hi = d.seqlen_k;
-  d.full_lo = 0;
-  d.full_hi = d.seqlen_k;
-  if (p.window_left >= 0) {
-    lo = max64(0, t_lo + d.off - p.window_left);
-    d.full_lo = t_hi + d.off - p.window_left;
-  }
-  if (p.window_right >= 0) {
-    hi = min64(hi, t_hi + d.off + p.window_right + 1);
-    d.full_hi = min64(d.full_hi, t_lo + d.off + p.window_right + 1);
-  }
-  int first = 0, last = 0;
-  if (hi > lo) {
-    first = int(lo / bn);
-    last = int((hi + bn - 1) / bn);
-  }
-  const int per = (last - first + p.num_splits - 1) / p.num_splits;
-  d.n_first = min(last, first + d.split * per);
-  d.n_last = min(last, d.n_first + per);
+  d.blk = make_block_info(decode_seqlens(p)(d.b), p.window_left, p.window_right, p.num_heads / p.num_heads_k);
+  d.blk.packed_kv_block_range(d.r0, rows_per_cta, bn, d.n_first, d.n_last);
+  BlockInfo::split_blocks(d.split, p.num_splits, d.n_first, d.n_last);
+  d.blk.packed_full_keys(d.r0, rows_per_cta, d.full_lo, d.full_hi);
   return d;
 }
 
@@ -100,10 +86,10 @@ JF_DEVICE void load_q_tile(uint32_t sQ, const DecodeParams& p, const DecodeBlock
   for (int idx = tid; idx < Cfg::kRows * kChunks; idx += Cfg::kThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const int pr = d.r0 + r;
-    const bool ok = pr < d.rows && c < p.head_dim;
+    const bool ok = pr < d.blk.packed_rows() && c < p.head_dim;
     const Element* src = q;
     if (ok) {
-      const int t = pr / d.group, h = d.hk * d.group + pr % d.group;
+      const int t = pr / d.blk.group, h = d.hk * d.blk.group + pr % d.blk.group;
       src = q + d.b * p.q_batch_stride + t * p.q_row_stride + h * p.q_head_stride + c;
     }
     sm80::cp_async_16(sQ + Cfg::QTile::offset(r, c), src, ok);
@@ -144,7 +130,7 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
     const int idx = tid + i * Cfg::kThreads;
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const int j = n0 + r;
-    const bool ok = j < d.seqlen_k && c < p.head_dim;
+    const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
     int64_t off = 0;
     if (ok) {
       off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
@@ -157,25 +143,18 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
   }
 }
 
-// The element mask of one warp's (kMT * 16) x 16 score block (keys kb .. kb + 15).
+// The element mask of one warp's (kMT * 16) x 16 score block (keys kb .. kb + 15),
+// in the sm80 C layout (sm80/mask.cuh).
 template <int kMT>
-JF_DEVICE void mask_scores(float (&s)[kMT][2][4], const DecodeParams& p, const DecodeBlock& d, int kb,
-                           int lane) {
+JF_DEVICE void mask_scores(float (&s)[kMT][2][4], const DecodeBlock& d, int kb, int lane) {
   const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t pos = int64_t((d.r0 + m * 16 + g + 8 * h) / d.group) + d.off;
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int key = kb + n * 8 + 2 * tq + j;
-          const bool vis = key < d.seqlen_k && (p.window_left < 0 || key >= pos - p.window_left) &&
-                           (p.window_right < 0 || key <= pos + p.window_right);
-          if (!vis) s[m][n][2 * h + j] = -INFINITY;
-        }
+      int lo, hi;
+      d.blk.packed_row_bounds(d.r0 + m * 16 + g + 8 * h, lo, hi);
+      sm80::mask_outside(s, m, h, lo, hi, kb + 2 * tq);
     }
 }
 

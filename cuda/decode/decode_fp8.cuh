@@ -91,7 +91,7 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
     const int idx = tid + i * Cfg::kThreads;
     const int r = idx / St::kChunks, c = (idx % St::kChunks) * 16;
     const int j = n0 + r;
-    const bool ok = j < d.seqlen_k && c < p.head_dim;
+    const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
     int64_t off = 0;
     if (ok) {
       off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
@@ -106,7 +106,7 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
   if (tid < 2 * Cfg::kBlockN / 4) {
     const bool is_v = tid >= Cfg::kBlockN / 4;
     const int r = (tid % (Cfg::kBlockN / 4)) * 4, j = n0 + r;
-    const bool ok = j < d.seqlen_k;
+    const bool ok = j < d.blk.seqlen_k;
     const float* src = is_v ? p.v_descale : p.k_descale;
     const float* at = src;
     if (ok) {

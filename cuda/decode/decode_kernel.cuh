@@ -149,14 +149,14 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
       scale_columns(acc_s, descale + kw, kFp8Unscale, lane);
     }
     if constexpr (kSoftcap) sm80::apply_softcap(acc_s, p.sm.softcap_pre);
-    if (edge) mask_scores(acc_s, p, d, n0 + kw, lane);
+    if (edge) mask_scores(acc_s, d, n0 + kw, lane);
     if (i == 0)
       softmax.template update<true>(acc_s, acc_o, scale_log2);
     else
       softmax.template update<false>(acc_s, acc_o, scale_log2);
     if constexpr (kFp8) {
       // P' = P * v_descale (keys past seqlen_k: P = 0, their descale unread).
-      scale_columns_visible(acc_s, descale + Cfg::kBlockN + kw, n0 + kw, edge ? d.seqlen_k : 0x7FFFFFFF,
+      scale_columns_visible(acc_s, descale + Cfg::kBlockN + kw, n0 + kw, edge ? d.blk.seqlen_k : 0x7FFFFFFF,
                             lane);
     }
 
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
   for (int idx = tid; idx < Cfg::kRows * kChunks; idx += Cfg::kThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const int pr = d.r0 + r;
-    if (pr >= d.rows || c >= p.head_dim) continue;
+    if (pr >= d.blk.packed_rows() || c >= p.head_dim) continue;
     float acc[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
       acc[0] += x.x; acc[1] += x.y; acc[2] += x.z; acc[3] += x.w;
       acc[4] += y.x; acc[5] += y.y; acc[6] += y.z; acc[7] += y.w;
     }
-    const int t = pr / d.group, h = d.hk * d.group + pr % d.group;
+    const int t = pr / d.blk.group, h = d.hk * d.blk.group + pr % d.blk.group;
     if (partial) {
       const int64_t row = ((int64_t(d.split) * p.batch + d.b) * p.num_heads + h) * p.seqlen_q + t;
       float4* dst = reinterpret_cast<float4*>(p.o_partial + row * p.head_dim + c);
@@ -257,12 +257,12 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
       *reinterpret_cast<uint4*>(o) = v;
     }
   }
-  if (tid < Cfg::kRows && d.r0 + tid < d.rows) {
+  if (tid < Cfg::kRows && d.r0 + tid < d.blk.packed_rows()) {
     const int pr = d.r0 + tid;
     float M, L;
     row_stats(tid, M, L);
     const float lse = (M == -INFINITY || !(L > 0.f)) ? -INFINITY : M * p.sm.scale_eff + __logf(L);
-    const int t = pr / d.group, h = d.hk * d.group + pr % d.group;
+    const int t = pr / d.blk.group, h = d.hk * d.blk.group + pr % d.blk.group;
     const int64_t row = (int64_t(d.b) * p.num_heads + h) * p.seqlen_q + t;
     if (partial)
       p.lse_partial[int64_t(d.split) * p.batch * p.num_heads * p.seqlen_q + row] = lse;

@@ -105,10 +105,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
     const int n0 = n * Cfg::kBlockN;
     if constexpr (kPacked) {
       if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-        apply_mask_packed(acc_s, mi, batch, m0 + wrow, n0, lane, mi.rows_exact(batch, m0, Cfg::kBlockM));
+        apply_mask<true>(acc_s, mi, batch, m0 + wrow, n0, lane, mi.rows_exact(batch, m0, Cfg::kBlockM));
     } else {
       if (mi.block_needs_mask_by_position(m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-        apply_mask(acc_s, mi, batch, m0 + wrow, n0, lane);
+        apply_mask<false>(acc_s, mi, batch, m0 + wrow, n0, lane, false);
     }
     probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
 

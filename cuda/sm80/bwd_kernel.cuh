@@ -190,11 +190,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
       if constexpr (kPacked) {
         if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-          apply_mask_packed(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane,
-                            mi.rows_exact(batch, m0, Cfg::kBlockM));
+          apply_mask<true>(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane,
+                           mi.rows_exact(batch, m0, Cfg::kBlockM));
       } else {
         if (mi.block_needs_mask_by_position(m0, Cfg::kBlockM, n0, Cfg::kBlockN))
-          apply_mask(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane);
+          apply_mask<false>(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane, false);
       }
       probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
     }

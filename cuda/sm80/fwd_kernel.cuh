@@ -131,13 +131,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     if constexpr (kPacked) {
       if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
         const int t = opaque_tid();
-        apply_mask_packed(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32,
-                          mi.rows_exact(batch, m0, Cfg::kBlockM));
+        apply_mask<true>(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32,
+                         mi.rows_exact(batch, m0, Cfg::kBlockM));
       }
     } else {
       if (mi.block_needs_mask_by_position(m0, Cfg::kBlockM, n0, Cfg::kBlockN)) {
         const int t = opaque_tid();
-        apply_mask(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32);
+        apply_mask<false>(acc_s, mi, batch, m0 + (t / 32) * Cfg::kMT * 16, n0, t % 32, false);
       }
     }
 

@@ -659,7 +659,7 @@ static void check_masks() {
             const int nb = (S + 127) / 128;
             for (int n = 0; n < nb; ++n) {
               int first, last;
-              mi.BlockMath<MaskInfo>::q_block_range(n * 128, 128, kBM, first, last);
+              mi.BlockMath::q_block_range(n * 128, 128, kBM, first, last);
               // every query block with a visible pair in this KV block is in range
               for (int i = 0; i < T; ++i)
                 for (int k = n * 128; k < std::min(S, n * 128 + 128); ++k)
@@ -678,7 +678,7 @@ static void check_masks() {
                       float s[kBM / 2];
                       for (float& x : s) x = 1.f;
                       const int key0 = n0 + 16 * w + l / 4, q0 = m0 + 2 * (l % 4);
-                      if (needs) apply_mask_t<kBM / 2, kSegUnroll>(s, mi, 0, key0, q0);
+                      if (needs) apply_mask_t<false, kSegUnroll>(s, mi, 0, key0, q0, false);
                       for (int j = 0; j < kBM / 8; ++j)
                         for (int h = 0; h < 2; ++h)
                           for (int e = 0; e < 2; ++e) {
@@ -732,7 +732,7 @@ static void check_masks_hd256() {
             const int nb = (S + kBN - 1) / kBN;
             for (int n = 0; n < nb; ++n) {
               int first, last;
-              mi.BlockMath<MaskInfo>::q_block_range(n * kBN, kBN, kBM, first, last);
+              mi.BlockMath::q_block_range(n * kBN, kBN, kBM, first, last);
               for (int i = 0; i < T; ++i)
                 for (int k = n * kBN; k < std::min(S, n * kBN + kBN); ++k)
                   if (visible_ref(mi, i, k, nullptr, nullptr) && !(i / kBM >= first && i / kBM < last)) {
@@ -750,7 +750,7 @@ static void check_masks_hd256() {
                       float s[kWN / 2];
                       for (float& x : s) x = 1.f;
                       const int row0 = m0 + 16 * w + l / 4, key0 = n0 + 2 * (l % 4);
-                      if (needs) apply_mask(s, mi, 0, row0, key0);
+                      if (needs) apply_mask<false>(s, mi, 0, row0, key0, false);
                       for (int j = 0; j < kWN / 8; ++j)
                         for (int h = 0; h < 2; ++h)
                           for (int e = 0; e < 2; ++e) {
@@ -826,7 +826,7 @@ static bool simulate_det(const MaskInfo& mi, const BwdOrders& s, int group, int 
     else
       s.decode<false>(next, c.n, c.hk, c.b);
     ++next;
-    mi.BlockMath<MaskInfo>::q_block_range(c.n * bn, bn, bm, c.mf, c.ml);
+    mi.BlockMath::q_block_range(c.n * bn, bn, bm, c.mf, c.ml);
     c.iters = (c.ml - c.mf) * group;
     c.step = 0;
     dq_pred_range(mi, c.n, N, bn, bm, c.pf, c.pl);
@@ -891,7 +891,7 @@ static void check_det_order() {
               int lo = -1, hi = -1, count = 0;
               for (int n = 0; n < N; ++n) {
                 int f, l;
-                mi.BlockMath<MaskInfo>::q_block_range(n * bl.bn, bl.bn, bl.bm, f, l);
+                mi.BlockMath::q_block_range(n * bl.bn, bl.bn, bl.bm, f, l);
                 if (m >= f && m < l) {
                   if (lo < 0) lo = n;
                   hi = n;

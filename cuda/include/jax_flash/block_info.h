@@ -119,22 +119,63 @@ struct BlockMath {
 };
 
 // The block geometry of one batch element (built from its SeqlenInfo and the
-// window by make_block_info). Later a split-KV range and per-batch varlen
-// lengths enter here, so that every kernel sees them the same way.
+// window by make_block_info), for kernels that hold no segment ids (MaskInfo
+// holds the same fields for those that do).
+// Pack-GQA: the `group` query heads that share a KV head are folded into the
+// rows, row r = (token r / group, head r % group), so that a tile of rows
+// reads each key once for all of them; group 1 is the plain layout. The
+// packed_* calls take packed rows; BlockMath's calls take tokens.
 struct BlockInfo : BlockMath<BlockInfo> {
   int seqlen_q, seqlen_k;
   int off;     // seqlen_k - seqlen_q
   int wl, wr;  // window sides; -1 = unbounded
+  int group;   // query heads folded into the rows per token
+
+  JF_HOST_DEVICE int packed_rows() const { return seqlen_q * group; }
+  JF_HOST_DEVICE int token(int row) const { return row / group; }
+
+  // [first, last) KV blocks holding a key visible to some packed row of
+  // [r0, r0 + n) (rows clamped to packed_rows(); r0 inside).
+  JF_HOST_DEVICE void packed_kv_block_range(int r0, int n, int bn, int& first, int& last) const {
+    const int t0 = token(r0), t1 = token(min32(r0 + n, packed_rows()) - 1);
+    kv_block_range(t0, t1 - t0 + 1, bn, first, last);
+  }
+
+  // The keys [lo, hi) that every packed row of [r0, r0 + n) sees by position
+  // (empty when hi <= lo): a block of keys inside needs no element mask.
+  JF_HOST_DEVICE void packed_full_keys(int r0, int n, int64_t& lo, int64_t& hi) const {
+    const int64_t t0 = token(r0), t1 = token(min32(r0 + n, packed_rows()) - 1);
+    lo = 0;
+    hi = seqlen_k;
+    if (wl >= 0) lo = t1 + off - wl;
+    if (wr >= 0) hi = min64(hi, t0 + off + wr + 1);
+  }
+
+  // The visible keys [lo, hi] of packed row `row` (row_bounds of its token).
+  JF_HOST_DEVICE void packed_row_bounds(int row, int& lo, int& hi) const {
+    row_bounds(token(row), lo, hi);
+  }
+
+  // Split-KV: of the blocks [first, last), split `split` of num_splits takes
+  // an equal share of whole blocks (the last ones possibly fewer or none).
+  JF_HOST_DEVICE static void split_blocks(int split, int num_splits, int& first, int& last) {
+    const int per = (last - first + num_splits - 1) / num_splits;
+    first = min32(last, first + split * per);
+    last = min32(last, first + per);
+  }
 };
 
 // The window sides as the kernels take them: any negative value = unbounded.
-JF_HOST_DEVICE BlockInfo make_block_info(const SeqlenInfo& s, int window_left, int window_right) {
+// group: query heads folded into the rows (pack-GQA), 1 for none.
+JF_HOST_DEVICE BlockInfo make_block_info(const SeqlenInfo& s, int window_left, int window_right,
+                                         int group = 1) {
   BlockInfo b;
   b.seqlen_q = s.seqlen_q;
   b.seqlen_k = s.seqlen_k;
   b.off = s.seqlen_k - s.seqlen_q;
   b.wl = window_left < 0 ? -1 : window_left;
   b.wr = window_right < 0 ? -1 : window_right;
+  b.group = group;
   return b;
 }
 

@@ -1,8 +1,14 @@
 // The launch's mask as the kernels take it: the block geometry (BlockInfo)
 // plus the optional segment ids, whose element test is data-dependent. Built
-// on the host once per launch from the parameters; the element masks that
-// apply it to score fragments are per architecture (sm80/mask.cuh,
-// sm90/common/mask.cuh, sm90/bwd/bwd_mask.cuh), because the fragment layouts differ.
+// on the host once per launch from the parameters.
+//
+// The element rule lives here once: MaskInfo::visible_keys gives the keys one
+// query row sees (visible_rows the rows that see one key, for kernels that
+// hold S^T); with segment ids and no exact runs the ids are compared on top
+// (has_seg() && !exact). The element masks of the kernel families only map
+// their fragment layouts onto these intervals (sm80/mask.cuh,
+// sm90/common/mask.cuh, sm90/bwd/bwd_mask.cuh; the decoding kernel, which has
+// no segment ids, takes BlockInfo::packed_row_bounds).
 #pragma once
 
 #include <cstdint>
@@ -188,6 +194,49 @@ struct MaskInfo : BlockMath<MaskInfo> {
     return load_int(kv_shift + int64_t(batch) * seqlen_k + key);
   }
 
+  // The element rule, per query row: the keys [lo, hi] (absolute,
+  // inclusive; empty when hi < lo) that row `row` sees. kPacked: the packing
+  // buffer is on (the kernels' `packed` configuration): rows carry diagonal
+  // shifts, and exact tiles (row_plan, rows_exact: each row's id has one run
+  // of keys) read their runs. exact is uniform over the tile (false when not
+  // kPacked). Rows past seqlen_q are never stored (forward) or have P = 0
+  // (backward): whatever they get is harmless.
+  template <bool kPacked>
+  JF_HOST_DEVICE void visible_keys(int batch, int row, bool exact, int& lo, int& hi) const {
+    if constexpr (!kPacked) {
+      row_bounds(row, lo, hi);
+    } else if (exact) {
+      lo = 0;
+      hi = -1;
+      if (row < seqlen_q) {
+        row_run(batch, row, lo, hi);
+        --hi;
+      }
+    } else {
+      row_bounds(row, lo, hi, row_shift(batch, row));
+    }
+  }
+  // Its transpose, per key: the rows [lo, hi] (absolute, inclusive, not
+  // clamped: BlockMath::key_bounds) that see key `key`; empty past seqlen_k.
+  // exact: keys_exact of the tile's keys.
+  template <bool kPacked>
+  JF_HOST_DEVICE void visible_rows(int batch, int key, bool exact, int64_t& lo, int64_t& hi) const {
+    if constexpr (!kPacked) {
+      key_bounds(key, lo, hi);
+    } else if (exact) {
+      lo = 0;
+      hi = -1;
+      if (key < seqlen_k) {
+        int run_lo, run_hi;
+        key_run(batch, key, run_lo, run_hi);
+        lo = run_lo;
+        hi = int64_t(run_hi) - 1;
+      }
+    } else {
+      key_bounds(key, lo, hi, key_shift(batch, key));
+    }
+  }
+
   // Read-only loads (through the non-coherent cache on the device).
   JF_HOST_DEVICE static void load_run(const RunEntry* e, int& lo, int& hi) {
 #ifdef __CUDA_ARCH__
@@ -199,13 +248,7 @@ struct MaskInfo : BlockMath<MaskInfo> {
     hi = e->hi;
 #endif
   }
-  JF_HOST_DEVICE static int load_int(const int32_t* p) {
-#ifdef __CUDA_ARCH__
-    return __ldg(p);
-#else
-    return *p;
-#endif
-  }
+  JF_HOST_DEVICE static int load_int(const int32_t* p) { return load_readonly(p); }
 };
 
 inline BatchSeqlens batch_seqlens(const FwdParams& p) { return BatchSeqlens{p.seqlen_q, p.seqlen_k}; }

@@ -175,7 +175,7 @@ template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, fa
 // hdim 128 with kBlockM = 80 (FA3 hopper/flash_bwd_launch_template.h: 80 x
 // 128 with dQ_swapAB when not causal and not local, 64 x 128 otherwise), the
 // default for masks without a causal / local bound (+4% on the H200 at
-// T=S=8192, benchmarks/results/sm90_bwd_h200.txt). Smem: K, V 32 KB each, Q
+// T=S=8192, benchmarks/NOTES.md). Smem: K, V 32 KB each, Q
 // and dO 2 x 20 KB each, dS 2 x 20 KB, dQ staging 2 x 20 KB, LSE / delta 2 x
 // 320 B each: 230728 B + 1 KB slack (of 232448).
 using BwdConfigHd128Bm80 = BwdConfig<128, 80>;

@@ -1,13 +1,11 @@
 // Masking for the sm90 backward, on the transposed score tile S^T (keys x
-// queries) that the consumer warpgroups hold (SdP_swapAB), from the key
-// bounds of the shared BlockInfo (jax_flash/block_info.h; its q_block_range
-// gives each KV block's query blocks). Same rules (bottom-right aligned):
-//   query i sees key k iff k < seqlen_k
-//                       && (wl < 0 || k >= i + off - wl)    <=> i <= k - off + wl
-//                       && (wr < 0 || k <= i + off + wr)    <=> i >= k - off - wr
-//                       && (no segment ids || q_seg[i] == kv_seg[k]).
-// Queries >= seqlen_q are not masked here: their P is 0 through the staged
-// LSE (+inf), and their Q / dO rows are zero-filled by TMA.
+// queries) that the consumer warpgroups hold (SdP_swapAB). The rule is
+// MaskInfo's (jax_flash/mask_info.h: visible_rows per key, the transpose of
+// visible_keys, and the segment ids unless the runs are exact;
+// BlockMath::q_block_range gives each KV block's query blocks); this file
+// only walks the fragment. Queries >= seqlen_q are not masked here: their P
+// is 0 through the staged LSE (+inf), and their Q / dO rows are zero-filled
+// by TMA.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +14,7 @@
 
 namespace jax_flash::sm90 {
 
-// Deterministic dQ order (bwd_dq_writer): the KV blocks whose query-block
+// Deterministic dQ order (BwdDqAccumulator::store): the KV blocks whose query-block
 // ranges hold query block m add into its dQ tile in descending block order.
 // They form an interval of blocks: first(n) and last(n) of
 // BlockInfo::q_block_range are non-decreasing in n, so {n : first(n) <= m} is a prefix, {n : last(n) > m}
@@ -96,40 +94,13 @@ JF_DEVICE void mask_other_segments_t(float (&s)[NR], const MaskInfo& mi, int bat
   }
 }
 
-template <int NR, int kSegUnroll = 0>
-JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0) {
+// kPacked, exact: MaskInfo::visible_rows's (exact: keys_exact of the keys).
+template <bool kPacked, int kSegUnroll = 0, int NR>
+JF_DEVICE void apply_mask_t(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0, bool exact) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     int64_t lo, hi;
-    mi.key_bounds(key0 + 8 * h, lo, hi);
-    mask_key_outside(s, h, lo, hi, q0);
-  }
-  if (mi.has_seg()) mask_other_segments_t<NR, kSegUnroll>(s, mi, batch, key0, q0);
-}
-
-// The packed kernels' mask (tile spans present), same fragment layout.
-// exact (MaskInfo::keys_exact of the keys): each key is seen by one interval
-// of rows (MaskInfo::key_run, band and shifts included); else the band with
-// the key's shift, and the ids are compared.
-template <int NR, int kSegUnroll = 0>
-JF_DEVICE void apply_mask_t_packed(float (&s)[NR], const MaskInfo& mi, int batch, int key0, int q0,
-                                   bool exact) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key0 + 8 * h;
-    int64_t lo, hi;
-    if (exact) {
-      lo = 0;
-      hi = -1;  // keys past seqlen_k: nothing visible
-      if (key < mi.seqlen_k) {
-        int run_lo, run_hi;
-        mi.key_run(batch, key, run_lo, run_hi);
-        lo = run_lo;
-        hi = int64_t(run_hi) - 1;
-      }
-    } else {
-      mi.key_bounds(key, lo, hi, mi.key_shift(batch, key));
-    }
+    mi.visible_rows<kPacked>(batch, key0 + 8 * h, exact, lo, hi);
     mask_key_outside(s, h, lo, hi, q0);
   }
   if (mi.has_seg() && !exact) mask_other_segments_t<NR, kSegUnroll>(s, mi, batch, key0, q0);

@@ -1,10 +1,9 @@
-// The element mask of the sm90 forward: sets the scores of invisible (query,
-// key) pairs in a warpgroup's wgmma fragment to -inf, from the row bounds of
-// the shared BlockInfo (jax_flash/block_info.h: also the block ranges that
-// skip fully masked KV blocks and block_needs_mask, the warpgroup-uniform test
-// for the blocks that need this mask) and the segment ids of MaskInfo
-// (jax_flash/mask_info.h). MaskInfo and make_mask_info are the shared ones
-// (found from this namespace as jax_flash::MaskInfo).
+// The element mask of the sm90 forward (and of the backward's hdim-256
+// consumer, which holds S as the forward does): sets the scores of invisible
+// (query, key) pairs in a warpgroup's wgmma fragment to -inf. The rule is
+// MaskInfo's (jax_flash/mask_info.h: visible_keys per row, the segment ids
+// unless the runs are exact; its block tests say which blocks need this
+// mask); this file only walks the fragment.
 #pragma once
 
 #include <cstdint>
@@ -52,38 +51,14 @@ JF_DEVICE void mask_other_segments(float (&s)[NR], const MaskInfo& mi, int batch
     }
 }
 
-template <int NR>
-JF_DEVICE void apply_mask(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0) {
+// kPacked, exact: MaskInfo::visible_keys's (exact: the rows' plan_exact or
+// rows_exact).
+template <bool kPacked, int NR>
+JF_DEVICE void apply_mask(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0, bool exact) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     int lo, hi;
-    mi.row_bounds(row0 + 8 * h, lo, hi);
-    mask_row_outside(s, h, lo, hi, col0);
-  }
-  if (mi.has_seg()) mask_other_segments(s, mi, batch, row0, col0);
-}
-
-// The packed kernels' mask (tile spans present), same fragment layout.
-// exact (MaskInfo::plan_exact of the rows): each row sees one interval of
-// keys (MaskInfo::row_run, band and shifts included); else the band with the
-// row's shift, and the ids are compared.
-template <int NR>
-JF_DEVICE void apply_mask_packed(float (&s)[NR], const MaskInfo& mi, int batch, int row0, int col0,
-                                 bool exact) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    int lo, hi;
-    if (exact) {
-      lo = 0;
-      hi = -1;  // rows past seqlen_q: never stored
-      if (row < mi.seqlen_q) {
-        mi.row_run(batch, row, lo, hi);
-        --hi;
-      }
-    } else {
-      mi.row_bounds(row, lo, hi, mi.row_shift(batch, row));
-    }
+    mi.visible_keys<kPacked>(batch, row0 + 8 * h, exact, lo, hi);
     mask_row_outside(s, h, lo, hi, col0);
   }
   if (mi.has_seg() && !exact) mask_other_segments(s, mi, batch, row0, col0);

@@ -422,9 +422,10 @@ struct FwdMainloop {
       const int row0 = m0_wg + 16 * warp + lane / 4, col0 = n0 + 2 * (lane % 4);
       if constexpr (kPacked) {
         if (a.mask.block_needs_mask(plan, m0_wg, 64, n, kBlockN))
-          apply_mask_packed(s, a.mask, batch, row0, col0, MaskInfo::plan_exact(plan));
+          apply_mask<true>(s, a.mask, batch, row0, col0, MaskInfo::plan_exact(plan));
       } else {
-        if (a.mask.block_needs_mask_by_position(m0_wg, 64, n0, kBlockN)) apply_mask(s, a.mask, batch, row0, col0);
+        if (a.mask.block_needs_mask_by_position(m0_wg, 64, n0, kBlockN))
+          apply_mask<false>(s, a.mask, batch, row0, col0, false);
       }
     }
 
