@@ -5,9 +5,14 @@
 # Each folder gets the extension xz-compressed (_jax_flash_cuda*.so.xz) and the
 # build record _build.json (from the wheel, or the file next to the .so when
 # there is one). .ab/ is git-ignored. Environment: XZ_OPT (default -6 -T1).
+# Build both against the XLA FFI headers of the jax that the GPU machine runs
+# (`jax.ffi.include_dir()` of that version, e.g. a build virtualenv holding
+# jax and jaxlib of that version): the FFI API version is compiled into the
+# handlers, and a mismatch fails every registration ("the handler's API
+# version (0.5) is incompatible with the framework's API version (0.4)").
 set -euo pipefail
 if (( $# != 2 )); then
-  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 for f in "$1" "$2"; do [[ -f $f ]] || { echo "pack_ab: $f: no such file" >&2; exit 1; }; done
