@@ -28,6 +28,7 @@ import jax_flash
 import reference
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.autodiff import derivatives
+from jax_flash._src.autodiff import kernels
 from reference import enable_x64
 
 F64_TOL = dict(rtol=1e-9, atol=1e-9)
@@ -334,8 +335,8 @@ def test_grad_compiles_to_the_custom_vjp_program():
   spec = AttentionSpec(scale=D ** -0.5, causal=True, window_right=0, batch=B,
                        q_len=T, kv_len=T, num_heads=H, num_kv_heads=H,
                        head_dim=D, dtype="float32")
-  fwd = derivatives.kernel_call("forward", "xla", spec)
-  bwd = derivatives.kernel_call("backward", "xla", spec)
+  fwd = kernels.kernel_call("forward", "xla", spec)
+  bwd = kernels.kernel_call("backward", "xla", spec)
 
   @jax.custom_vjp
   def custom_vjp_attention(q, k, v):
