@@ -65,12 +65,16 @@ class Kernels:
     the spec's mask operands); None: first-order reverse mode.
   fold_vmap: vmap of the forward folds the mapped axis into the batch (one
     kernel call; operands batch-major, rest included).
+  delta: False gives the backward the raw cotangents (do, dlse) in place of
+    (do in o's dtype, delta): for a backward that is not attention's own
+    (FP8's straight-through gradient); first-order only.
   """
 
   forward: Callable
   backward: Callable
   spec: AttentionSpec | None = None
   fold_vmap: bool = False
+  delta: bool = True
 
 
 def differentiable(kernels: Kernels):
@@ -79,11 +83,12 @@ def differentiable(kernels: Kernels):
   if kernels.fold_vmap:
     forward = fold_into_batch(forward)
   if kernels.spec is None:
-    return _first_order(forward, kernels.backward)
+    return _first_order(forward, kernels.backward, kernels.delta)
+  assert kernels.delta, "the tangent primitives transpose to the delta form"
   return _any_order(forward, kernels.backward, kernels.spec)
 
 
-def _first_order(forward, backward):
+def _first_order(forward, backward, with_delta):
   @jax.custom_vjp
   def attention(q, k, v, *rest):
     return forward(q, k, v, *rest)
@@ -95,8 +100,9 @@ def _first_order(forward, backward):
   def attention_bwd(res, cotangents):
     q, k, v, o, lse, rest = res
     do, dlse = cotangents
-    delta = softmax_delta(o, do, dlse)
-    dq, dk, dv = backward(q, k, v, o, lse, do.astype(o.dtype), delta, *rest)
+    if with_delta:
+      do, dlse = do.astype(o.dtype), softmax_delta(o, do, dlse)
+    dq, dk, dv = backward(q, k, v, o, lse, do, dlse, *rest)
     return (dq, dk, dv) + tuple(None for _ in rest)
 
   attention.defvjp(attention_fwd, attention_bwd)
