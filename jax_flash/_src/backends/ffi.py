@@ -27,7 +27,7 @@ FP8_QUANTIZE = "jax_flash_fp8_quantize"
 FP8_FWD = "jax_flash_fwd_fp8"
 # The tile-span pre-pass of segment ids (backends/cuda.py).
 PACKING = "jax_flash_packing"
-# The decoding kernels (decode_cuda.py).
+# The decoding kernels (decode/cuda.py).
 DECODE = "jax_flash_decode"
 TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE)
 
