@@ -105,7 +105,7 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
           f"picks xla)")
     if implementation == "pallas":
       backends.get("pallas").check(spec, _platform(q))
-    if sharding._explicit_spec(q) is not None:
+    if sharding.explicit_spec(q) is not None:
       raise ValueError(
           "dropout_rate with inputs sharded over explicit mesh axes is not "
           "supported yet; shard over Auto axes (plain NamedSharding), where "

@@ -8,7 +8,7 @@ anything is compiled.
 Structure of one call (batch-major arrays after the leading batch dims are
 folded into one):
 
-    [explicit mesh axes: shard_map over batch/heads]    partition.shard_call
+    [explicit mesh axes: shard_map over batch/heads]    sharding.call
       custom_vjp: straight-through gradients             differentiable.fp8_fn
         custom_vmap: vmapped axes fold into the batch    fold_into_batch
           quantise the 16-bit inputs + FP8 forward       kernel.kernel_body
@@ -16,6 +16,7 @@ folded into one):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ from jax_flash._src.fp8.checks import (check_fp8_layout, check_input,
                                        check_out_dtype, choose, logical,
                                        rotation_seed)
 from jax_flash._src.fp8.differentiable import fp8_fn
-from jax_flash._src.fp8.partition import shard_call
+from jax_flash._src.sharding import partition as sharding
 from jax_flash._src.fp8.tensor import (KINDS, Fp8Tensor, check_bool,
                                        check_static_int, fold_input)
 
@@ -136,10 +137,26 @@ def fp8_attention(query, key, value, *, causal: bool = False,
   folded = tuple(fold_input(x) for x in inputs)
   segs = tuple(s.reshape(spec.batch, -1).astype(jnp.int32) for s in segs)
   bwd_impl = "xla" if impl == "xla" else None
-  o, lse = shard_call(
+  o, lse = sharding.call(
       lambda s: fp8_fn(impl, s, forms, rot_seed, out_dt.name, D, bwd_impl),
-      spec, folded, segs)
+      spec, *folded, *segs, roles=_roles(folded, len(segs)))
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o
   return o, lse.reshape(batch_shape + lse.shape[1:])
+
+
+_DESCALE_ROLES = {"query": "q_descale", "key": "k_descale",
+                  "value": "v_descale"}
+
+
+def _roles(inputs, n_segs):
+  """The sharding roles of the folded inputs (an Fp8Tensor: a pytree of
+  roles) and the segment ids (sharding/rule.py)."""
+  roles = []
+  for kind, x in zip(KINDS, inputs):
+    data = "q" if kind == "query" else "kv"
+    roles.append(dataclasses.replace(x, data=data,
+                                     descale=_DESCALE_ROLES[kind])
+                 if isinstance(x, Fp8Tensor) else data)
+  return tuple(roles) + ("qseg", "kvseg")[:n_segs]

@@ -24,7 +24,6 @@ from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.fp8 import cuda as fp8_cuda
 from jax_flash._src.fp8 import quantize, reference, scheme
 from jax_flash._src.fp8.checks import OUT_DTYPES
-from jax_flash._src.fp8.partition import partitioned
 from jax_flash._src.fp8.tensor import KINDS
 from jax_flash._src.sharding import partition as sharding
 
@@ -102,13 +101,14 @@ def _kernel_body(impl, local, forms, seed, out_dtype, *args):
                     out_dtype=out_dtype.name)(*quantized, *segs)
 
 
-_PREPASS_OUT = ("q", "qd", "kv", "kd", "vt", "vd")
+# The pre-pass results' roles in the sharding rule (sharding/rule.py).
+_PREPASS_OUT = ("q", "q_descale", "kv", "k_descale", "v_kernel", "v_descale")
 
 
 @functools.lru_cache(maxsize=None)
 def _cuda_call(kind, spec, in_roles, out_roles, *, seed=None, out_dtype=None):
   """cuda.quantize or cuda.forward on batch-major arrays, each device
-  running its batch/head shard (custom_partitioning)."""
+  running its batch/head shard (custom_partitioning: sharding.by_roles)."""
   if kind == "quantize":
     body = lambda local, q, k, v: tuple(fp8_cuda.quantize(q, k, v,
                                                           seed=seed))
@@ -118,5 +118,14 @@ def _cuda_call(kind, spec, in_roles, out_roles, *, seed=None, out_dtype=None):
       q_seg, kv_seg = segs if segs else (None, None)
       return tuple(fp8_cuda.forward(local, q8, qd, k8, kd, vt8, vd, q_seg,
                                     kv_seg, jnp.dtype(out_dtype)))
-  return partitioned(spec, in_roles, out_roles, body)
+  ik = in_roles.index("kv")
+
+  def local_body(*args):
+    # Under a jit so that array constants of the body (a rotation matrix,
+    # a permutation) stay inside it: custom_partitioning takes no consts.
+    local = sharding.local_spec(spec, args[0].shape, args[ik].shape)
+    return jax.jit(lambda *a: tuple(body(local, *a)))(*args)
+
+  return sharding.by_roles(local_body, in_roles, out_roles,
+                           group=spec.group_size, kv_heads=spec.num_kv_heads)
 
