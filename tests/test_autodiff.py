@@ -302,7 +302,7 @@ def test_grad_runs_the_backend_backward(impl, rng, monkeypatch):
   prims = [e for e in _eqns(jaxpr)
            if e.primitive in (derivatives.tangent_p, derivatives.cotangent_p)]
   assert [e.primitive for e in prims] == [derivatives.cotangent_p]
-  assert prims[0].params["backend"] == impl
+  assert prims[0].params["backward"].backend == impl
 
   # ... and the backend's own backward is what that primitive calls, with the
   # custom_vjp's inputs: residuals (q, k, v, o, lse), dO and delta.
@@ -488,7 +488,7 @@ def test_cuda_grad_runs_the_cuda_backward(rng):
   jaxpr = jax.make_jaxpr(grad)(*args).jaxpr
   prims = [e for e in _eqns(jaxpr)
            if e.primitive in (derivatives.tangent_p, derivatives.cotangent_p)]
-  assert [(e.primitive, e.params["backend"]) for e in prims] == [
+  assert [(e.primitive, e.params["backward"].backend) for e in prims] == [
       (derivatives.cotangent_p, "cuda")]
   from jax_flash._src.backends import ffi
   assert ffi.BWD in jax.jit(grad).lower(*args).as_text()

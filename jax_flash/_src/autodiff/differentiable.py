@@ -28,8 +28,8 @@ for second derivatives (an opaque kernel is not). Why not
 `jax.custom_transpose`: it is gone from jax 0.11 (derivatives.py says why
 not linear_call either).
 
-Without `spec` (ops with no forward-mode rule: dropout, the ring, FP8, the
-KV cache) the op is a `jax.custom_vjp`: first-order reverse mode; jax.jvp
+Without `spec` (ops with no forward-mode rule, e.g. dropout's and the
+ring's) the op is a `jax.custom_vjp`: first-order reverse mode; jax.jvp
 raises JAX's custom_vjp error.
 
 `attention_fn(backend, spec)` is the op of one backend's kernels.

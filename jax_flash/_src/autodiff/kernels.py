@@ -16,6 +16,7 @@ plain-JAX backends are partitioned by XLA like any other computation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from jax_flash._src.backends import registry as backends
@@ -34,10 +35,27 @@ def n_masks(spec: AttentionSpec) -> int:
   return 4 if spec.has_shifts else 2
 
 
-@functools.lru_cache(maxsize=None)
+@dataclasses.dataclass(frozen=True)
+class KernelCall:
+  """The backend's forward or backward (kind) on the operands above: a
+  hashable value (a primitive parameter, named in jaxprs)."""
+
+  kind: str
+  backend: str
+  spec: AttentionSpec
+
+  def __call__(self, *arrays):
+    return _build(self.kind, self.backend, self.spec)(*arrays)
+
+
 def kernel_call(kind: str, backend_name: str, spec: AttentionSpec):
   """fn(*arrays) -> tuple: the backend's forward or backward (kind) on the
   operands above, partitioned over batch/heads for opaque kernel calls."""
+  return KernelCall(kind, backend_name, spec)
+
+
+@functools.lru_cache(maxsize=None)
+def _build(kind: str, backend_name: str, spec: AttentionSpec):
   backend = backends.get(backend_name)
   n_out = 0 if kind == "forward" else 4  # o, lse, do, delta
   n_mask = n_masks(spec)

@@ -25,7 +25,7 @@ from jax_flash._src.api import attention as attention_api
 from jax_flash._src.core.checks import (check_arrays, check_scale,
                                         check_segment_ids, check_softcap,
                                         window_fields)
-from jax_flash._src.core.spec import AttentionSpec
+from jax_flash._src.core.spec import AttentionSpec, Fp8Scheme
 from jax_flash._src.fp8 import scheme
 from jax_flash._src.fp8.checks import (check_fp8_layout, check_input,
                                        check_out_dtype, choose, logical,
@@ -124,7 +124,9 @@ def fp8_attention(query, key, value, *, causal: bool = False,
       batch=math.prod(batch_shape),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv,
       head_dim=dp,  # what the FP8 forward computes with
-      dtype=out_dt.name)  # the output's
+      dtype=out_dt.name,  # the output's
+      fp8=Fp8Scheme(quantized=forms, rotation_seed=rot_seed,
+                    logical_head_dim=D))
   segs = check_segment_ids(segment_ids, batch_shape, T, S)
   impl = choose(spec, implementation, attention_api._platform(
       query.data if forms[0] else query))

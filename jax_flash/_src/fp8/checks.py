@@ -9,8 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src.backends.registry import Unsupported
-from jax_flash._src.fp8 import cuda as fp8_cuda
+from jax_flash._src.backends import registry as backends
 from jax_flash._src.fp8.tensor import IN_DTYPES, Fp8Tensor, descale_shape
 
 OUT_DTYPES = ("bfloat16", "float16")
@@ -110,26 +109,15 @@ def rotation_seed(query, key, rotate, seed):
 
 
 def choose(spec, implementation, platform) -> str:
-  if implementation is None:
-    try:
-      fp8_cuda.check(spec, platform)
-      return "cuda"
-    except Unsupported:
-      return "xla"
-  if not isinstance(implementation, str):
+  """The backend of an FP8 request (spec.fp8 set), by the registry's
+  chooser: cuda runs the sm90 FP8 kernel where it serves, pallas refuses,
+  xla runs the simulated kernel."""
+  if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
-  if implementation == "pallas":
-    raise Unsupported(
-        "fp8_attention: implementation='pallas' has no FP8 path; use "
-        "implementation='xla' (the simulated FP8 kernel, plain JAX, runs "
-        "everywhere) or 'cuda' (the sm90 FP8 kernel)")
-  if implementation == "cuda":
-    fp8_cuda.check(spec, platform)  # let the user see why it cannot run
-    return "cuda"
-  if implementation == "xla":
-    return "xla"
-  raise ValueError(f"implementation={implementation!r} is not known; "
-                   f"fp8_attention supports 'cuda', 'xla' or None (best "
-                   f"available)")
+  if implementation not in (None, "cuda", "pallas", "xla"):
+    raise ValueError(f"implementation={implementation!r} is not known; "
+                     f"fp8_attention supports 'cuda', 'xla' or None (best "
+                     f"available)")
+  return backends.choose(spec, implementation, platform).name
 
