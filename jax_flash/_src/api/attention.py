@@ -109,9 +109,10 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
                      f"{implementation!r}")
   # One backend, or one per lowering platform (jax.export from a CPU host).
   branches = backends.choose_per_platform(spec, implementation, _platform(q))
-  key = ()  # the dropout key words, operands after the segment ids
+  key = ()  # dropout's key words: operands after the segment ids
   if spec.has_dropout:
-    # (Which also keeps the key words out of the sharding call's shard_map.)
+    # Explicit mesh axes run the call per shard (sharding.call's shard_map),
+    # where a shard does not know its global (batch, head) positions.
     if sharding.explicit_spec(q) is not None:
       raise ValueError(
           "dropout_rate with inputs sharded over explicit mesh axes is not "
