@@ -100,6 +100,9 @@ def cases(cuda: bool):
       small = _qkv(jnp.float32, t=64, s=64, d=32)
       c[f"fwd_{n}"] = (f, small)
       c[f"grad_{n}"] = (_grad(f), small)
+  c["grad_dropout_auto"] = (_grad(lambda q, k, v: a(
+      q, k, v, causal=True, dropout_rate=0.1, dropout_rng=key)),
+      _qkv(jnp.float32, t=64, s=64, d=32))
   c["dropout_cuda_refused"] = (lambda q, k, v: a(
       q, k, v, dropout_rate=0.1, dropout_rng=key, implementation="cuda"),
       _qkv())
