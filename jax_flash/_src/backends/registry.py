@@ -3,7 +3,8 @@
 Order of preference for `implementation=None`: on GPU cuda -> pallas -> xla;
 elsewhere xla (Pallas on CPU is interpret mode: right, but slow). Requests
 with dropout pick xla on every platform (`attention`'s documented default;
-pallas serves them when asked for). A backend
+pallas serves them when asked for); FP8 requests the CUDA FP8 kernel where
+its check passes, else xla's simulated kernel. A backend
 that cannot serve a request raises `Unsupported` (a NotImplementedError) from
 `check`, with a message naming the argument and what is supported; automatic
 dispatch skips it, an explicit choice shows the message to the user.
@@ -78,6 +79,7 @@ GPU_ORDER = ("cuda", "pallas", "xla")
 PREFERENCE = {"gpu": GPU_ORDER, "cuda": GPU_ORDER}
 DEFAULT_PREFERENCE = ("xla",)
 DROPOUT_PREFERENCE = ("xla",)
+FP8_PREFERENCE = ("cuda", "xla")  # (the FP8 kernel's check knows platforms)
 ALL_KNOWN = ("cuda", "pallas", "xla")
 
 
@@ -174,6 +176,8 @@ def choose(spec: AttentionSpec, implementation: str | None,
 def _preference(spec: AttentionSpec, platform: str) -> tuple[str, ...]:
   if spec.has_dropout:
     return DROPOUT_PREFERENCE
+  if spec.fp8 is not None:
+    return FP8_PREFERENCE
   return PREFERENCE.get(platform, DEFAULT_PREFERENCE)
 
 
