@@ -84,7 +84,9 @@ def differentiable(kernels: Kernels):
     forward = fold_into_batch(forward)
   if kernels.spec is None:
     return _first_order(forward, kernels.backward, kernels.delta)
-  assert kernels.delta, "the tangent primitives transpose to the delta form"
+  if not kernels.delta:
+    raise ValueError("Kernels(spec=..., delta=False): the tangent primitives "
+                     "transpose to the delta form only")
   return _any_order(forward, kernels.backward, kernels.spec)
 
 
