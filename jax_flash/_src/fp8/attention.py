@@ -9,7 +9,7 @@ Structure of one call (batch-major arrays after the leading batch dims are
 folded into one):
 
     [explicit mesh axes: shard_map over batch/heads]    sharding.call
-      custom_vjp: straight-through gradients             differentiable.fp8_fn
+      straight-through gradients (autodiff wrapper)      differentiable.fp8_fn
         custom_vmap: vmapped axes fold into the batch    fold_into_batch
           quantise the 16-bit inputs + FP8 forward       kernel.kernel_body
 """
@@ -25,7 +25,7 @@ from jax_flash._src.api import attention as attention_api
 from jax_flash._src.core.checks import (check_arrays, check_scale,
                                         check_segment_ids, check_softcap,
                                         window_fields)
-from jax_flash._src.core.spec import AttentionSpec
+from jax_flash._src.core.spec import AttentionSpec, Fp8Scheme
 from jax_flash._src.fp8 import scheme
 from jax_flash._src.fp8.checks import (check_fp8_layout, check_input,
                                        check_out_dtype, choose, logical,
@@ -124,7 +124,9 @@ def fp8_attention(query, key, value, *, causal: bool = False,
       batch=math.prod(batch_shape),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv,
       head_dim=dp,  # what the FP8 forward computes with
-      dtype=out_dt.name)  # the output's
+      dtype=out_dt.name,  # the output's
+      fp8=Fp8Scheme(quantized=forms, rotation_seed=rot_seed,
+                    logical_head_dim=D))
   segs = check_segment_ids(segment_ids, batch_shape, T, S)
   impl = choose(spec, implementation, attention_api._platform(
       query.data if forms[0] else query))
@@ -136,10 +138,8 @@ def fp8_attention(query, key, value, *, causal: bool = False,
 
   folded = tuple(fold_input(x) for x in inputs)
   segs = tuple(s.reshape(spec.batch, -1).astype(jnp.int32) for s in segs)
-  bwd_impl = "xla" if impl == "xla" else None
   o, lse = sharding.call(
-      lambda s: fp8_fn(impl, s, forms, rot_seed, out_dt.name, D, bwd_impl),
-      spec, *folded, *segs, roles=_roles(folded, len(segs)))
+      lambda s: fp8_fn(impl, s), spec, *folded, *segs, roles=_roles(folded, len(segs)))
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o

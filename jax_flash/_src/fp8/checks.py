@@ -9,11 +9,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src.backends.registry import Unsupported
-from jax_flash._src.fp8 import cuda as fp8_cuda
+from jax_flash._src.backends import registry
 from jax_flash._src.fp8.tensor import IN_DTYPES, Fp8Tensor, descale_shape
 
 OUT_DTYPES = ("bfloat16", "float16")
+IMPLEMENTATIONS = ("cuda", "xla")
 
 _E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 
@@ -110,26 +110,16 @@ def rotation_seed(query, key, rotate, seed):
 
 
 def choose(spec, implementation, platform) -> str:
-  if implementation is None:
-    try:
-      fp8_cuda.check(spec, platform)
-      return "cuda"
-    except Unsupported:
-      return "xla"
-  if not isinstance(implementation, str):
-    raise ValueError(f"implementation must be a string or None, got "
-                     f"{implementation!r}")
-  if implementation == "pallas":
-    raise Unsupported(
-        "fp8_attention: implementation='pallas' has no FP8 path; use "
-        "implementation='xla' (the simulated FP8 kernel, plain JAX, runs "
-        "everywhere) or 'cuda' (the sm90 FP8 kernel)")
-  if implementation == "cuda":
-    fp8_cuda.check(spec, platform)  # let the user see why it cannot run
-    return "cuda"
-  if implementation == "xla":
-    return "xla"
-  raise ValueError(f"implementation={implementation!r} is not known; "
-                   f"fp8_attention supports 'cuda', 'xla' or None (best "
-                   f"available)")
-
+  """The implementation that runs `spec` (an FP8 spec): the one chooser
+  (backends.registry.choose: pallas refuses FP8, cuda serves it where the
+  sm90 FP8 kernel runs, xla everywhere), after fp8_attention's own checks of
+  the name."""
+  if implementation is not None:
+    if not isinstance(implementation, str):
+      raise ValueError(f"implementation must be a string or None, got "
+                       f"{implementation!r}")
+    if implementation not in IMPLEMENTATIONS + ("pallas",):
+      raise ValueError(f"implementation={implementation!r} is not known; "
+                       f"fp8_attention supports 'cuda', 'xla' or None (best "
+                       f"available)")
+  return registry.choose(spec, implementation, platform).name
