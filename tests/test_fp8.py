@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
+from jax_flash._src.backends import registry
 from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.core.checks import window_fields
 from jax_flash._src.fp8 import checks as fp8_checks
@@ -682,6 +683,8 @@ def fake_cuda(monkeypatch):
     fake = _FakeCuda(**kw)
     for name in ("check", "quantize", "forward"):
       monkeypatch.setattr(fp8_cuda, name, getattr(fake, name))
+    # The fake kernels stand for a GPU's: the chooser offers cuda there.
+    monkeypatch.setattr(registry, "default_platform", lambda: "gpu")
     return fake
   clear = lambda: (fp8_differentiable.fp8_fn.cache_clear(),
                    fp8_kernel._cuda_call.cache_clear())

@@ -9,7 +9,7 @@ Structure of one call (batch-major arrays after the leading batch dims are
 folded into one):
 
     [explicit mesh axes: shard_map over batch/heads]    sharding.call
-      custom_vjp: straight-through gradients             differentiable.fp8_fn
+      straight-through gradients (autodiff wrapper)      differentiable.fp8_fn
         custom_vmap: vmapped axes fold into the batch    fold_into_batch
           quantise the 16-bit inputs + FP8 forward       kernel.kernel_body
 """
@@ -138,10 +138,8 @@ def fp8_attention(query, key, value, *, causal: bool = False,
 
   folded = tuple(fold_input(x) for x in inputs)
   segs = tuple(s.reshape(spec.batch, -1).astype(jnp.int32) for s in segs)
-  bwd_impl = "xla" if impl == "xla" else None
   o, lse = sharding.call(
-      lambda s: fp8_fn(impl, s, forms, rot_seed, out_dt.name, D, bwd_impl),
-      spec, *folded, *segs, roles=_roles(folded, len(segs)))
+      lambda s: fp8_fn(impl, s), spec, *folded, *segs, roles=_roles(folded, len(segs)))
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o

@@ -9,10 +9,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_flash._src.backends import registry as backends
+from jax_flash._src.backends import registry
 from jax_flash._src.fp8.tensor import IN_DTYPES, Fp8Tensor, descale_shape
 
 OUT_DTYPES = ("bfloat16", "float16")
+IMPLEMENTATIONS = ("cuda", "xla")
 
 _E4M3 = jnp.dtype(jnp.float8_e4m3fn)
 
@@ -109,15 +110,16 @@ def rotation_seed(query, key, rotate, seed):
 
 
 def choose(spec, implementation, platform) -> str:
-  """The backend of an FP8 request (spec.fp8 set), by the registry's
-  chooser: cuda runs the sm90 FP8 kernel where it serves, pallas refuses,
-  xla runs the simulated kernel."""
-  if implementation is not None and not isinstance(implementation, str):
-    raise ValueError(f"implementation must be a string or None, got "
-                     f"{implementation!r}")
-  if implementation not in (None, "cuda", "pallas", "xla"):
-    raise ValueError(f"implementation={implementation!r} is not known; "
-                     f"fp8_attention supports 'cuda', 'xla' or None (best "
-                     f"available)")
-  return backends.choose(spec, implementation, platform).name
-
+  """The implementation that runs `spec` (an FP8 spec): the one chooser
+  (backends.registry.choose: pallas refuses FP8, cuda serves it where the
+  sm90 FP8 kernel runs, xla everywhere), after fp8_attention's own checks of
+  the name."""
+  if implementation is not None:
+    if not isinstance(implementation, str):
+      raise ValueError(f"implementation must be a string or None, got "
+                       f"{implementation!r}")
+    if implementation not in IMPLEMENTATIONS + ("pallas",):
+      raise ValueError(f"implementation={implementation!r} is not known; "
+                       f"fp8_attention supports 'cuda', 'xla' or None (best "
+                       f"available)")
+  return registry.choose(spec, implementation, platform).name

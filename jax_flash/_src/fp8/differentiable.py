@@ -1,9 +1,11 @@
-"""The FP8 forward as a differentiable call: straight-through gradients.
+"""The FP8 forward as a differentiable op: straight-through gradients.
 
 The gradient of the FP8 forward is defined as that of exact attention at the
 unquantised inputs (`jax_flash.attention`'s backward at the high-precision
 query/key/value): quantisation is treated as the identity. Fp8Tensor inputs
-have no high-precision values, so their gradient raises a ValueError.
+have no high-precision values, so their gradient raises a ValueError. Built
+by the one autodiff wrapper (autodiff/differentiable.py) as a first-order op
+whose backward takes the raw cotangents (do, dlse).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash._src.api import attention as attention_api
+from jax_flash._src.autodiff.differentiable import Kernels, differentiable
 from jax_flash._src.core.batching import fold_into_batch
 from jax_flash._src.core.spec import AttentionSpec
 from jax_flash._src.fp8.kernel import kernel_call
@@ -26,20 +29,22 @@ _NO_GRAD = (
     "then that of exact attention at them), or stop_gradient the result")
 
 
-
 def _leaves(x, is_fp8: bool, dp: int):
   return [x.data, x.descale] if is_fp8 else [pad_head_dim(x, dp)]
 
 
 @functools.lru_cache(maxsize=None)
-def fp8_fn(impl: str, spec: AttentionSpec, forms: tuple[bool, ...],
-            seed: int | None, out_dtype: str, head_dim: int,
-            bwd_impl: str | None):
+def fp8_fn(impl: str, spec: AttentionSpec):
   """fn(q, k, v, *segs) -> (o [B, T, H, head_dim], lse [B, H, T]) on
-  batch-major inputs (arrays [B, N, H, D] or Fp8Tensors), with the
-  straight-through custom_vjp."""
-  forward = fold_into_batch(kernel_call(impl, spec, forms, seed, out_dtype))
+  batch-major inputs (arrays [B, N, H, D] or Fp8Tensors, as spec.fp8 says),
+  differentiable with the straight-through gradient."""
+  forms = spec.fp8.quantized
+  head_dim = spec.fp8.logical_head_dim
+  forward = fold_into_batch(kernel_call(impl, spec))
   dp = spec.head_dim
+  # The exact attention whose gradient is taken: the same implementation
+  # for xla, the best available for cuda.
+  exact_impl = "xla" if impl == "xla" else None
 
   def primal(q, k, v, *segs):
     leaves = []
@@ -48,29 +53,18 @@ def fp8_fn(impl: str, spec: AttentionSpec, forms: tuple[bool, ...],
     o, lse = forward(*leaves, *segs)
     return o[..., :head_dim], lse
 
-  @jax.custom_vjp
-  def fp8(q, k, v, *segs):
-    return primal(q, k, v, *segs)
-
-  def fp8_fwd(q, k, v, *segs):
-    return primal(q, k, v, *segs), (q, k, v, segs)
-
-  def fp8_bwd(res, cotangents):
-    q, k, v, segs = res
+  def straight_through(q, k, v, o, lse, do, dlse, *segs):
+    del o, lse
     if any(forms):
       names = " and ".join(n for n, f in zip(KINDS, forms) if f)
       raise ValueError(_NO_GRAD.format(names=names))
-    do, dlse = cotangents
     exact = lambda q, k, v: attention_api.attention(
         q, k, v, causal=spec.causal, scale=spec.scale,
         window=((spec.window_left, spec.window_right) if spec.has_window
                 else None),
         softcap=spec.softcap, segment_ids=tuple(segs) if segs else None,
-        return_lse=True, implementation=bwd_impl)
+        return_lse=True, implementation=exact_impl)
     _, vjp = jax.vjp(exact, q, k, v)
-    dq, dk, dv = vjp((do.astype(q.dtype), dlse.astype(jnp.float32)))
-    return (dq, dk, dv) + tuple(None for _ in segs)
+    return vjp((do.astype(q.dtype), dlse.astype(jnp.float32)))
 
-  fp8.defvjp(fp8_fwd, fp8_bwd)
-  return fp8
-
+  return differentiable(Kernels(primal, straight_through, delta=False))

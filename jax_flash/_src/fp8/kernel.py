@@ -27,6 +27,7 @@ from jax_flash._src.fp8.checks import OUT_DTYPES
 from jax_flash._src.fp8.tensor import KINDS
 from jax_flash._src.sharding import partition as sharding
 
+
 def _split_leaves(forms, args):
   """(parts, segs): per input its padded array or (data, descale)."""
   parts, i = [], 0
@@ -36,15 +37,16 @@ def _split_leaves(forms, args):
   return parts, tuple(args[i:])
 
 
-def kernel_call(impl, spec, forms, seed, out_dtype):
+def kernel_call(impl, spec):
   """fn(*leaves, *segs) -> (o [B, T, H, Dp], lse [B, H, T]) on batch-major
-  leaves: per input the padded array, or an Fp8Tensor's (data, descale)."""
+  leaves: per input the padded array, or an Fp8Tensor's (data, descale)
+  (which inputs are Fp8Tensors: spec.fp8.quantized)."""
   iq = 0
-  ik = 2 if forms[0] else 1
+  ik = 2 if spec.fp8.quantized[0] else 1
 
   def call(*args):
     local = sharding.local_spec(spec, args[iq].shape, args[ik].shape)
-    return _kernel_body(impl, local, forms, seed, out_dtype, *args)
+    return _kernel_body(impl, local, *args)
 
   return call
 
@@ -80,10 +82,11 @@ def _cuda_prepass_serves(parts, seed) -> bool:
   return True
 
 
-def _kernel_body(impl, local, forms, seed, out_dtype, *args):
+def _kernel_body(impl, local, *args):
+  forms, seed = local.fp8.quantized, local.fp8.rotation_seed
   parts, segs = _split_leaves(forms, args)
   q_seg, kv_seg = segs if segs else (None, None)
-  out_dtype = jnp.dtype(out_dtype)
+  out_dtype = jnp.dtype(local.dtype)
   if impl == "xla":
     return reference.forward(local, *_quantize_inputs(parts, forms, seed),
                              q_seg, kv_seg, out_dtype)

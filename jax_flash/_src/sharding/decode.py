@@ -1,8 +1,8 @@
 """The decoding kernel call under sharding and vmap.
 
-Sharding (custom_partitioning, Auto meshes under jit): decoding is
-independent per sequence and per KV head, so each device runs the kernels
-on its shard with no communication:
+Sharding (custom_partitioning through partition.by_roles, Auto meshes
+under jit): decoding is independent per sequence and per KV head, so each
+device runs the kernels on its shard with no communication:
   * KV heads: q [b t H d] with its heads grouped by KV head, the caches
     [p s n d] over the same axes (every q head stays with its KV head);
   * batch: q, the page table, the lengths and the outputs over the batch;

@@ -1,18 +1,24 @@
-"""A digest of the programs jax_flash lowers to, one line per call.
+"""Lowered programs of the feature calls, one hash per call.
 
-Lowers a fixed set of representative calls (forward, gradients, jvp, vmap,
-dropout, varlen, FP8, KV cache, dot_product_attention, sharded calls over
-host devices, ring attention) and prints a hash of each lowered program with
-locations and debug metadata removed. Two source trees that print the same
-lines lower every case to the same program:
+tools/check_lowering.py covers `attention` and its transformations; this
+covers what is built around it: `fp8_attention` (arrays, Fp8Tensors, mixed,
+segment ids, gradients, vmap), `attention_with_kvcache` (contiguous, paged,
+FP8 cache, appends, gradients, vmap) and the sharded calls over 8 host
+devices (custom_partitioning on an Auto mesh: its Shardy rules; shard_map on
+explicit axes). Each program is hashed with locations, metadata and the
+callbacks' addresses removed; two source trees that print the same lines
+lower every case to the same program:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-        PYTHONPATH=<tree> python tools/lowering_digest.py > <tree>.txt
+        PYTHONPATH=<tree> python tools/check_lowering_features.py [--cuda]
 
-With `--cuda` the calls are exported for the "cuda" platform instead
-(`jax.export`, which needs the built extension in the tree's jax_flash/, not
-a GPU): the CUDA kernels' custom calls and their attributes are compared.
-`--dump DIR` also writes each normalised program, for diffing.
+`--cuda` lowers for the "cuda" platform with the kernels' checks seeing a
+GPU (needs the built extension's `_jax_flash_cuda*.so` and `_build.json` in
+the tree's jax_flash/, not a GPU), so the FP8 and decoding kernels' custom
+calls, their attributes and the partitioned calls' rules are compared. It
+uses `Traced.lower(lowering_platforms=...)`, not jax.export, which cannot
+serialise custom_partitioning's callbacks. `--dump DIR` also writes each
+normalised program, for diffing.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 _LOC = re.compile(r"\s*loc\(.*?\)(?=[\s,)\]}]|$)|#loc\d*|^#loc.*$",
                   re.MULTILINE)
@@ -60,50 +65,11 @@ def grad(f, argnums=(0, 1, 2)):
 
 def cases(jf, cuda: bool):
   """{name: (fn, args)}: the calls to lower."""
-  B, T, S, H, Hk, D = 2, 128, 128, 4, 2, 64
-  q, k, v = _arrays((B, T, H, D), (B, S, Hk, D), (B, S, Hk, D))
+  B, T, S, H, Hk = 2, 128, 128, 4, 2
   seg = jax.ShapeDtypeStruct((B, T), jnp.int32)
   lens = jax.ShapeDtypeStruct((B,), jnp.int32)
   impl = None if cuda else "xla"
   out = {}
-
-  def attn(**kw):
-    return lambda q, k, v: jf.attention(q, k, v, implementation=impl, **kw)
-
-
-  variants = dict(
-      causal=dict(causal=True), window=dict(window=(32, 16)),
-      softcap=dict(softcap=30.0, causal=True),
-      lse=dict(return_lse=True, causal=True))
-  for name, kw in variants.items():
-    out[f"attention_{name}"] = (attn(**kw), (q, k, v))
-    out[f"attention_{name}_grad"] = (grad(attn(**kw)), (q, k, v))
-  segf = lambda q, k, v, s: jf.attention(q, k, v, segment_ids=s,
-                                         implementation=impl)
-  out["attention_segments"] = (segf, (q, k, v, seg))
-  out["attention_segments_grad"] = (grad(segf), (q, k, v, seg))
-  lenf = lambda q, k, v, n: jf.attention(q, k, v, kv_seq_lengths=n,
-                                         implementation=impl)
-  out["attention_kv_lengths"] = (lenf, (q, k, v, lens))
-  f = attn(causal=True)
-  out["attention_jvp"] = (lambda q, k, v: jax.jvp(f, (q, k, v), (q, k, v)),
-                          (q, k, v))
-  out["attention_vmap"] = (jax.vmap(f), _arrays(
-      (3, B, T, H, D), (3, B, S, Hk, D), (3, B, S, Hk, D)))
-  if not cuda:
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    drop = lambda q, k, v, r: jf.attention(q, k, v, dropout_rate=0.1,
-                                           dropout_rng=r, implementation=impl)
-    out["dropout"] = (drop, (q, k, v, key))
-    out["dropout_grad"] = (grad(drop), (q, k, v, key))
-  cu = jax.ShapeDtypeStruct((3,), jnp.int32)
-  vq, vk, vv = _arrays((256, H, D), (256, Hk, D), (256, Hk, D))
-  out["varlen"] = (lambda q, k, v, cq, ck: jf.varlen_attention(
-      q, k, v, cq, ck, max_seqlen_q=128, max_seqlen_k=128, causal=True,
-      implementation=impl), (vq, vk, vv, cu, cu))
-  out["dot_product_attention"] = (lambda q, k, v: jf.dot_product_attention(
-      q, k, v, is_causal=True, implementation=impl), (q, k, v))
-
   # FP8: arrays, Fp8Tensors (quantised inside the program), gradients.
   fimpl = "cuda" if cuda else "xla"
   fq, fk, fv = _arrays((B, T, H, 128), (B, S, Hk, 128), (B, S, Hk, 128))
@@ -204,13 +170,6 @@ def sharded_cases(jf, impl, fimpl, kimpl):
     if kind == "explicit":  # lowered under the mesh: jax.set_mesh
       for name in list(out)[start:]:
         out[name] += (mesh,)
-  if impl == "xla":
-    mesh = jax.make_mesh((8,), ("s",), axis_types=(AxisType.Auto,))
-    rq = jax.ShapeDtypeStruct((2, 256, 4, 64), jnp.bfloat16)
-    ring = lambda q, k, v: jf.ring_attention(q, k, v, mesh=mesh, seq_axis="s",
-                                             causal=True, implementation=impl)
-    out["ring"] = (ring, (rq, rq, rq))
-    out["ring_grad"] = (grad(ring), (rq, rq, rq))
   return out
 
 
