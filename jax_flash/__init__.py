@@ -6,7 +6,8 @@ from jax_flash._src.api.attention import attention
 from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.backends.registry import runnable as available_implementations
 from jax_flash._src.backends.build_info import build_info
-from jax_flash._src.fp8.api import Fp8Tensor, fp8_attention, quantize_fp8
+from jax_flash._src.fp8.attention import fp8_attention
+from jax_flash._src.fp8.tensor import Fp8Tensor, quantize_fp8
 from jax_flash._src.decode.fp8_cache import Fp8KVCache, quantize_kv_cache
 from jax_flash._src.decode.kvcache import attention_with_kvcache
 from jax_flash._src.compat.nn import dot_product_attention

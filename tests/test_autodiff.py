@@ -28,6 +28,7 @@ import jax_flash
 import reference
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.autodiff import derivatives
+from jax_flash._src.autodiff import kernels
 from reference import enable_x64
 
 F64_TOL = dict(rtol=1e-9, atol=1e-9)
@@ -301,7 +302,7 @@ def test_grad_runs_the_backend_backward(impl, rng, monkeypatch):
   prims = [e for e in _eqns(jaxpr)
            if e.primitive in (derivatives.tangent_p, derivatives.cotangent_p)]
   assert [e.primitive for e in prims] == [derivatives.cotangent_p]
-  assert prims[0].params["backend"] == impl
+  assert prims[0].params["backward"].backend == impl
 
   # ... and the backend's own backward is what that primitive calls, with the
   # custom_vjp's inputs: residuals (q, k, v, o, lse), dO and delta.
@@ -334,8 +335,8 @@ def test_grad_compiles_to_the_custom_vjp_program():
   spec = AttentionSpec(scale=D ** -0.5, causal=True, window_right=0, batch=B,
                        q_len=T, kv_len=T, num_heads=H, num_kv_heads=H,
                        head_dim=D, dtype="float32")
-  fwd = derivatives.kernel_call("forward", "xla", spec)
-  bwd = derivatives.kernel_call("backward", "xla", spec)
+  fwd = kernels.kernel_call("forward", "xla", spec)
+  bwd = kernels.kernel_call("backward", "xla", spec)
 
   @jax.custom_vjp
   def custom_vjp_attention(q, k, v):
@@ -487,7 +488,7 @@ def test_cuda_grad_runs_the_cuda_backward(rng):
   jaxpr = jax.make_jaxpr(grad)(*args).jaxpr
   prims = [e for e in _eqns(jaxpr)
            if e.primitive in (derivatives.tangent_p, derivatives.cotangent_p)]
-  assert [(e.primitive, e.params["backend"]) for e in prims] == [
+  assert [(e.primitive, e.params["backward"].backend) for e in prims] == [
       (derivatives.cotangent_p, "cuda")]
   from jax_flash._src.backends import ffi
   assert ffi.BWD in jax.jit(grad).lower(*args).as_text()

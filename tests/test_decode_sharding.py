@@ -1,4 +1,4 @@
-"""The decoding kernel call under sharding and vmap (decode_sharding.py).
+"""The decoding kernel call under sharding and vmap (sharding/decode.py).
 
 The kernels need a GPU, so the wrappers are checked here around a reference
 body (the gathered cache through the xla backend), on the 8 host devices of

@@ -35,12 +35,16 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
+from jax_flash._src.backends import registry
 from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.core.checks import window_fields
-from jax_flash._src.fp8 import api as fp8_api
+from jax_flash._src.fp8 import checks as fp8_checks
+from jax_flash._src.fp8 import differentiable as fp8_differentiable
+from jax_flash._src.fp8 import kernel as fp8_kernel
 from jax_flash._src.fp8 import cuda as fp8_cuda
 from jax_flash._src.fp8 import quantize, scheme
 from jax_flash._src.fp8 import reference as fp8_ref
+from jax_flash._src.fp8.tensor import KINDS
 from jax_flash._src.core.spec import AttentionSpec
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -377,7 +381,7 @@ def test_outlier_accuracy_block_rotation_vs_tensor(rng):
   blocks = _rms(np.asarray(f(q, k, v), np.float64) - exact)
   per_tensor = jax.jit(lambda *xs: f(*(
       jax_flash.quantize_fp8(x, kind=kind, rotate=False, granularity="tensor")
-      for x, kind in zip(xs, fp8_api.KINDS))))
+      for x, kind in zip(xs, KINDS))))
   tensor = _rms(np.asarray(per_tensor(q, k, v), np.float64) - exact)
   assert blocks <= 0.9 * tensor, (blocks, tensor)
 
@@ -407,7 +411,7 @@ def test_api_equals_reference(rng):
                                 want_o[..., :c.D])
   np.testing.assert_array_equal(lse.reshape(want_lse.shape), want_lse)
   # implementation=None off GPU (cuda cannot serve): this same xla path.
-  assert fp8_api._choose(c.spec(), None, "cpu") == "xla"
+  assert fp8_checks.choose(c.spec(), None, "cpu") == "xla"
 
 
 def test_fp8_tensor_inputs(rng):
@@ -444,7 +448,7 @@ def test_out_dtype_and_shapes():
   # Everything pre-quantised: bfloat16 unless asked.
   pre = [jax.eval_shape(lambda x, kind=kind: jax_flash.quantize_fp8(
       x, kind=kind), sd(s, jnp.float16)) for s, kind in zip(
-          (shape_q, shape_kv, shape_kv), fp8_api.KINDS)]
+          (shape_q, shape_kv, shape_kv), KINDS)]
   f = lambda *a, **kw: jax_flash.fp8_attention(*a, implementation="xla",
                                                **kw)
   assert jax.eval_shape(f, *pre).dtype == jnp.bfloat16
@@ -679,9 +683,11 @@ def fake_cuda(monkeypatch):
     fake = _FakeCuda(**kw)
     for name in ("check", "quantize", "forward"):
       monkeypatch.setattr(fp8_cuda, name, getattr(fake, name))
+    # The fake kernels stand for a GPU's: the chooser offers cuda there.
+    monkeypatch.setattr(registry, "default_platform", lambda: "gpu")
     return fake
-  clear = lambda: (fp8_api._fp8_fn.cache_clear(),
-                   fp8_api._cuda_call.cache_clear())
+  clear = lambda: (fp8_differentiable.fp8_fn.cache_clear(),
+                   fp8_kernel._cuda_call.cache_clear())
   clear()  # traces of the other implementation must not be reused
   yield install
   clear()

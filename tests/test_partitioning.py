@@ -1,4 +1,4 @@
-"""custom_partitioning of the kernel calls on an Auto mesh (sharding.py).
+"""custom_partitioning of the kernel calls on an Auto mesh (sharding/partition.py).
 
 On the 8 host devices conftest.py asks XLA for, arranged as a (2, 4) mesh
 ("b", "h") with Auto axes: jit of forward + gradients of the "pallas"
@@ -20,7 +20,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
-from jax_flash._src.sharding import partition as sharding_mod
+from jax_flash._src.sharding.partition import kernel_roles
+from jax_flash._src.sharding.rule import sharding_rule
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -159,12 +160,12 @@ def test_vmap_of_batch_sharded(mesh, rng):
     (2, 8, None, "h"),          # mesh unknown
 ])
 def test_sharding_rule(group, kv_heads, axis_sizes, heads):
-  fwd, kw = sharding_mod.sharding_rule("forward", group, 2, kv_heads,
-                                       axis_sizes)
+  fwd, kw = sharding_rule(*kernel_roles("forward", 2), group, kv_heads,
+                          axis_sizes)
   assert fwd == (f"b t {heads} d, b s n d, b s n d, b t, b s -> "
                  f"b t {heads} d, b {heads} t")
-  bwd, _ = sharding_mod.sharding_rule("backward", group, 0, kv_heads,
-                                      axis_sizes)
+  bwd, _ = sharding_rule(*kernel_roles("backward", 0), group, kv_heads,
+                         axis_sizes)
   assert bwd == (f"b t {heads} d, b s n d, b s n d, b t {heads} d, "
                  f"b {heads} t, b t {heads} d, b {heads} t -> "
                  f"b t {heads} d, b s n d, b s n d")

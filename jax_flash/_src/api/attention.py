@@ -2,7 +2,7 @@
 
 Everything here runs at trace time on shapes and Python values, so a bad call
 raises a Python exception naming the argument before anything is compiled
-(the checks themselves are in checks.py, shared with `ring_attention`).
+(the checks themselves are in core/checks.py, shared with `ring_attention`).
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._src.backends import registry as backends
-from jax_flash._src.autodiff import dropout as dropout_attention
-from jax_flash._src.compat import jax_nn_names
-from jax_flash._src.core import kv_lengths
-from jax_flash._src.sharding import partition as sharding
-from jax_flash._src.core.checks import (check_arrays, check_dropout, check_scale,
-                                   check_segment_ids, check_softcap,
-                                   window_fields)
-from jax_flash._src.core.spec import AttentionSpec
 from jax_flash._src.autodiff.differentiable import attention_fn
+from jax_flash._src.backends import registry as backends
+from jax_flash._src.compat import jax_nn_names
+from jax_flash._src.core import dropout
+from jax_flash._src.core import kv_lengths
+from jax_flash._src.core.checks import (check_arrays, check_dropout,
+                                        check_scale, check_segment_ids,
+                                        check_softcap, window_fields)
+from jax_flash._src.core.spec import AttentionSpec
+from jax_flash._src.sharding import partition as sharding
 
 
 def attention(query, key, value, *jax_nn_args, causal: bool = False,
@@ -51,13 +51,13 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
     kv_seq_lengths: integer array of the batch dims' shape: keys at positions
       >= length are padding (a preallocated KV cache). The queries are then
       the last T of the valid keys: causal/window align to the length, not S
-      (kv_lengths.py). Not together with segment_ids.
+      (core/kv_lengths.py). Not together with segment_ids.
     dropout_rate: attention dropout on the probabilities (a static float in
       [0, 1); rates are realised in steps of 1/256): out = (P * Z / (1 -
       rate)) V, the LSE from the undropped P. Needs dropout_rng.
     dropout_rng: a jax.random key. The mask is a pure function of the key
       and the global (batch, head, query, key) position, the same on every
-      backend and mesh (dropout.py); vmap over keys gives each element its
+      backend and mesh (core/dropout.py); vmap over keys gives each element its
       own mask, one key shared across a vmap the same one. Runs on the xla
       backend (the default) and "pallas"; reverse-mode differentiable.
     dropout_broadcast: one dropout mask for every batch element and head
@@ -93,24 +93,12 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
       batch=math.prod(batch_shape),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv, head_dim=D,
       dtype=jnp.dtype(q.dtype).name,
-      deterministic=bool(deterministic))
-  if rate > 0.0:
-    if kv_seq_lengths is not None:
-      raise ValueError("dropout_rate with kv_seq_lengths is not supported; "
-                       "give the padding as segment_ids instead")
-    if implementation not in (None, "xla", "pallas"):
-      raise backends.Unsupported(
-          f"implementation={implementation!r} has no attention dropout yet; "
-          f"dropout runs on the xla and pallas backends (implementation=None "
-          f"picks xla)")
-    if implementation == "pallas":
-      backends.get("pallas").check(spec, _platform(q))
-    if sharding._explicit_spec(q) is not None:
-      raise ValueError(
-          "dropout_rate with inputs sharded over explicit mesh axes is not "
-          "supported yet; shard over Auto axes (plain NamedSharding), where "
-          "the mask is the same as on one device")
-    k0, k1 = dropout_attention.key_words(dropout_rng)
+      deterministic=bool(deterministic),
+      dropout_rate=rate, dropout_broadcast=rate > 0.0 and bool(
+          dropout_broadcast))
+  if rate > 0.0 and kv_seq_lengths is not None:
+    raise ValueError("dropout_rate with kv_seq_lengths is not supported; "
+                     "give the padding as segment_ids instead")
   if kv_seq_lengths is None:
     segs = check_segment_ids(segment_ids, batch_shape, T, S)
   else:
@@ -119,23 +107,26 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
-  if rate == 0.0:
-    # One backend, or one per lowering platform (jax.export from a CPU host).
-    branches = backends.choose_per_platform(spec, implementation,
-                                            _platform(q))
+  # One backend, or one per lowering platform (jax.export from a CPU host).
+  branches = backends.choose_per_platform(spec, implementation, _platform(q))
+  key = ()  # dropout's key words: operands after the segment ids
+  if spec.has_dropout:
+    # Explicit mesh axes run the call per shard (sharding.call's shard_map),
+    # where a shard does not know its global (batch, head) positions.
+    if sharding.explicit_spec(q) is not None:
+      raise ValueError(
+          "dropout_rate with inputs sharded over explicit mesh axes is not "
+          "supported yet; shard over Auto axes (plain NamedSharding), where "
+          "the mask is the same as on one device")
+    key = dropout.key_words(dropout_rng)
   if no_rows(batch_shape + (H,)):
     return empty_result(q, return_lse)
   B = spec.batch
   fold = lambda x: x.reshape((B,) + x.shape[len(batch_shape):])
   args = [fold(q), fold(k), fold(v)]
   seg_args = [s.reshape(B, -1).astype(jnp.int32) for s in segs]
-  if rate > 0.0:
-    o, lse = dropout_attention.attention_fn(
-        spec, rate, bool(dropout_broadcast), implementation or "xla")(
-            *args, k0, k1, *seg_args)
-  else:
-    o, lse = backends.run(branches, lambda b: lambda *a: sharding.call(
-        lambda s: attention_fn(b.name, s), spec, *a), *args, *seg_args)
+  o, lse = backends.run(branches, lambda b: lambda *a: sharding.call(
+      lambda s: attention_fn(b.name, s), spec, *a), *args, *seg_args, *key)
   o = o.reshape(batch_shape + o.shape[1:])
   if not return_lse:
     return o

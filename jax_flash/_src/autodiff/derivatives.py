@@ -4,8 +4,12 @@ For residuals r = (q, k, v, o, lse, *segment_ids):
 
 * `tangent_p`   (dq, dk, dv) -> (do, dlse)   forward mode (tangent.py's
   blockwise JVP, plain JAX, the same for every backend);
-* `cotangent_p` (do, dlse) -> (dq, dk, dv)   reverse mode: the backend's own
+* `cotangent_p` (do, dlse) -> (dq, dk, dv)   reverse mode: the op's own
   fused backward kernel with delta = rowsum(do * o) - dlse.
+
+Both carry two static parameters: `spec` (the AttentionSpec whose math they
+compute) and `backward` (the op's backward kernel, fn(q, k, v, o, lse, do,
+delta, *segment_ids) -> (dq, dk, dv); differentiable.py builds it).
 
 Each is linear in its last operands and is the other's transpose, so
 `jax.grad` (linearize, then transpose `tangent_p`) runs exactly the backend
@@ -37,14 +41,9 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_flash._src.backends import registry as backends
 from jax_flash._src.sharding import partition as sharding
 from jax_flash._src.autodiff import tangent as blockwise
 from jax_flash._src.core.spec import AttentionSpec
-
-# Backends whose calls are opaque to XLA (pallas_call, FFI custom calls); their
-# kernels get a custom_partitioning rule (sharding.partitioned).
-CUSTOM_CALL_BACKENDS = frozenset({"pallas", "cuda"})
 
 N_FLOAT_RES = 5  # q, k, v, o, lse; then 0, 2 (segment ids) or 4 (+ shifts) int arrays
 
@@ -55,32 +54,6 @@ def softmax_delta(o, do, dlse):
   d = jnp.einsum("bthd,bthd->bht", do.astype(acc), o.astype(acc),
                  precision=jax.lax.Precision.HIGHEST)  # not TF32 on GPU
   return d - dlse.astype(acc)
-
-
-def kernel_call(kind: str, backend_name: str, spec: AttentionSpec):
-  """fn(*arrays) -> tuple: the backend's forward or backward on batch-major
-  arrays, partitioned over batch/heads for opaque kernel calls."""
-  return _kernel_call(kind, backend_name, spec)
-
-
-@functools.lru_cache(maxsize=None)
-def _kernel_call(kind, backend_name, spec):
-  backend = backends.get(backend_name)
-
-  def body(local, q, k, v, *rest):
-    n = 0 if kind == "forward" else 4  # o, lse, do, delta
-    arrays, segs = rest[:n], rest[n:]
-    q_seg, kv_seg = segs[:2] if segs else (None, None)
-    # Diagonal shifts (spec.has_shifts) follow the segment ids.
-    extra = {"shifts": tuple(segs[2:4])} if len(segs) == 4 else {}
-    fn = backend.forward if kind == "forward" else backend.backward
-    return tuple(fn(local, q, k, v, *arrays, q_seg, kv_seg, **extra))
-
-  if backend_name in CUSTOM_CALL_BACKENDS:
-    return sharding.partitioned(kind, spec, body)
-  # Plain JAX: XLA partitions it like any other computation.
-  return lambda *a: body(sharding.local_spec(spec, a[0].shape, a[1].shape),
-                         *a)
 
 
 def _split(args, n_lin):
@@ -103,19 +76,20 @@ def _local(spec, res):
 # ---------------------------------------------------------------------------
 
 
-def _tangent_impl(*args, spec, backend):
-  del backend  # one blockwise JVP serves every backend
+def _tangent_impl(*args, spec, backward):
+  del backward  # one blockwise JVP serves every backend
   res, lin = _split(args, 3)
   return blockwise.attention_tangent(_local(spec, res), _res7(res), lin,
                                    sparse=True)
 
 
-def _cotangent_impl(*args, spec, backend):
+def _cotangent_impl(*args, spec, backward):
+  del spec  # the kernel takes the local spec of its operands' shapes
   res, (do, dlse) = _split(args, 2)
   q, k, v, o, lse = res[:N_FLOAT_RES]
   delta = softmax_delta(o, do, dlse)
-  return kernel_call("backward", backend, spec)(
-      q, k, v, o, lse, do.astype(o.dtype), delta, *res[N_FLOAT_RES:])
+  return backward(q, k, v, o, lse, do.astype(o.dtype), delta,
+                  *res[N_FLOAT_RES:])
 
 
 tangent_p = Primitive("jax_flash_attention_tangent")
@@ -124,7 +98,7 @@ for _p, _impl in ((tangent_p, _tangent_impl), (cotangent_p, _cotangent_impl)):
   _p.multiple_results = True
   _p.def_impl(_impl)
   mlir.register_lowering(_p, mlir.lower_fun(_impl, multiple_results=True))
-# cotangent_p lowers to the backend's backward, which for opaque kernels is a
+# cotangent_p lowers to the op's backward, which for opaque kernels is a
 # custom_partitioning call. jax gives a computation its devices at lowering
 # only when a primitive in its jaxpr asks for them, and it cannot see inside
 # this lowering rule: a jitted backward holding nothing but cotangent_p (the
@@ -139,14 +113,14 @@ tangent_p.def_abstract_eval(lambda *avals, **_: (avals[3], avals[4]))
 cotangent_p.def_abstract_eval(lambda *avals, **_: tuple(avals[:3]))
 
 
-def apply_tangent(backend: str, spec: AttentionSpec, res, lin):
+def apply_tangent(spec: AttentionSpec, backward, res, lin):
   """(do, dlse) = J(res) @ (dq, dk, dv)."""
-  return tuple(tangent_p.bind(*res, *lin, spec=spec, backend=backend))
+  return tuple(tangent_p.bind(*res, *lin, spec=spec, backward=backward))
 
 
-def apply_cotangent(backend: str, spec: AttentionSpec, res, ct):
+def apply_cotangent(spec: AttentionSpec, backward, res, ct):
   """(dq, dk, dv) = J(res)^T @ (do, dlse)."""
-  return tuple(cotangent_p.bind(*res, *ct, spec=spec, backend=backend))
+  return tuple(cotangent_p.bind(*res, *ct, spec=spec, backward=backward))
 
 
 # ---------------------------------------------------------------------------
@@ -155,13 +129,13 @@ def apply_cotangent(backend: str, spec: AttentionSpec, res, ct):
 
 
 def _transpose_rule(other, n_lin):
-  def rule(cts, *args, spec, backend):
+  def rule(cts, *args, spec, backward):
     res, lin = _split(args, n_lin)
     assert not any(ad.is_undefined_primal(x) for x in res)
     if all(type(ct) is ad.Zero for ct in cts):
       return [None] * len(args)
     cts = [ad.instantiate_zeros(ct) for ct in cts]
-    out = other.bind(*res, *cts, spec=spec, backend=backend)
+    out = other.bind(*res, *cts, spec=spec, backward=backward)
     return [None] * len(res) + [
         g if ad.is_undefined_primal(x) else None for g, x in zip(out, lin)]
   return rule
@@ -181,14 +155,14 @@ def _dense_tangent(spec, res, lin):
 
 
 def _jvp_rule(prim, n_lin, dense_fn):
-  def rule(primals, tangents, *, spec, backend):
+  def rule(primals, tangents, *, spec, backward):
     res, lin = _split(primals, n_lin)
     res_dot, lin_dot = _split(tangents, n_lin)
-    out = prim.bind(*primals, spec=spec, backend=backend)
+    out = prim.bind(*primals, spec=spec, backward=backward)
     terms = []
     if any(type(t) is not ad.Zero for t in lin_dot):
       terms.append(prim.bind(*res, *map(ad.instantiate_zeros, lin_dot),
-                             spec=spec, backend=backend))
+                             spec=spec, backward=backward))
     float_dot = res_dot[:N_FLOAT_RES]  # segment ids have no tangent
     if any(type(t) is not ad.Zero for t in float_dot):
       local, segs = _local(spec, res), _res7(res)[N_FLOAT_RES:]
@@ -214,14 +188,14 @@ ad.primitive_jvps[cotangent_p] = _jvp_rule(cotangent_p, 2,
 
 
 def _batching_rule(prim):
-  def rule(args, dims, *, spec, backend):
+  def rule(args, dims, *, spec, backward):
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     moved = [jnp.broadcast_to(x, (size,) + x.shape) if d is None else
              jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
     B = moved[0].shape[1]
     flat = [x.reshape((size * B,) + x.shape[2:]) for x in moved]
     spec = dataclasses.replace(spec, batch=size * B)
-    outs = prim.bind(*flat, spec=spec, backend=backend)
+    outs = prim.bind(*flat, spec=spec, backward=backward)
     return [o.reshape((size, B) + o.shape[1:]) for o in outs], [0] * len(outs)
   return rule
 

@@ -1,92 +1,145 @@
-"""One differentiable attention function for all backends.
+"""The one way to make an attention op differentiable: `differentiable`.
 
-`attention_fn(backend, spec)` is a `jax.custom_jvp`: its primal is the
-backend's forward kernel; its JVP rule returns (o, lse) from that kernel and
-the tangent from `derivatives.tangent_p`, a linear primitive whose transpose
-is `derivatives.cotangent_p`, the backend's fused backward kernel. So
+An op is described by its kernels (`Kernels`): a forward fn(*operands) ->
+(o, lse) and a backward fn(q, k, v, o, lse, do, delta, *rest) -> (dq, dk,
+dv), with delta = rowsum(dO * O) - dLSE (`softmax_delta`, so that `lse`
+outputs are differentiable too). The operands are q, k, v (differentiable)
+and `rest`: integer or key arrays (segment ids, shifts, dropout key words,
+descales...) that get no cotangent.
+
+With `spec` (the AttentionSpec whose math the kernels compute; rest = its
+mask operands), the op is a `jax.custom_jvp`: its primal is the forward
+kernel; its JVP rule returns (o, lse) from that kernel and the tangent from
+`derivatives.tangent_p`, a linear primitive whose transpose is
+`derivatives.cotangent_p`, the op's backward kernel. So
 
 * `jax.jvp` / `jax.jacfwd` / `jax.linearize` run the forward kernel plus a
   blockwise JVP pass (tangent.py);
 * `jax.grad` / `jax.vjp` linearize and transpose: forward kernel, then the
-  backend's backward kernel with residuals (q, k, v, o, lse) and
-  delta = rowsum(dO * O) - dLSE, as a custom_vjp would (the dLSE term makes
-  `return_lse` outputs differentiable too);
+  backward kernel with residuals (q, k, v, o, lse) and delta, as a
+  custom_vjp would;
 * second and higher derivatives go through the primitives' JVP rules, i.e.
-  the dense plain-JAX form of the same maps (derivatives.py).
+  the dense plain-JAX form of the same maps (derivatives.py);
+* vmap folds into the batch axis (one kernel call).
 
-Why not a custom_vjp (one fwd/bwd pair): JAX cannot apply forward mode to a
-custom_vjp function, and a custom_vjp's backward has to be differentiable by
-JAX itself for second derivatives (an opaque kernel is not). Why not
-`jax.custom_transpose`: it is gone from jax 0.11 (derivatives.py says why not
-linear_call either).
+Why not a custom_vjp there: JAX cannot apply forward mode to a custom_vjp
+function, and a custom_vjp's backward has to be differentiable by JAX itself
+for second derivatives (an opaque kernel is not). Why not
+`jax.custom_transpose`: it is gone from jax 0.11 (derivatives.py says why
+not linear_call either).
 
-`attention_vjp` is the first-order custom_vjp around a whole (forward,
-backward) pair that ring attention (ring.py) builds from its ring steps.
+Without `spec` (ops with no forward-mode rule, e.g. dropout's and the
+ring's) the op is a `jax.custom_vjp`: first-order reverse mode; jax.jvp
+raises JAX's custom_vjp error.
+
+`attention_fn(backend, spec)` is the op of one backend's kernels.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Callable
 
 import jax
 
 from jax_flash._src.autodiff import derivatives
+from jax_flash._src.autodiff.derivatives import softmax_delta
+from jax_flash._src.autodiff.kernels import kernel_call
 from jax_flash._src.core.batching import fold_into_batch
-from jax_flash._src.autodiff.derivatives import CUSTOM_CALL_BACKENDS, softmax_delta
 from jax_flash._src.core.spec import AttentionSpec
 
-__all__ = ["attention_fn", "attention_vjp", "softmax_delta",
-           "CUSTOM_CALL_BACKENDS"]
+__all__ = ["Kernels", "differentiable", "attention_fn", "softmax_delta"]
+
+N_DIFF = 3  # q, k, v
 
 
-def attention_vjp(forward, backward):
-  """custom_vjp fn(q, k, v, *segs) -> (o, lse) of a forward and its backward.
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """What `differentiable` builds an op from (see the module docstring).
 
-  forward(q, k, v, *segs) -> (o, lse); backward(q, k, v, o, lse, do, delta,
-  *segs) -> (dq, dk, dv), with delta from `softmax_delta` (so the cotangent
-  of lse is honoured) and do in o's dtype.
+  forward: fn(q, k, v, *rest) -> (o, lse).
+  backward: fn(q, k, v, o, lse, do, delta, *rest) -> (dq, dk, dv); do comes
+    in o's dtype.
+  spec: given, forward mode and derivatives of any order (rest must then be
+    the spec's mask operands); None: first-order reverse mode.
+  fold_vmap: vmap of the forward folds the mapped axis into the batch (one
+    kernel call; operands batch-major, rest included).
+  delta: False gives the backward the raw cotangents (do, dlse) in place of
+    (do in o's dtype, delta): for a backward that is not attention's own
+    (FP8's straight-through gradient); first-order only.
   """
 
-  @jax.custom_vjp
-  def attention(q, k, v, *segs):
-    return forward(q, k, v, *segs)
+  forward: Callable
+  backward: Callable
+  spec: AttentionSpec | None = None
+  fold_vmap: bool = False
+  delta: bool = True
 
-  def attention_fwd(q, k, v, *segs):
-    o, lse = forward(q, k, v, *segs)
-    return (o, lse), (q, k, v, o, lse, segs)
+
+def differentiable(kernels: Kernels):
+  """fn(q, k, v, *rest) -> (o, lse), differentiable in q, k and v."""
+  forward = kernels.forward
+  if kernels.fold_vmap:
+    forward = fold_into_batch(forward)
+  if kernels.spec is None:
+    return _first_order(forward, kernels.backward, kernels.delta)
+  if not kernels.delta:
+    raise ValueError("Kernels(spec=..., delta=False): the tangent primitives "
+                     "transpose to the delta form only")
+  return _any_order(forward, kernels.backward, kernels.spec)
+
+
+def _first_order(forward, backward, with_delta):
+  @jax.custom_vjp
+  def attention(q, k, v, *rest):
+    return forward(q, k, v, *rest)
+
+  def attention_fwd(q, k, v, *rest):
+    o, lse = forward(q, k, v, *rest)
+    return (o, lse), (q, k, v, o, lse, rest)
 
   def attention_bwd(res, cotangents):
-    q, k, v, o, lse, segs = res
+    q, k, v, o, lse, rest = res
     do, dlse = cotangents
-    delta = softmax_delta(o, do, dlse)
-    dq, dk, dv = backward(q, k, v, o, lse, do.astype(o.dtype), delta, *segs)
-    # Integer segment ids get no cotangent.
-    return (dq, dk, dv) + tuple(None for _ in segs)
+    if with_delta:
+      do, dlse = do.astype(o.dtype), softmax_delta(o, do, dlse)
+    dq, dk, dv = backward(q, k, v, o, lse, do, dlse, *rest)
+    return (dq, dk, dv) + tuple(None for _ in rest)
 
   attention.defvjp(attention_fwd, attention_bwd)
   return attention
 
 
-@functools.lru_cache(maxsize=None)
-def attention_fn(backend_name: str, spec: AttentionSpec):
-  """fn(q, k, v, *segment_ids) -> (o, lse), differentiable to any order in
-  forward and reverse mode, and vmappable."""
-  # custom_jvp(custom_vmap(custom_partitioning(forward kernel))): vmap folds
-  # into batch first, then the (folded) call is partitioned.
-  forward = fold_into_batch(derivatives.kernel_call("forward", backend_name,
-                                                    spec))
-
+def _any_order(forward, backward, spec):
   @jax.custom_jvp
-  def attention(q, k, v, *segs):
-    return forward(q, k, v, *segs)
+  def attention(q, k, v, *rest):
+    return forward(q, k, v, *rest)
 
   @attention.defjvp
   def attention_jvp(primals, tangents):
     # Calling `attention` (not `forward`) keeps outer tangents (nested
     # differentiation) on this rule instead of the opaque kernel.
     o, lse = attention(*primals)
-    res = tuple(primals[:3]) + (o, lse) + tuple(primals[3:])
-    do, dlse = derivatives.apply_tangent(backend_name, spec, res, tangents[:3])
+    res = tuple(primals[:N_DIFF]) + (o, lse) + tuple(primals[N_DIFF:])
+    do, dlse = derivatives.apply_tangent(spec, backward, res,
+                                         tangents[:N_DIFF])
     return (o, lse), (do, dlse)
 
   return attention
+
+
+@functools.lru_cache(maxsize=None)
+def attention_fn(backend_name: str, spec: AttentionSpec):
+  """fn(q, k, v, *masks, *dropout_key) -> (o, lse) of one backend's kernels
+  (operands as kernels.py), vmappable; differentiable to any order in forward
+  and reverse mode, or (dropout: the mask follows each call's key, which a
+  folded vmap or a forward-mode rule would not keep) first-order reverse mode.
+  """
+  forward = kernel_call("forward", backend_name, spec)
+  backward = kernel_call("backward", backend_name, spec)
+  if spec.has_dropout:
+    return differentiable(Kernels(forward, backward))
+  # custom_jvp(custom_vmap(custom_partitioning(forward kernel))): vmap folds
+  # into batch first, then the (folded) call is partitioned.
+  return differentiable(Kernels(forward, backward, spec=spec, fold_vmap=True))

@@ -11,7 +11,7 @@ P is recomputed from the saved lse (P = exp(S - lse)), so there is no online
 rescaling: one pass over the key blocks accumulates P dV + (P * dS) V and
 rowsum(P * dS), O(seq) memory, and no T x S matrix is ever built. The map is
 linear in (dQ, dK, dV); its transpose is the attention backward with
-delta = rowsum(dO * O) - dlse (vjp.py), which is why the backends' fused
+delta = rowsum(dO * O) - dlse (derivatives.py), which is why the backends' fused
 backward can serve as the transpose.
 
 Two loop shapes, one formula:

@@ -16,7 +16,8 @@ import numpy as np
 from jax_flash._src.core import bottom_right
 from jax_flash._src.backends import ffi, kernel_table
 from jax_flash._src.core import tile_spans
-from jax_flash._src.backends.registry import Unsupported, register
+from jax_flash._src.backends.registry import (Unsupported, refuse_unserved,
+                                              register)
 from jax_flash._src.core.spec import AttentionSpec
 
 DTYPES = ("bfloat16", "float16")
@@ -91,6 +92,17 @@ class CudaBackend:
   name = "cuda"
 
   def check(self, spec: AttentionSpec, platform: str) -> None:
+    if spec.has_dropout:
+      raise Unsupported(
+          "implementation='cuda' has no attention dropout yet; dropout runs "
+          "on the xla and pallas backends (implementation=None picks xla)")
+    if spec.fp8 is not None:
+      # The FP8 requests (fp8_attention) have a kernel of their own.
+      # (imported here: fp8/cuda.py imports this module)
+      from jax_flash._src.fp8 import cuda as fp8_cuda
+      fp8_cuda.check(spec, platform)
+      return
+    refuse_unserved(self.name, spec)
     if platform not in ("gpu", "cuda"):
       raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
                         f"platform is {platform!r}")
@@ -112,13 +124,15 @@ class CudaBackend:
       raise Unsupported(f"implementation='cuda' needs scale > 0; got "
                         f"{spec.scale}")
 
-  def forward(self, spec: AttentionSpec, q, k, v, q_seg, kv_seg,
-              shifts=None):
+  def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
+              *, shifts=None, dropout_key=None):
+    assert dropout_key is None, "check() refuses dropout"
     return bottom_right.forward(_forward, spec, q, k, v, q_seg, kv_seg,
                                 shifts)
 
-  def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
-               kv_seg, shifts=None):
+  def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta,
+               q_seg=None, kv_seg=None, *, shifts=None, dropout_key=None):
+    assert dropout_key is None, "check() refuses dropout"
     return bottom_right.backward(_backward, spec, q, k, v, o, lse, do, delta,
                                  q_seg, kv_seg, shifts)
 

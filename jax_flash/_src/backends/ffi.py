@@ -25,9 +25,9 @@ BWD = "jax_flash_bwd"
 # The FP8 path (jax_flash/_src/fp8/cuda.py): its pre-pass and forward.
 FP8_QUANTIZE = "jax_flash_fp8_quantize"
 FP8_FWD = "jax_flash_fwd_fp8"
-# The tile-span pre-pass of segment ids (cuda_backend.py).
+# The tile-span pre-pass of segment ids (backends/cuda.py).
 PACKING = "jax_flash_packing"
-# The decoding kernels (decode_cuda.py).
+# The decoding kernels (decode/cuda.py).
 DECODE = "jax_flash_decode"
 TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE)
 

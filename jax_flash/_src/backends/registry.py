@@ -1,7 +1,10 @@
 """Backend registry: each backend says whether it can serve a request.
 
 Order of preference for `implementation=None`: on GPU cuda -> pallas -> xla;
-elsewhere xla (Pallas on CPU is interpret mode: right, but slow). A backend
+elsewhere xla (Pallas on CPU is interpret mode: right, but slow). Requests
+with dropout pick xla on every platform (`attention`'s documented default;
+pallas serves them when asked for); FP8 requests the CUDA FP8 kernel where
+its check passes, else xla's simulated kernel. A backend
 that cannot serve a request raises `Unsupported` (a NotImplementedError) from
 `check`, with a message naming the argument and what is supported; automatic
 dispatch skips it, an explicit choice shows the message to the user.
@@ -39,17 +42,33 @@ Unsupported.__module__ = "jax_flash"  # its public name, in reprs and tracebacks
 
 
 class Backend(Protocol):
+  """One attention implementation. Arrays are batch-major (core/spec.py);
+  q_seg/kv_seg are given with spec.has_segment_ids, shifts = (q_shift,
+  kv_shift) with spec.has_shifts, dropout_key = (k0, k1) uint32 scalars
+  with spec.has_dropout (None otherwise)."""
+
   name: str
 
   def check(self, spec: AttentionSpec, platform: str) -> None:
     """Raise Unsupported if this request cannot run on `platform`."""
 
-  def forward(self, spec: AttentionSpec, q, k, v, q_seg, kv_seg):
+  def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
+              shifts=None, dropout_key=None):
     """Return (o [B,T,H,D] q.dtype, lse [B,H,T] float32)."""
 
-  def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
-               kv_seg):
+  def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta,
+               q_seg=None, kv_seg=None, *, shifts=None, dropout_key=None):
     """Return (dq, dk, dv). delta = rowsum(do * o) - dlse, [B,H,T] float32."""
+
+
+def refuse_unserved(name: str, spec: AttentionSpec) -> None:
+  """Raise Unsupported for the spec's options that no backend serves yet."""
+  if spec.has_sinks:
+    raise Unsupported(f"implementation={name!r} has no attention sinks")
+  if spec.v_head_dim != spec.head_dim:
+    raise Unsupported(
+        f"implementation={name!r} needs value head_dim == query head_dim; "
+        f"got {spec.v_head_dim} and {spec.head_dim}")
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
@@ -59,6 +78,8 @@ _REGISTRY: dict[str, Callable[[], Backend]] = {}
 GPU_ORDER = ("cuda", "pallas", "xla")
 PREFERENCE = {"gpu": GPU_ORDER, "cuda": GPU_ORDER}
 DEFAULT_PREFERENCE = ("xla",)
+DROPOUT_PREFERENCE = ("xla",)
+FP8_PREFERENCE = ("cuda", "xla")  # (the FP8 kernel's check knows platforms)
 ALL_KNOWN = ("cuda", "pallas", "xla")
 
 
@@ -149,8 +170,15 @@ def choose(spec: AttentionSpec, implementation: str | None,
     check_symbolic(backend.name, spec)
     backend.check(spec, platform)  # let the user see why it cannot run
     return backend
-  return _first_that_serves(spec, PREFERENCE.get(platform, DEFAULT_PREFERENCE),
-                            platform)
+  return _first_that_serves(spec, _preference(spec, platform), platform)
+
+
+def _preference(spec: AttentionSpec, platform: str) -> tuple[str, ...]:
+  if spec.has_dropout:
+    return DROPOUT_PREFERENCE
+  if spec.fp8 is not None:
+    return FP8_PREFERENCE
+  return PREFERENCE.get(platform, DEFAULT_PREFERENCE)
 
 
 def _first_that_serves(spec, order, platform) -> Backend:
@@ -184,7 +212,9 @@ def choose_per_platform(spec: AttentionSpec, implementation: str | None,
   try:
     host = choose(spec, implementation, platform)
   except Unsupported as e:
-    if implementation is not None and platform not in PREFERENCE:
+    # (Dropout is never staged for a GPU: the hint below would not hold.)
+    if (implementation is not None and platform not in PREFERENCE and
+        not spec.has_dropout):
       raise Unsupported(
           f"{e}. To export for a GPU from this {platform!r} host, leave "
           "implementation=None: it stages the CUDA kernels for a 'cuda' "

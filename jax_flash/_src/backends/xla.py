@@ -18,7 +18,7 @@ from jax_flash._src.core import dropout as dropout_rng
 from jax_flash._src.core import masking
 from jax_flash._src.core import softmax
 from jax_flash._src.core import tile_spans
-from jax_flash._src.backends.registry import Unsupported, register
+from jax_flash._src.backends.registry import refuse_unserved, register
 from jax_flash._src.core.spec import AttentionSpec
 
 BLOCK = 512
@@ -130,10 +130,10 @@ def _qk(q_blk, k_blk, acc):
   return _einsum("bhgqd,bhkd->bhgqk", q_blk, k_blk[:, :, 0], acc)
 
 
-def _block_keep(spec, dropout, i, j, bq, bk, batch):
+def _block_keep(spec, dropout_key, i, j, bq, bk, batch):
   """Attention dropout's keep mask of (q block i, kv block j), [B, H_kv, G,
-  bq, bk] at global positions (dropout.py), or None without dropout."""
-  if dropout is None:
+  bq, bk] at global positions (core/dropout.py), or None without dropout."""
+  if dropout_key is None:
     return None
   Hk, G = spec.num_kv_heads, spec.group_size
   b = lax.broadcasted_iota(jnp.int32, (batch, 1, 1, 1, 1), 0)
@@ -141,17 +141,17 @@ def _block_keep(spec, dropout, i, j, bq, bk, batch):
        lax.broadcasted_iota(jnp.int32, (1, Hk, G, 1, 1), 2))
   rows = i * bq + lax.broadcasted_iota(jnp.int32, (1, 1, 1, bq, 1), 3)
   cols = j * bk + lax.broadcasted_iota(jnp.int32, (1, 1, 1, 1, bk), 4)
-  return dropout_rng.tile_keep(dropout, b, h, rows, cols)
+  return dropout_rng.tile_keep(spec, dropout_key, b, h, rows, cols)
 
 
-def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None,
-            shifts=None):
-  """(o, lse). dropout: None, or (rate, (k0, k1), broadcast): O = (P * Z /
-  (1 - rate)) V with the LSE of the undropped P. shifts: None, or (q_shift,
-  kv_shift) with spec.has_shifts."""
+def forward(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
+            shifts=None, dropout_key=None):
+  """(o, lse). shifts: None, or (q_shift, kv_shift) with spec.has_shifts.
+  dropout_key: None, or (k0, k1) with spec.has_dropout: O = (P * Z /
+  (1 - rate)) V with the LSE of the undropped P."""
   acc_t = softmax.accum_dtype(q.dtype)
   B = q.shape[0]
-  rate = dropout[0] if dropout is not None else 0.0
+  rate = spec.dropout_rate
   bq, bk = _block_sizes(spec)
   Hk = spec.num_kv_heads
   qb, kb, vb = (_to_blocks(x, b, Hk) for x, b in ((q, bq), (k, bk), (v, bk)))
@@ -166,7 +166,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None,
       ks_blk = None if ksb is None else ksb[j]
       s = softmax.scores(spec, _qk(q_blk, k_blk, acc_t))
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
-      keep = _block_keep(spec, dropout, i, j, bq, bk, B)
+      keep = _block_keep(spec, dropout_key, i, j, bq, bk, B)
       pv = lambda p: _einsum("bhgqk,bhkd->bhgqd",
                              dropout_rng.apply(p, keep, rate).astype(v.dtype),
                              v_blk[:, :, 0], acc_t)
@@ -193,14 +193,14 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None,
   return o, lse.astype(jnp.float64 if acc_t == jnp.float64 else jnp.float32)
 
 
-def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
-             dropout=None, shifts=None):
-  """(dq, dk, dv); with dropout (forward's argument) the mask is drawn again:
+def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg=None,
+             kv_seg=None, *, shifts=None, dropout_key=None):
+  """(dq, dk, dv); with dropout (forward's key) the mask is drawn again:
   dV = (P Z')^T dO, dS = P (Z' (dO V^T) - delta), Z' = Z / (1 - rate)."""
   del o  # only needed through delta
   acc_t = softmax.accum_dtype(q.dtype)
   B = q.shape[0]
-  rate = dropout[0] if dropout is not None else 0.0
+  rate = spec.dropout_rate
   bq, bk = _block_sizes(spec)
   Hk, G = spec.num_kv_heads, spec.group_size
   qb, dob = _to_blocks(q, bq, Hk), _to_blocks(do, bq, Hk)
@@ -229,7 +229,7 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
       s = softmax.scores(spec, qk)
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
       p = softmax.probs_from_lse(s, lseb[i], mask)
-      keep = _block_keep(spec, dropout, i, j, bq, bk, B)
+      keep = _block_keep(spec, dropout_key, i, j, bq, bk, B)
       dv = dv + _einsum("bhgqk,bhgqd->bhkd",
                         dropout_rng.apply(p, keep, rate).astype(do.dtype), do_blk,
                         acc_t)
@@ -266,7 +266,10 @@ class XlaBackend:
   name = "xla"
 
   def check(self, spec: AttentionSpec, platform: str) -> None:
-    del spec, platform  # serves every request the API accepts, everywhere
+    # Every request the API accepts, everywhere (FP8 as the simulated
+    # kernel, fp8/reference.py), but for the options no backend serves yet.
+    del platform
+    refuse_unserved(self.name, spec)
 
   forward = staticmethod(forward)
   backward = staticmethod(backward)

@@ -105,19 +105,18 @@ def keep_mask(key, batch, head, row, col, rate: float):
   return byte >= jnp.uint32(threshold(rate))
 
 
-def tile_keep(dropout, batch, head, rows, cols):
-  """The keep mask of a tile for a kernel's `dropout` argument, or None.
+def tile_keep(spec, key, batch, head, rows, cols):
+  """The keep mask of a tile, or None without dropout (key None).
 
-  dropout: None (no dropout) or (rate, (k0, k1), broadcast); broadcast draws
-  every batch element and head at (0, 0) (one mask for all, as Flax's
-  broadcast_dropout). batch, head, rows, cols: broadcastable global
-  positions."""
-  if dropout is None:
+  spec: the request (its dropout_rate, and dropout_broadcast, which draws
+  every batch element and head at (0, 0): one mask for all, as Flax's
+  broadcast_dropout); key: (k0, k1). batch, head, rows, cols:
+  broadcastable global positions."""
+  if key is None:
     return None
-  rate, key, broadcast = dropout
-  if broadcast:
+  if spec.dropout_broadcast:
     batch, head = 0, 0
-  return keep_mask(key, batch, head, rows, cols, rate)
+  return keep_mask(key, batch, head, rows, cols, spec.dropout_rate)
 
 
 def apply(x, keep, rate: float):
@@ -133,3 +132,20 @@ def keep_mask_np(key, batch, head, rows, cols, rate: float) -> np.ndarray:
   r = np.asarray(rows)[:, None]
   c = np.asarray(cols)[None, :]
   return np.asarray(keep_mask(key, batch, head, r, c, rate))
+
+
+def key_words(rng):
+  """The generator's key (k0, k1) from a user's `dropout_rng` (a typed
+  jax.random key or a raw uint32[2] PRNGKey), with the argument checked."""
+  if not (isinstance(rng, jax.Array) or hasattr(rng, "dtype")):
+    raise ValueError(f"dropout_rng must be a jax.random key; got {type(rng).__name__}")
+  if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    if rng.dtype != jnp.uint32 or rng.shape[-1:] != (2,):
+      raise ValueError(f"dropout_rng must be a jax.random key (jax.random.key "
+                       f"or a raw uint32[2] PRNGKey); got dtype {rng.dtype}, "
+                       f"shape {rng.shape}")
+    rng = jax.random.wrap_key_data(rng)
+  if rng.shape != ():
+    raise ValueError(f"dropout_rng must be one key (shape ()); got shape "
+                     f"{rng.shape}; use vmap for one key per example")
+  return seed_words(rng)

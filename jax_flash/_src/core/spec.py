@@ -10,6 +10,7 @@ Canonical array shapes seen by backends:
   kv_segment [B, S] int32
   q_shift    [B, T] int32          (only when spec.has_shifts)
   kv_shift   [B, S] int32
+  dropout_key (k0, k1) uint32 scalars (only when spec.has_dropout)
   o          [B, T, H, D]          (q.dtype)
   lse        [B, H, T] float32     natural-log logsumexp; -inf for fully masked rows
 """
@@ -19,6 +20,21 @@ from __future__ import annotations
 import dataclasses
 
 UNBOUNDED = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Scheme:
+  """How an FP8 request is quantised (fp8/scheme.py has the arithmetic).
+
+  quantized: which of (q, k, v) arrive already quantised (`Fp8Tensor`);
+  rotation_seed: the Hadamard rotation's sign seed (None: no rotation);
+  logical_head_dim: the callers' head_dim (the spec's `head_dim` is the
+  padded one the FP8 kernels compute with).
+  """
+
+  quantized: tuple[bool, bool, bool] = (False, False, False)
+  rotation_seed: int | None = 0
+  logical_head_dim: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +58,13 @@ class AttentionSpec:
 
   `q_offset` overrides the bottom-right kv_offset with any integer. The public
   API never sets it: ring attention does, for a q block and a kv block whose
-  global positions differ by a known amount (masking.py's block helpers
+  global positions differ by a known amount (core/masking.py's block helpers
   and every JAX backend read `kv_offset`; the cuda backend re-expresses such
   a spec bottom-right, see `masking.bottom_right_view`).
+
+  Backends refuse (`Unsupported`) the options they do not serve: dropout
+  (xla, pallas), FP8 (xla simulated, cuda), sinks and a distinct value head
+  dim (none yet).
   """
 
   scale: float
@@ -67,10 +87,30 @@ class AttentionSpec:
   deterministic: bool = False
   # Key position of query row 0 (see above); None = kv_len - q_len.
   q_offset: int | None = None
+  # Attention dropout on the probabilities, O = (P * Z / (1 - rate)) V
+  # (core/dropout.py draws Z); its key travels as an array operand. broadcast:
+  # one mask for every batch element and head (Flax's broadcast_dropout).
+  dropout_rate: float = 0.0
+  dropout_broadcast: bool = False
+  # FP8 inputs (fp8_attention); None for 16/32/64-bit attention.
+  fp8: Fp8Scheme | None = None
+  # Head dim of v and o where it differs from q/k's; None = head_dim.
+  value_head_dim: int | None = None
+  # Learnable per-head sink logits (an extra operand); no backend serves
+  # them yet, each refuses with `Unsupported`.
+  has_sinks: bool = False
 
   @property
   def has_window(self) -> bool:
     return self.window_left != UNBOUNDED or self.window_right != UNBOUNDED
+
+  @property
+  def has_dropout(self) -> bool:
+    return self.dropout_rate > 0.0
+
+  @property
+  def v_head_dim(self) -> int:
+    return self.head_dim if self.value_head_dim is None else self.value_head_dim
 
   @property
   def kv_offset(self) -> int:

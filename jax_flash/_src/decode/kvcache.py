@@ -10,7 +10,7 @@ H_kv, D] with a page table [B, max_pages].
 On a GPU with the CUDA extension (implementation None or "cuda") the
 decoding kernels read the cache where it lies (cuda/decode: split-KV over
 the keys, the query heads of a KV head packed into one tile, paged loads;
-decode_cuda.py). Otherwise, and for gradients, the reference path gathers
+decode/cuda.py). Otherwise, and for gradients, the reference path gathers
 each sequence's cache and attends through `attention(..., kv_seq_lengths=)`,
 so every backend and transformation applies. The updated caches are
 returned as arrays; under `jax.jit` with the caches donated, XLA writes them
@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash._src.api import attention as api
+from jax_flash._src.autodiff.differentiable import Kernels, differentiable
 from jax_flash._src.core import checks
 from jax_flash._src.decode import cuda as decode_cuda
 from jax_flash._src.sharding import decode as decode_sharding
@@ -186,12 +187,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     if fp8:
       seed = k_cache.rotation_seed
       qr = q if seed is None else fp8_cache.rotate(q, seed).astype(q.dtype)
-      o, lse = _decode_fp8(qr, k_cache.data, v_cache.data, k_cache.descale,
-                           v_cache.descale, table, lengths, opts)
+      o, lse = _decode_op(opts, True)(qr, k_cache.data, v_cache.data,
+                                      k_cache.descale, v_cache.descale,
+                                      table, lengths)
       if seed is not None:  # the values were rotated: o R^T
         o = fp8_cache.unrotate(o, seed).astype(q.dtype)
     else:
-      o, lse = _decode(q, k_cache, v_cache, table, lengths, opts)
+      o, lse = _decode_op(opts, False)(q, k_cache, v_cache, table, lengths)
     res = (o, lse) if return_lse else o
   else:
     pool = lambda c: c.dequantize(q.dtype) if fp8 else c
@@ -212,7 +214,7 @@ def _gather(pages, table):
 
 
 class _KernelOptions(NamedTuple):
-  """The static options of the kernel call (hashable: custom_vjp's nondiff)."""
+  """The static options of the kernel call (hashable: one op per options)."""
   scale: float
   softcap: float | None
   window_left: int
@@ -221,31 +223,41 @@ class _KernelOptions(NamedTuple):
   identity_rows: bool  # contiguous cache, row b = sequence b (sharding)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _decode(q, k_pages, v_pages, table, lengths, opts):
-  return _call(opts, q, k_pages, v_pages, table, lengths)
+@functools.lru_cache(maxsize=None)
+def _decode_op(opts: _KernelOptions, fp8: bool):
+  """fn(q, k_pages, v_pages, *rest) -> (o, lse): the decoding kernels, with
+  gradients through the reference path (the kernels have no backward).
+  rest: (k_descale, v_descale with fp8,) table, lengths."""
 
+  def forward(q, k_pages, v_pages, *rest):
+    return _call(opts, q, k_pages, v_pages, *rest)
 
-def _decode_fwd(q, k_pages, v_pages, table, lengths, opts):
-  return (_decode(q, k_pages, v_pages, table, lengths, opts),
-          (q, k_pages, v_pages, table, lengths))
-
-
-def _decode_bwd(opts, res, g):
-  """Gradients through the reference path (the kernels have no backward)."""
-  q, k_pages, v_pages, table, lengths = res
-
-  def reference(q, k_pages, v_pages):
+  def attend(q, k, v, lengths):
     return api.attention(
-        q, _gather(k_pages, table), _gather(v_pages, table), scale=opts.scale,
-        softcap=opts.softcap, window=(opts.window_left, opts.window_right),
-        kv_seq_lengths=lengths, return_lse=True)
+        q, k, v, scale=opts.scale, softcap=opts.softcap,
+        window=(opts.window_left, opts.window_right), kv_seq_lengths=lengths,
+        return_lse=True)
 
-  _, vjp = jax.vjp(reference, q, k_pages, v_pages)
-  return vjp(g) + (None, None)
+  def backward(q, k_pages, v_pages, o, lse, do, dlse, *rest):
+    del o, lse
+    if fp8:
+      # d/dq on the dequantised cache (the cache itself is data, not a
+      # parameter: no cotangent).
+      k_descale, v_descale, table, lengths = rest
+      deq = lambda x8, d: fp8_cache.dequantize_rows(x8, d, q.dtype)
+      k = _gather(deq(k_pages, k_descale), table)
+      v = _gather(deq(v_pages, v_descale), table)
+      _, vjp = jax.vjp(lambda q: attend(q, k, v, lengths), q)
+      (dq,) = vjp((do, dlse))
+      return dq, None, None
+    table, lengths = rest
+    _, vjp = jax.vjp(
+        lambda q, k_pages, v_pages: attend(q, _gather(k_pages, table),
+                                           _gather(v_pages, table), lengths),
+        q, k_pages, v_pages)
+    return vjp((do, dlse))
 
-
-_decode.defvjp(_decode_fwd, _decode_bwd)
+  return differentiable(Kernels(forward, backward, delta=False))
 
 
 def _call(opts, q, *caches_table_lengths):
@@ -258,30 +270,3 @@ def _call(opts, q, *caches_table_lengths):
       body, identity_rows=opts.identity_rows, group=q.shape[2] // H_kv,
       kv_heads=H_kv, fp8=len(caches_table_lengths) == 6)(
           q, *caches_table_lengths)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _decode_fp8(q, k8, v8, k_descale, v_descale, table, lengths, opts):
-  return _call(opts, q, k8, v8, k_descale, v_descale, table, lengths)
-
-
-def _decode_fp8_fwd(q, k8, v8, k_descale, v_descale, table, lengths, opts):
-  res = (q, k8, v8, k_descale, v_descale, table, lengths)
-  return _decode_fp8(*res, opts), res
-
-
-def _decode_fp8_bwd(opts, res, g):
-  """d/dq through the reference path on the dequantised cache (the cache
-  itself is data, not a parameter: no cotangent)."""
-  q, k8, v8, k_descale, v_descale, table, lengths = res
-  deq = lambda x8, d: fp8_cache.dequantize_rows(x8, d, q.dtype)
-  k, v = _gather(deq(k8, k_descale), table), _gather(deq(v8, v_descale), table)
-  _, vjp = jax.vjp(lambda q: api.attention(
-      q, k, v, scale=opts.scale, softcap=opts.softcap,
-      window=(opts.window_left, opts.window_right), kv_seq_lengths=lengths,
-      return_lse=True), q)
-  (dq,) = vjp(g)
-  return (dq, None, None, None, None, None, None)
-
-
-_decode_fp8.defvjp(_decode_fp8_fwd, _decode_fp8_bwd)

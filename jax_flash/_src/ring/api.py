@@ -11,11 +11,11 @@ online-softmax merge
 
 so no device ever holds more than two kv chunks (the current one and the next
 one in flight). The backward is one custom_vjp around the whole local ring
-(`vjp.attention_vjp`, the one `jax_flash.attention` uses): delta =
+(`autodiff.differentiable`, the one every op uses): delta =
 rowsum(dO * O) - dLSE once, then k/v go around the ring again and every step
 runs the backend's *backward kernel* with the *global* lse and delta.
 
-One algorithm serves every mask (ring_plan.py, run by ring_steps.py): each
+One algorithm serves every mask (ring/plan.py, run by ring/steps.py): each
 (q chunk, kv chunk) pair of every step has a static position offset
 (`AttentionSpec.q_offset`), so steps that no device needs are skipped at
 trace time, communication included, each device picks its case of a step
@@ -73,7 +73,7 @@ from jax_flash._src.backends import registry as backends
 from jax_flash._src.core import checks
 from jax_flash._src.ring import plan as ring_plan
 from jax_flash._src.ring import steps as ring_steps
-from jax_flash._src.autodiff import differentiable as vjp
+from jax_flash._src.autodiff.differentiable import Kernels, differentiable
 from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 
 LAYOUTS = ("zigzag", "contiguous", "zigzag_preordered")
@@ -341,7 +341,7 @@ def _ring_fn(ring: _Ring):
     dq, dk, dv = run_bwd(q, k, v, o, lse, do, delta, q_seg, kv_seg)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
-  return vjp.attention_vjp(forward, backward)
+  return differentiable(Kernels(forward, backward))
 
 
 # ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ static relative offset, hence a static `AttentionSpec` (`q_offset`), which
 every pair is fully visible (one case, one call per step); causal attention
 has the diagonal at step 0 and per step one "kv chunk before me" and one
 "kv chunk after me" case; a sliding window drops the steps no device needs.
-All of this is plain Python on ints; ring_steps.py runs the plan.
+All of this is plain Python on ints; ring/steps.py runs the plan.
 
   * `plan`: the steps in which some device sees a key, each with its
     distinct cases (a device's grid of pair specs) and a per-device table

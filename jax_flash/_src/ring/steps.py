@@ -1,4 +1,4 @@
-"""Runs ring_plan.py's static plan: the ring's forward and backward per device.
+"""Runs ring/plan.py's static plan: the ring's forward and backward per device.
 
 Per device, inside shard_map. Steps the plan drops cost nothing, their
 communication included: kv jumps to the next useful step with one

@@ -1,8 +1,8 @@
 """The decoding kernel call under sharding and vmap.
 
-Sharding (custom_partitioning, Auto meshes under jit): decoding is
-independent per sequence and per KV head, so each device runs the kernels
-on its shard with no communication:
+Sharding (custom_partitioning through partition.by_roles, Auto meshes
+under jit): decoding is independent per sequence and per KV head, so each
+device runs the kernels on its shard with no communication:
   * KV heads: q [b t H d] with its heads grouped by KV head, the caches
     [p s n d] over the same axes (every q head stays with its KV head);
   * batch: q, the page table, the lengths and the outputs over the batch;
@@ -23,19 +23,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.custom_partitioning import custom_partitioning
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jax_flash._src.sharding import partition as attn_sharding
-
-
-# The cache operands: the pages [p s n d] of K and V and, for an FP8 cache,
-# their descales [p n s]. Axis 0 is the pool, `n` the KV heads.
-_PAGES, _DESCALE = "pages", "descale"
-
-
-def _cache_roles(fp8: bool):
-  return (_PAGES, _PAGES) + ((_DESCALE, _DESCALE) if fp8 else ())
+from jax_flash._src.sharding.partition import by_roles
 
 
 def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int,
@@ -46,70 +35,20 @@ def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int,
   *caches, table, seqlens) -> (o, lse) runs on local arrays; with
   identity_rows its table is the local arange.
   """
-  roles = _cache_roles(fp8)
+  # A cache whose row b is sequence b shards with the batch; a pool is
+  # replicated over the batch axes (any sequence may read any page).
+  pages, descale = (("kv", "cache_descale") if identity_rows else
+                    ("pages", "page_descale"))
+  caches = (pages, pages) + ((descale, descale) if fp8 else ())
 
   def local(q, *args):
     *caches, table, seqlens = args
     if identity_rows:
       table = jnp.arange(q.shape[0], dtype=jnp.int32)[:, None]
-    return tuple(body(q, *caches, table, seqlens))
+    return body(q, *caches, table, seqlens)
 
-  fn = custom_partitioning(local)
-
-  def decide(mesh, arg_shapes):
-    q, k = arg_shapes[0], arg_shapes[1]
-    q_spec, k_spec = attn_sharding._pspec(q, 4), attn_sharding._pspec(k, 4)
-    if q_spec is None or k_spec is None or any(
-        getattr(x.sharding, "mesh", None) != mesh for x in (q, k)):
-      return None, None
-    batch_axes, head_axes = attn_sharding.plan(
-        mesh, q_spec, k_spec if identity_rows else (None,) + k_spec[1:],
-        q.shape[0], q.shape[2], k.shape[2])
-    if identity_rows and k.shape[0] != q.shape[0]:
-      batch_axes = None
-    return batch_axes, head_axes
-
-  def shardings(mesh, batch_axes, head_axes):
-    pool = batch_axes if identity_rows else None
-    spec = {_PAGES: P(pool, None, head_axes, None),
-            _DESCALE: P(pool, head_axes, None)}
-    ins = ((P(batch_axes, None, head_axes, None),) +
-           tuple(spec[r] for r in roles) + (P(batch_axes, None), P(batch_axes)))
-    outs = (P(batch_axes, None, head_axes, None), P(batch_axes, head_axes, None))
-    named = lambda specs: tuple(NamedSharding(mesh, s) for s in specs)
-    return named(ins), named(outs)
-
-  def infer(mesh, arg_shapes, result_shape):
-    del result_shape
-    mesh = attn_sharding.mesh_or_replica(mesh, arg_shapes)
-    return shardings(mesh, *decide(mesh, arg_shapes))[1]
-
-  def partition(mesh, arg_shapes, result_shape):
-    del result_shape
-    mesh = attn_sharding.mesh_or_replica(mesh, arg_shapes)
-    ins, outs = shardings(mesh, *decide(mesh, arg_shapes))
-    return mesh, local, outs, ins
-
-  def rule(mesh, operand_types, result_types):
-    del operand_types, result_types
-    empty = mesh is None or getattr(mesh, "empty", False)
-    sizes = None if empty else tuple(mesh.shape.values())
-    heads = attn_sharding.heads_factor(group, kv_heads, sizes)
-    pool = "b" if identity_rows else "p"
-    dims = {_PAGES: f"{pool} s n d", _DESCALE: f"{pool} n s"}
-    rule = (f"b t {heads} d, " + ", ".join(dims[r] for r in roles) +
-            f", b m, b -> b t {heads} d, b {heads} t")
-    order = dict.fromkeys(rule.replace("(", " ").replace(")", " ").replace(
-        ",", " ").replace("->", " ").split())
-    kw = dict(need_replication_factors=tuple(
-        f for f in order if f in {"t", "d", "s", "p", "m", "g"}))
-    if heads == "(n g)":
-      kw["g"] = group
-    return rule, kw
-
-  fn.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                   sharding_rule=rule)
-  return fn
+  return by_roles(local, ("q",) + caches + ("table", "lengths"),
+                  ("q", "lse"), group=group, kv_heads=kv_heads)
 
 
 def decode_call(body, *, identity_rows: bool, group: int, kv_heads: int,

@@ -7,7 +7,8 @@ tests and debugging, which is why automatic dispatch prefers "xla" on CPU).
 
 from __future__ import annotations
 
-from jax_flash._src.backends.registry import Unsupported, default_platform, register
+from jax_flash._src.backends.registry import (Unsupported, default_platform,
+                                              refuse_unserved, register)
 from jax_flash._src.backends.pallas import backward as _backward
 from jax_flash._src.backends.pallas import common
 from jax_flash._src.backends.pallas import config as _config_mod
@@ -35,6 +36,12 @@ class PallasBackend:
   name = "pallas"
 
   def check(self, spec: AttentionSpec, platform: str) -> None:
+    if spec.fp8 is not None:
+      raise Unsupported(
+          "fp8_attention: implementation='pallas' has no FP8 path; use "
+          "implementation='xla' (the simulated FP8 kernel, plain JAX, runs "
+          "everywhere) or 'cuda' (the sm90 FP8 kernel)")
+    refuse_unserved(self.name, spec)
     if platform not in PLATFORMS:
       raise Unsupported(
           f"implementation='pallas' runs on platforms {', '.join(PLATFORMS)} "
@@ -55,21 +62,21 @@ class PallasBackend:
     # lowering, so batch and heads need no limit here.)
 
   @staticmethod
-  def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, dropout=None,
-              shifts=None):
+  def forward(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
+              shifts=None, dropout_key=None):
     cfg, interpret = _config(q)
     return _forward.forward(spec, q, k, v, q_seg, kv_seg, cfg=cfg.forward,
-                            interpret=interpret, dropout=dropout,
-                            shifts=shifts)
+                            interpret=interpret, shifts=shifts,
+                            dropout_key=dropout_key)
 
   @staticmethod
-  def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
-               kv_seg, dropout=None, shifts=None):
+  def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg=None,
+               kv_seg=None, *, shifts=None, dropout_key=None):
     cfg, interpret = _config(q)
     return _backward.backward(
         spec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
         dq_cfg=cfg.backward_dq, dkdv_cfg=cfg.backward_dkdv,
-        interpret=interpret, dropout=dropout, shifts=shifts)
+        interpret=interpret, shifts=shifts, dropout_key=dropout_key)
 
 
 register("pallas", PallasBackend)

@@ -1,7 +1,7 @@
 """Pallas backward kernels: dQ, and dK/dV, as two launches (no atomics).
 
 Both recompute P = exp(S - LSE) from the saved natural-log LSE and use
-delta = rowsum(dO * O) - dLSE, computed once by vjp.py.
+delta = rowsum(dO * O) - dLSE, computed once by autodiff/derivatives.py.
 
 * dQ: one program per (query block, batch, head), like the forward; loops over
   the visible KV blocks and accumulates dQ = sum dS K in fp32 registers.
@@ -36,11 +36,11 @@ from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                spec: AttentionSpec, block_q: int, block_k: int,
                num_q_blocks: int, num_kv_blocks: int, mode: common.MaskMode,
-               reverse: bool, acc_dtype, dropout):
+               reverse: bool, acc_dtype):
   dq_ref = refs[-1]
   q_seg_ref, kv_seg_ref, q_shift_ref, _, span_ref = common.mask_refs(refs, spec)
-  key = common.dropout_key(refs, spec, dropout)
-  rate = dropout[0] if dropout else 0.0
+  key = common.dropout_key(refs, spec)
+  rate = spec.dropout_rate
   batch, head = pl.program_id(1), pl.program_id(2)  # (not inside loops: interpret mode)
 
   i = pl.program_id(0)
@@ -65,7 +65,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
       mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
     p = softmax.probs_from_lse(s, lse, mask, base2=True)
-    keep = common.dropout_keep(dropout, key, batch, head, q_pos,
+    keep = common.dropout_keep(spec, key, batch, head, q_pos,
                                common.positions(k_start, block_k, axis=1))
     dp = dropout_rng.apply(common.dot(do, v, acc_dtype, trans_b=True), keep,
                            rate)
@@ -83,11 +83,11 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
 
 def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                  spec: AttentionSpec, block_q: int, block_k: int, group: int,
-                 num_q_blocks: int, mode: common.MaskMode, acc_dtype, dropout):
+                 num_q_blocks: int, mode: common.MaskMode, acc_dtype):
   dk_ref, dv_ref = refs[-2:]
   q_seg_ref, kv_seg_ref, q_shift_ref, _, span_ref = common.mask_refs(refs, spec)
-  key = common.dropout_key(refs, spec, dropout)
-  rate = dropout[0] if dropout else 0.0
+  key = common.dropout_key(refs, spec)
+  rate = spec.dropout_rate
   batch, kv_head = pl.program_id(1), pl.program_id(2)  # (not inside loops)
 
   k_start = pl.program_id(0) * block_k
@@ -112,7 +112,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
     p_t = softmax.probs_from_lse(s_t, lse, mask_t, base2=True,
                                  transposed=True)
     # Transposed tiles: rows are keys, columns queries (q head h G + g).
-    keep_t = common.dropout_keep(dropout, key, batch, kv_head * group + g,
+    keep_t = common.dropout_keep(spec, key, batch, kv_head * group + g,
                                  common.positions(q_start, block_q, axis=1),
                                  k_pos)
     dv = dv + common.dot(dropout_rng.apply(p_t, keep_t, rate).astype(do.dtype),
@@ -144,9 +144,9 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
 
 def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
              *, dq_cfg: KernelConfig, dkdv_cfg: KernelConfig,
-             interpret: bool, dropout=None, shifts=None):
+             interpret: bool, shifts=None, dropout_key=None):
   """(dq, dk, dv) for canonical inputs; delta = rowsum(do*o) - dlse.
-  dropout: as forward (the mask is drawn again); shifts as forward."""
+  shifts, dropout_key: as forward (the mask is drawn again)."""
   del o  # only needed through delta
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
@@ -182,15 +182,15 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
             dq_spans, kv_spans)
 
   dq = _dq(spec, q, k, v, do, lse, delta, segs, bq_dq, bk_dq, group, mode,
-           acc_dtype, dq_cfg, interpret, dropout)
+           acc_dtype, dq_cfg, interpret, dropout_key)
   dk, dv = _dkdv(spec, q, k, v, do, lse, delta, segs, bq_kv, bk_kv, group,
-                 mode, acc_dtype, dkdv_cfg, interpret, dropout)
+                 mode, acc_dtype, dkdv_cfg, interpret, dropout_key)
   return (common.unpad(dq, {1: T, 3: D}), common.unpad(dk, {1: S, 3: D}),
           common.unpad(dv, {1: S, 3: D}))
 
 
 def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
-        cfg, interpret, dropout):
+        cfg, interpret, dropout_key):
   B, Tp, H, Dp = q.shape
   Sp = k.shape[1]
   nq, nk = Tp // bq, Sp // bk
@@ -217,12 +217,11 @@ def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
          pl.BlockSpec((None, Sp), lambda i, b, h: (b, 0))],
         pl.BlockSpec((None,) + spans.shape[1:], lambda i, b, h: (b, 0, 0)))
     in_specs += mask_specs
-  args, in_specs, static_dropout = common.with_dropout_key(
-      [q, k, v, do, lse, delta, *mask_args], in_specs, dropout)
+  args, in_specs = common.with_dropout_key(
+      [q, k, v, do, lse, delta, *mask_args], in_specs, dropout_key)
   kernel = functools.partial(
       _dq_kernel, spec=spec, block_q=bq, block_k=bk, num_q_blocks=nq,
-      num_kv_blocks=nk, mode=mode, reverse=reverse, acc_dtype=acc_dtype,
-      dropout=static_dropout)
+      num_kv_blocks=nk, mode=mode, reverse=reverse, acc_dtype=acc_dtype)
   (dq,) = common.launch(
       kernel, name="jax_flash_bwd_dq", grid=(nq, B, H),
       args=args, in_specs=in_specs,
@@ -232,7 +231,7 @@ def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
 
 
 def _dkdv(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode,
-          acc_dtype, cfg, interpret, dropout):
+          acc_dtype, cfg, interpret, dropout_key):
   B, Tp, H, Dp = q.shape
   Sp, H_kv = k.shape[1], k.shape[2]
   nq, nk = Tp // bq, Sp // bk
@@ -251,11 +250,11 @@ def _dkdv(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode,
          pl.BlockSpec((None, bk), lambda j, b, h: (b, j))],
         pl.BlockSpec((None,) + spans.shape[1:], lambda j, b, h: (b, 0, 0)))
     in_specs += mask_specs
-  args, in_specs, static_dropout = common.with_dropout_key(
-      [q, k, v, do, lse, delta, *mask_args], in_specs, dropout)
+  args, in_specs = common.with_dropout_key(
+      [q, k, v, do, lse, delta, *mask_args], in_specs, dropout_key)
   kernel = functools.partial(
       _dkdv_kernel, spec=spec, block_q=bq, block_k=bk, group=group,
-      num_q_blocks=nq, mode=mode, acc_dtype=acc_dtype, dropout=static_dropout)
+      num_q_blocks=nq, mode=mode, acc_dtype=acc_dtype)
   dk, dv = common.launch(
       kernel, name="jax_flash_bwd_dkdv", grid=(nk, B, H_kv),
       args=args, in_specs=in_specs,

@@ -103,21 +103,20 @@ def positions(start, size: int, axis: int):
   return start + lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
-def with_dropout_key(args: list, in_specs: list, dropout):
-  """Append the dropout key words (a uint32 [2] input, after the segment ids)
-  and return (args, in_specs, static dropout): (rate, None, broadcast) for
-  the kernel, whose key comes from the input, or None without dropout."""
-  if dropout is None:
-    return list(args), list(in_specs), None
-  rate, (k0, k1), broadcast = dropout
+def with_dropout_key(args: list, in_specs: list, dropout_key):
+  """(args, in_specs) with the dropout key words (k0, k1) appended as one
+  uint32 [2] input after the segment ids (unchanged without dropout)."""
+  if dropout_key is None:
+    return list(args), list(in_specs)
+  k0, k1 = dropout_key
   words = jnp.stack([jnp.asarray(k0, jnp.uint32), jnp.asarray(k1, jnp.uint32)])
   spec = pl.BlockSpec((2,), lambda *_: (0,))
-  return list(args) + [words], list(in_specs) + [spec], (rate, None, broadcast)
+  return list(args) + [words], list(in_specs) + [spec]
 
 
-def dropout_key(refs, spec, dropout):
+def dropout_key(refs, spec):
   """The kernel's (k0, k1) from its dropout input (with_dropout_key), or None."""
-  if dropout is None:
+  if not spec.has_dropout:
     return None
   words = refs[n_mask_refs(spec)][...]
   return words[0], words[1]
@@ -176,12 +175,9 @@ def narrow(span_ref, tile, first, last, full):
   return first, last, (span_ref[2, tile], span_ref[3, tile])
 
 
-def dropout_keep(dropout, key, batch, head, rows, cols):
+def dropout_keep(spec, key, batch, head, rows, cols):
   """The keep mask of a kernel tile (dropout.tile_keep) or None."""
-  if dropout is None:
-    return None
-  rate, _, broadcast = dropout
-  return dropout_rng.tile_keep((rate, key, broadcast), batch, head, rows, cols)
+  return dropout_rng.tile_keep(spec, key, batch, head, rows, cols)
 
 
 def block_start(idx, block: int):

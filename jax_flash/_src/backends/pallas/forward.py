@@ -31,11 +31,11 @@ from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 
 def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
             block_k: int, num_q_blocks: int, num_kv_blocks: int,
-            mode: common.MaskMode, reverse: bool, acc_dtype, dropout):
+            mode: common.MaskMode, reverse: bool, acc_dtype):
   o_ref, lse_ref = refs[-2:]  # inputs may also hold aliased poison buffers
   q_seg_ref, kv_seg_ref, q_shift_ref, _, span_ref = common.mask_refs(refs, spec)
   # Dropout: the generator's key words follow the segment ids.
-  key = common.dropout_key(refs, spec, dropout)
+  key = common.dropout_key(refs, spec)
   batch, head = pl.program_id(1), pl.program_id(2)  # (not inside loops: interpret mode)
 
   i = pl.program_id(0)
@@ -58,9 +58,9 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
       mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
     v = v_ref[rows, :]
-    keep = common.dropout_keep(dropout, key, batch, head, q_pos,
+    keep = common.dropout_keep(spec, key, batch, head, q_pos,
                                common.positions(k_start, block_k, axis=1))
-    rate = dropout[0] if dropout else 0.0
+    rate = spec.dropout_rate
     pv = lambda p: common.dot(dropout_rng.apply(p, keep, rate).astype(v.dtype),
                               v, acc_dtype)
     return softmax.update(state, s, mask, pv, base2=True)
@@ -77,10 +77,11 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
 
 
 def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
-            cfg: KernelConfig, interpret: bool, dropout=None, shifts=None):
+            cfg: KernelConfig, interpret: bool, shifts=None,
+            dropout_key=None):
   """(o [B,T,H,D], lse [B,H,T]) for canonical inputs (see spec.py).
-  dropout: None or (rate, (k0, k1), broadcast), as xla.forward; shifts: None
-  or (q_shift, kv_shift) with spec.has_shifts."""
+  shifts: None or (q_shift, kv_shift) with spec.has_shifts; dropout_key:
+  None or (k0, k1) with spec.has_dropout, as xla.forward."""
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
   group = H // H_kv
@@ -119,8 +120,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
         pl.BlockSpec((None,) + spans.shape[1:], lambda i, b, h: (b, 0, 0)))
     args += more
     in_specs += more_specs
-  args, in_specs, static_dropout = common.with_dropout_key(args, in_specs,
-                                                           dropout)
+  args, in_specs = common.with_dropout_key(args, in_specs, dropout_key)
   out_specs = [q_tile,
                pl.BlockSpec((None, None, bq),
                             lambda i, b, h: (b, h, q_block(i)))]
@@ -130,7 +130,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
   kernel = functools.partial(
       _kernel, spec=spec, block_q=bq, block_k=bk, num_q_blocks=nq,
       num_kv_blocks=nk, mode=common.mask_mode(spec, Tp, Sp), reverse=reverse,
-      acc_dtype=acc_dtype, dropout=static_dropout)
+      acc_dtype=acc_dtype)
   o, lse = common.launch(kernel, name="jax_flash_fwd", grid=(nq, B, H),
                          args=args, in_specs=in_specs, out_specs=out_specs,
                          out_shapes=out_shapes, interpret=interpret, cfg=cfg)

@@ -1,0 +1,77 @@
+"""One spec, one backend interface, one chooser, one autodiff entry point."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_flash  # noqa: F401  (registers the backends)
+from jax_flash._src.autodiff.differentiable import Kernels, differentiable
+from jax_flash._src.backends import registry as backends
+from jax_flash._src.core.spec import AttentionSpec, Fp8Scheme
+
+SPEC = AttentionSpec(scale=0.125, batch=1, q_len=128, kv_len=128, num_heads=2,
+                     num_kv_heads=2, head_dim=64, dtype="float32")
+
+
+@pytest.mark.parametrize("name", ["xla", "pallas"])
+@pytest.mark.parametrize("option, match", [
+    (dict(has_sinks=True), "sinks"),
+    (dict(value_head_dim=32), "value head_dim"),
+])
+def test_options_no_backend_serves_are_refused(name, option, match):
+  with pytest.raises(backends.Unsupported, match=match):
+    backends.get(name).check(dataclasses.replace(SPEC, **option), "cpu")
+
+
+def test_fp8_spec_choice():
+  spec = dataclasses.replace(SPEC, fp8=Fp8Scheme(logical_head_dim=64))
+  with pytest.raises(backends.Unsupported, match="has no FP8 path"):
+    backends.choose(spec, "pallas", "cpu")
+  assert backends.choose(spec, None, "gpu").name in ("cuda", "xla")
+  assert backends.choose(spec, None, "cpu").name == "xla"
+
+
+def test_dropout_spec_choice():
+  spec = dataclasses.replace(SPEC, dropout_rate=0.1)
+  assert backends.choose(spec, None, "gpu").name == "xla"
+  assert backends.choose(spec, "pallas", "cpu").name == "pallas"
+  with pytest.raises(backends.Unsupported, match="no attention dropout yet"):
+    backends.choose(spec, "cuda", "gpu")
+  assert set(backends.choose_per_platform(spec, None, "cpu")) == {"default"}
+
+
+def _toy_kernels(**kw):
+  """o = n q (k + v), lse its row sums; a backward that records its delta."""
+  seen = {}
+
+  def forward(q, k, v, n):
+    o = q * (k + v) * n
+    return o, jnp.sum(o, axis=-1).transpose(0, 2, 1)
+
+  def backward(q, k, v, o, lse, do, delta, n):
+    seen["delta"] = delta
+    return do * (k + v) * n, do * q * n, do * q * n
+
+  return Kernels(forward, backward, **kw), seen
+
+
+def test_first_order_op_delta_and_raw_cotangents():
+  shape = (1, 3, 1, 2)  # [B, T, H, D]
+  q, k, v = (jnp.full(shape, x, jnp.float32) for x in (1.0, 2.0, 3.0))
+  n = jnp.int32(2)
+  for with_delta in (True, False):
+    kernels, seen = _toy_kernels(delta=with_delta)
+    fn = differentiable(kernels)
+    o, lse = fn(q, k, v, n)
+    _, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, n), q, k, v)
+    do, dlse = jnp.ones_like(o), jnp.full_like(lse, 0.5)
+    dq, dk, dv = vjp((do, dlse))
+    np.testing.assert_allclose(dq, 10.0)
+    np.testing.assert_allclose(dk, 2.0)
+    # delta = rowsum(do * o) - dlse = 2 * 10 - 0.5, or the raw dlse.
+    np.testing.assert_allclose(seen["delta"], 19.5 if with_delta else 0.5)
