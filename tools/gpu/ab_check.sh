@@ -35,7 +35,7 @@
 # whole script, so that `ab test sanitize` fits in 9 minutes); inside a stage
 # each turn / suite / run gets an equal share of what is left.
 # Environment: AB_ORDER, AB_TOL, AB_ATTN_ARGS, AB_ATTN_1K_ARGS, AB_PACKING_ARGS,
-# AB_DECODE_ARGS, AB_FP8_ARGS (the benchmarks' arguments), AB_STAGE_S,
+# AB_DECODE_ARGS, AB_FP8_ARGS (the benchmarks' arguments; "skip" leaves one out), AB_STAGE_S,
 # TEST_STAGE_S, AB_BUDGET_S, CHECK_BUILD, TESTS (pytest paths), TEST_WORKERS,
 # SANITIZERS, SANITIZE_CASES.
 # Logs and results go to $OUT (default ./gpu_out); the summary is printed
@@ -80,6 +80,9 @@ if has ab; then
     "decode:${AB_DECODE_ARGS:---iters 50 --repeats 3}"
     "fp8:${AB_FP8_ARGS:---impls jax_flash_fp8 --dims 64,128,256 --seqs 8192 --causal both --iters 20 --repeats 3}"
   )
+  # A bench whose arguments are "skip" is left out.
+  for i in "${!SPECS[@]}"; do [[ ${SPECS[$i]#*:} == skip ]] && unset "SPECS[$i]"; done
+  SPECS=("${SPECS[@]}")
   rm -rf "$OUT/ab" "$OUT/ab.json" "$OUT/ab_table.txt"
   if [[ ! -d $BUILDS/A || ! -d $BUILDS/B ]]; then
     note "ab: skipped (needs .ab/A and .ab/B: tools/gpu/pack_ab.sh)"
