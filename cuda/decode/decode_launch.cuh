@@ -6,6 +6,7 @@
 
 #include "decode/decode_combine.cuh"
 #include "decode/decode_kernel.cuh"
+#include "jax_flash/dispatch.h"
 #include "jax_flash/head_dim.h"
 
 namespace jax_flash::decode {
@@ -49,13 +50,10 @@ cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
 
 template <typename Element>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  cudaError_t err;
-  switch (rounded_head_dim(p.head_dim)) {
-    case 64: err = launch_decode_hdim<Element, 64>(p, stream); break;
-    case 96: err = launch_decode_hdim<Element, 96>(p, stream); break;
-    case 128: err = launch_decode_hdim<Element, 128>(p, stream); break;
-    default: err = launch_decode_hdim<Element, 256>(p, stream); break;
-  }
+  // Decoding runs in the sm80 buckets (kernel_table.h), as the sm80 dispatcher.
+  const cudaError_t err = dispatch_head_dim(
+      Sm80HeadDims{}, rounded_head_dim(p.head_dim), cudaErrorNotSupported,
+      [&](auto d) { return launch_decode_hdim<Element, decltype(d)::value>(p, stream); });
   if (err != cudaSuccess || p.num_splits == 1) return err;
   const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
   const dim3 grid(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
