@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash._src.backends import cuda as cuda_backend
-from jax_flash._src.backends import ffi
+from jax_flash._src.backends import ffi, kernel_table
 from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.fp8 import scheme
 
@@ -18,8 +18,11 @@ E4M3 = jnp.float8_e4m3fn
 
 
 def kernel_head_dim(d: int) -> int:
-  """The head dim the kernel runs: 128 or 256 (64 runs zero-padded to 128)."""
-  return 128 if d <= 128 else 256
+  """The head dim the kernel runs: its sm90_fp8 bucket (64 runs zero-padded to
+  128)."""
+  # check() refuses past the largest bucket; clamped so that this stays total.
+  largest = kernel_table.max_head_dim("sm90_fp8")
+  return kernel_table.bucket("sm90_fp8", min(d, largest))
 
 
 def check(spec, platform: str) -> None:
