@@ -49,8 +49,11 @@ inline const int* packed_tile_order(const MaskInfo& mask, int32_t* workspace, in
 template <int kBlockM, int kBlockN>
 cudaError_t launch_packed_tile_order(const MaskInfo& mask, int batch, int num_blocks, int* perm,
                                      cudaStream_t stream) {
+  // Costs rounded up to whole 16-byte words: ptxas reads the ranking loop's
+  // tail (1-3 costs) with one LDS.128, which must stay inside the allocation.
+  const size_t smem = size_t((num_blocks + 3) / 4 * 4) * sizeof(int);
   packed_tile_order_kernel<kBlockM, kBlockN>
-      <<<batch, kTileOrderThreads, num_blocks * sizeof(int), stream>>>(mask, num_blocks, perm);
+      <<<batch, kTileOrderThreads, smem, stream>>>(mask, num_blocks, perm);
   return cudaGetLastError();
 }
 
