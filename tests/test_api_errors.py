@@ -230,3 +230,83 @@ def test_default_dispatch_runs_on_cpu(rng):
   o2 = jax.jit(functools.partial(jax_flash.attention, causal=True,
                                  implementation="xla"))(q, k, k)
   np.testing.assert_allclose(np.asarray(o), np.asarray(o2), atol=1e-6)
+
+
+def _qkv_concrete():
+  return (jnp.zeros((B, T, H, D), jnp.float32),
+          jnp.zeros((B, S, HK, D), jnp.float32),
+          jnp.zeros((B, S, HK, D), jnp.float32))
+
+
+@pytest.mark.parametrize("name", ["causal", "return_lse", "deterministic",
+                                  "dropout_broadcast"])
+@pytest.mark.parametrize("value, shown", [("yes", r"'yes' \(str\)"),
+                                          (1.0, r"1\.0 \(float\)"),
+                                          (1, r"1 \(int\)")])
+def test_static_bool_options_need_a_bool(name, value, shown):
+  with pytest.raises(TypeError, match=rf"{name} must be a Python bool, got "
+                     rf"{shown}"):
+    jax_flash.attention(*_qkv_concrete(), **{name: value})
+
+
+def test_numpy_bool_is_accepted():
+  o = jax_flash.attention(*_qkv_concrete(), causal=np.bool_(True))
+  assert o.shape == (B, T, H, D)
+
+
+def test_traced_causal_names_the_argument():
+  q, k, v = _qkv_concrete()
+  with pytest.raises(TypeError, match=r"causal must be a static Python bool, "
+                     r"got a traced value; mark it static \(jax\.jit "
+                     r"static_argnames\)"):
+    jax.jit(lambda c: jax_flash.attention(q, k, v, causal=c))(True)
+
+
+def test_other_entry_points_check_bools():
+  q, k, v = _qkv_concrete()
+  with pytest.raises(TypeError, match=r"causal must be a Python bool, got "
+                     r"'yes' \(str\)"):
+    jax_flash.fp8_attention(q, k, v, causal="yes")
+  with pytest.raises(TypeError, match=r"return_lse must be a Python bool"):
+    jax_flash.varlen_attention(
+        q[0], k[0], v[0], jnp.array([0, T]), jnp.array([0, S]),
+        max_seqlen_q=T, max_seqlen_k=S, return_lse="no")
+  with pytest.raises(TypeError, match=r"is_causal must be a Python bool, got "
+                     r"'yes' \(str\)"):
+    jax_flash.dot_product_attention(q, k, v, is_causal="yes")
+  with pytest.raises(TypeError, match=r"is_causal must be a static Python "
+                     r"bool, got a traced value"):
+    jax.jit(lambda c: jax_flash.dot_product_attention(q, k, v,
+                                                      is_causal=c))(True)
+
+
+def test_fp8_out_dtype_named():
+  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv_concrete())
+  with pytest.raises(ValueError, match=r"out_dtype=float32 is not supported; "
+                     r"use bfloat16 or float16"):
+    jax_flash.fp8_attention(q, k, v, out_dtype=jnp.float32)
+
+
+def test_concrete_kv_seq_lengths_out_of_range():
+  with pytest.raises(ValueError, match=r"kv_seq_lengths out of range: "
+                     rf"kv_seq_lengths\[1\]=40; valid values are 0\.\.{S} "
+                     rf"\(key/value have {S} positions\)"):
+    jax_flash.attention(*_qkv_concrete(), kv_seq_lengths=jnp.array([3, 40]))
+  with pytest.raises(ValueError, match=r"kv_seq_lengths\[0\]=-1"):
+    jax_flash.attention(*_qkv_concrete(), kv_seq_lengths=jnp.array([-1, 4]))
+  # Traced lengths are clipped to [0, S], not checked.
+  q, k, v = _qkv_concrete()
+  o = jax.jit(lambda n: jax_flash.attention(q, k, v, kv_seq_lengths=n))(
+      jnp.array([3, 40]))
+  assert o.shape == q.shape
+
+
+
+def test_dot_product_attention_lengths_past_the_end_match_jax_nn():
+  # The drop-in clips lengths past the end as jax.nn does (no error).
+  q, k, v = _qkv_concrete()
+  got = jax_flash.dot_product_attention(
+      q, k, v, key_value_seq_lengths=jnp.array([3, 40], jnp.int32))
+  want = jax.nn.dot_product_attention(
+      q, k, v, key_value_seq_lengths=jnp.array([3, 40], jnp.int32))
+  np.testing.assert_allclose(got, want, atol=1e-6)

@@ -168,10 +168,10 @@ def test_same_key_same_result_other_key_other_mask(rng):
   np.testing.assert_array_equal(a, b)
   c = f(jax.random.key(2))
   assert float(jnp.max(jnp.abs(a - c))) > 1e-2
-  # rate 0 with a key is plain attention
-  np.testing.assert_allclose(
-      jax_flash.attention(q, k, v, dropout_rate=0.0, dropout_rng=jax.random.key(1)),
-      jax_flash.attention(q, k, v), atol=0)
+  # rate 0 with a key is refused: the key would be silently unused
+  with pytest.raises(ValueError, match=r"dropout_rng was given with "
+                     r"dropout_rate=0\.0"):
+    jax_flash.attention(q, k, v, dropout_rate=0.0, dropout_rng=jax.random.key(1))
 
 
 def test_vmap_over_keys_and_shared_key(rng):
@@ -316,3 +316,20 @@ def test_mask_does_not_depend_on_the_mesh(rng):
   put_e = lambda x: jax.device_put(x, NamedSharding(explicit, P("b", None, "h")))
   with pytest.raises(ValueError, match="explicit"):
     f(put_e(q), put_e(k), put_e(v))
+
+
+@pytest.mark.parametrize("rate", [1e-4, 1 / 1024, 1 / 512])
+def test_rate_that_rounds_to_zero_is_refused(rng, rate):
+  q, k, v = _qkv(rng, 1, 8, 8, 2, 2, 8, np.float32)
+  with pytest.raises(ValueError, match=rf"dropout_rate={rate} would apply no "
+                     r"dropout: rates round to the nearest 1/256 and the "
+                     r"smallest nonzero rate is 1/256"):
+    jax_flash.attention(q, k, v, dropout_rate=rate,
+                        dropout_rng=jax.random.key(0))
+
+
+def test_smallest_step_is_accepted(rng):
+  q, k, v = _qkv(rng, 1, 8, 8, 2, 2, 8, np.float32)
+  o = jax_flash.attention(q, k, v, dropout_rate=1 / 256,
+                          dropout_rng=jax.random.key(0))
+  assert o.shape == q.shape

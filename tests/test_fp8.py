@@ -520,7 +520,7 @@ def _errors():
       ("gqa", lambda: jax_flash.fp8_attention(*_arrays(
           q=(_B, _T, 3, _D))), ValueError, r"multiple of key/value heads"),
       ("out_dtype", lambda: jax_flash.fp8_attention(q, k, v, out_dtype=F32),
-       ValueError, r"out_dtype must be bfloat16, float16 or None"),
+       ValueError, r"out_dtype=float32 is not supported; use bfloat16 or float16"),
       ("seed_type", lambda: jax_flash.fp8_attention(q, k, v, seed=1.5),
        ValueError, r"seed must be a Python int"),
       ("window", lambda: jax_flash.fp8_attention(q, k, v, window=(1,)),

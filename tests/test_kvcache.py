@@ -195,3 +195,69 @@ def test_kernel_path_wiring(paged, rng, x64, kernel_path_on_cpu):
   got = jax.vmap(fn, in_axes=(0, None, None))(qs, jnp.asarray(k_cache),
                                               jnp.asarray(v_cache))
   np.testing.assert_allclose(np.asarray(got[0]), want, atol=1e-10)
+
+
+def _index_args(**bad):
+  args = dict(q=np.zeros((2, 1, H, D), np.float32),
+              k_cache=np.zeros((2, 32, H_KV, D), np.float32),
+              v_cache=np.zeros((2, 32, H_KV, D), np.float32),
+              cache_seqlens=np.array([3, 4], np.int32))
+  args.update(bad)
+  return {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x
+          for n, x in args.items()}
+
+
+_NEW = np.zeros((2, 4, H_KV, D), np.float32)
+_POOL = np.zeros((4, 8, H_KV, D), np.float32)  # 4 pages of 8 slots
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(cache_seqlens=np.array([3, 40], np.int32)),
+     r"cache_seqlens out of range: cache_seqlens\[1\]=40; valid values are "
+     r"0\.\.32 \(the cache holds 32 tokens per sequence\)"),
+    (dict(cache_seqlens=np.array([-1, 4], np.int32)),
+     r"cache_seqlens\[0\]=-1; valid values are 0\.\.32"),
+    (dict(cache_seqlens=np.array([30, 4], np.int32), k_new=_NEW, v_new=_NEW),
+     r"cache_seqlens\[0\]=30; valid values are 0\.\.28 \(the cache holds 32 "
+     r"tokens per sequence, and k_new adds 4\)"),
+    (dict(k_cache=_POOL, v_cache=_POOL,
+          page_table=np.array([[0, 9], [1, 2]], np.int32),
+          cache_seqlens=np.array([10, 4], np.int32)),
+     r"page_table\[0, 1\]=9; valid values are 0\.\.3 \(a pool of 4 pages\)"),
+    (dict(k_cache=_POOL, v_cache=_POOL,
+          page_table=np.array([[0], [1]], np.int32),
+          cache_seqlens=np.array([10, 4], np.int32)),
+     r"cache_seqlens\[0\]=10; valid values are 0\.\.8 \(page_table has 1 "
+     r"pages of 8 tokens"),
+    (dict(cache_batch_idx=np.array([0, 7], np.int32)),
+     r"cache_batch_idx\[1\]=7; valid values are 0\.\.1 \(the cache has 2 rows"),
+], ids=["seqlens-over", "seqlens-negative", "new-past-capacity",
+        "page-index", "page-table-short", "batch-idx"])
+def test_concrete_index_errors(bad, message):
+  with pytest.raises(ValueError, match=message):
+    jax_flash.attention_with_kvcache(**_index_args(**bad))
+
+
+def test_unused_page_table_entries_are_not_checked():
+  # Only pages below the sequence's length must be valid; the rest may hold
+  # any padding value.
+  out = jax_flash.attention_with_kvcache(**_index_args(
+      k_cache=_POOL, v_cache=_POOL,
+      page_table=np.array([[0, -1], [1, 99]], np.int32)))
+  assert out.shape == (2, 1, H, D)
+
+
+def test_traced_indices_are_not_checked():
+  # Under jit the values are unknown at trace time: clipped, not raised.
+  args = _index_args()
+  f = jax.jit(lambda s: jax_flash.attention_with_kvcache(
+      args["q"], args["k_cache"], args["v_cache"], s))
+  assert f(jnp.array([3, 40], jnp.int32)).shape == (2, 1, H, D)
+
+
+def test_static_bool_options():
+  with pytest.raises(TypeError, match=r"causal must be a Python bool, got "
+                     r"'yes' \(str\)"):
+    jax_flash.attention_with_kvcache(**_index_args(), causal="yes")
+  with pytest.raises(TypeError, match=r"return_lse must be a Python bool"):
+    jax_flash.attention_with_kvcache(**_index_args(), return_lse=1)

@@ -19,7 +19,8 @@ from jax_flash._src.core import dropout
 from jax_flash._src.core import kv_lengths
 from jax_flash._src.core.checks import (check_arrays, check_dropout,
                                         check_scale, check_segment_ids,
-                                        check_softcap, window_fields)
+                                        check_softcap, static_bool,
+                                        window_fields)
 from jax_flash._src.core.spec import AttentionSpec
 from jax_flash._src.sharding import partition as sharding
 
@@ -79,6 +80,10 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
     jax_nn_names.refuse(jax_nn_args, jax_nn_kwargs, implementation)
   q, k, v = query, key, value
   check_arrays(q, k, v)
+  causal = static_bool(causal, "causal")
+  return_lse = static_bool(return_lse, "return_lse")
+  deterministic = static_bool(deterministic, "deterministic")
+  dropout_broadcast = static_bool(dropout_broadcast, "dropout_broadcast")
   rate = check_dropout(dropout_rate, dropout_rng)
   batch_shape = q.shape[:-3]
   T, H, D = q.shape[-3:]

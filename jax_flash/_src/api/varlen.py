@@ -27,6 +27,7 @@ from jax_flash._src.api import attention as api
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.sharding import partition as sharding
 from jax_flash._src.core.checks import (check_arrays, check_scale, check_softcap,
+                                        static_bool,
                                    window_fields)
 from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 from jax_flash._src.autodiff.differentiable import attention_fn
@@ -142,6 +143,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
           f"; got {getattr(x, 'shape', type(x).__name__)} (for batched "
           f"inputs use jax_flash.attention or vmap)")
   check_arrays(q[None], k[None], v[None])
+  causal = static_bool(causal, "causal")
+  return_lse = static_bool(return_lse, "return_lse")
+  deterministic = static_bool(deterministic, "deterministic")
   Tq, H, D = q.shape
   Tk, H_kv = k.shape[0], k.shape[1]
   _check_offsets("cu_seqlens_q", cu_seqlens_q, Tq, max_seqlen_q,

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash._src.backends import registry as backends
+from jax_flash._src.core import checks
 from jax_flash._src.core import masking
 from jax_flash._src.compat import nn_dense
 from jax_flash._src.sharding import partition as sharding
@@ -96,6 +97,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   _check_arrays(q, k, v, bias, mask)
   B, T, N, H = q.shape
   S = k.shape[1]
+  # Lengths past the end are not refused: jax.nn clips them, and the
+  # drop-in matches it (attention(kv_seq_lengths=) checks concrete ones).
   q_len = _lengths(query_seq_lengths, "query_seq_lengths", B)
   kv_len = _lengths(key_value_seq_lengths, "key_value_seq_lengths", B)
   window = _window(local_window_size)
@@ -287,7 +290,4 @@ def _window(w):
 
 
 def _static_bool(x, name) -> bool:
-  if isinstance(x, jax.core.Tracer):
-    raise ValueError(f"{name} must be a static Python bool, got a traced "
-                     "value")
-  return bool(x)
+  return checks.static_bool(x, name)

@@ -11,11 +11,13 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_flash._src.core.spec import UNBOUNDED
 
 SUPPORTED_DTYPES = ("bfloat16", "float16", "float32", "float64")
 MAX_HEAD_DIM = 256
+DROPOUT_STEPS = 256  # dropout rates are realised in steps of 1/256
 
 
 def check_arrays(q, k, v):
@@ -90,6 +92,17 @@ def check_dropout(dropout_rate, dropout_rng) -> float:
   if rate > 0.0 and dropout_rng is None:
     raise ValueError(f"dropout_rate={rate} needs dropout_rng (a jax.random "
                      f"key); pass dropout_rate=0.0 for no dropout")
+  if rate == 0.0 and dropout_rng is not None:
+    raise ValueError("dropout_rng was given with dropout_rate=0.0, which "
+                     "applies no dropout; pass a dropout_rate > 0 or drop "
+                     "dropout_rng")
+  # core/dropout.threshold: round(rate * 256), so rates up to 1/512 are 0.
+  if rate > 0.0 and round(rate * DROPOUT_STEPS) == 0:
+    raise ValueError(
+        f"dropout_rate={rate} would apply no dropout: rates round to the "
+        f"nearest 1/{DROPOUT_STEPS} and the smallest nonzero rate is "
+        f"1/{DROPOUT_STEPS} = {1 / DROPOUT_STEPS}; pass 0.0 or a rate above "
+        f"1/{2 * DROPOUT_STEPS}")
   return rate
 
 
@@ -134,3 +147,41 @@ def check_segment_ids(segment_ids, batch_shape, T, S):
       raise ValueError(f"{name} must have shape {tuple(batch_shape) + (n,)} "
                        f"(batch dims + seq), got {tuple(ids.shape)}")
   return (q_ids, kv_ids)
+
+
+def static_bool(x, name) -> bool:
+  """A static boolean option: a Python or numpy bool (an int or a string is
+  a likely slip, a tracer cannot choose a kernel)."""
+  if isinstance(x, jax.core.Tracer):
+    raise TypeError(f"{name} must be a static Python bool, got a traced "
+                    f"value; mark it static (jax.jit static_argnames)")
+  if not isinstance(x, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a Python bool, got {x!r} "
+                    f"({type(x).__name__})")
+  return bool(x)
+
+
+def concrete(x):
+  """x as a numpy int64 array when its values are known at trace time, else
+  None (a tracer: the values are checked only where they are known)."""
+  if isinstance(x, jax.core.Tracer):
+    return None
+  try:
+    return np.asarray(x).astype(np.int64)
+  except Exception:  # values not available (e.g. an abstract array)
+    return None
+
+
+def check_index_range(name, x, lo, hi, what):
+  """Concrete integer values of `x` must lie in [lo, hi]; `what` says what
+  the bound is. Traced values pass unchecked."""
+  c = concrete(x)
+  if c is None or c.size == 0:
+    return
+  bad = (c < lo) | (c > hi)
+  if bad.any():
+    idx = [tuple(int(i) for i in ix) for ix in np.argwhere(bad)[:4]]
+    vals = [int(c[ix]) for ix in idx]
+    where = ", ".join(f"{name}{list(ix)}={v}" for ix, v in zip(idx, vals))
+    raise ValueError(f"{name} out of range: {where}; valid values are "
+                     f"{lo}..{hi} ({what})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jax_flash._src.core import checks
 from jax_flash._src.core.spec import UNBOUNDED
 
 VALID, PADDING = 1, 0  # kv segment ids; every query row has id VALID
@@ -34,6 +35,8 @@ def inputs(spec, k, v, kv_seq_lengths, segment_ids, batch_shape):
         f" (the batch dims) or broadcastable to it; got shape "
         f"{lengths.shape}, dtype {lengths.dtype}")
   S, T = spec.kv_len, spec.q_len
+  checks.check_index_range("kv_seq_lengths", kv_seq_lengths, 0, S,
+                           f"key/value have {S} positions")
   lengths = jnp.broadcast_to(jnp.clip(lengths, 0, S).astype(jnp.int32),
                              batch_shape)[..., None]
   pos = jnp.arange(S, dtype=jnp.int32)

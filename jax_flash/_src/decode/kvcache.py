@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_flash._src.api import attention as api
 from jax_flash._src.autodiff.differentiable import Kernels, differentiable
@@ -90,11 +91,46 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
       tuple(cache_batch_idx.shape) != (B,) or
       not jnp.issubdtype(cache_batch_idx.dtype, jnp.integer)):
     raise ValueError(f"cache_batch_idx must be an integer array [B] = [{B}]")
+  _check_indices(k_cache, cache_seqlens, k_new, page_table, cache_batch_idx)
   if num_splits is not None and (isinstance(num_splits, bool) or
                                  not isinstance(num_splits, numbers.Integral)
                                  or num_splits < 1):
     raise ValueError(f"num_splits must be None or an int >= 1, got "
                      f"{num_splits!r}")
+
+
+def _check_indices(k_cache, cache_seqlens, k_new, page_table,
+                   cache_batch_idx):
+  """Index values known at trace time must address the cache (traced ones
+  are clamped or dropped, see attention_with_kvcache's docstring)."""
+  T_new = 0 if k_new is None else k_new.shape[1]
+  if page_table is None:
+    capacity = k_cache.shape[1]
+    room = f"the cache holds {capacity} tokens per sequence"
+  else:
+    num_pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    capacity = page_table.shape[1] * page_size
+    room = (f"page_table has {page_table.shape[1]} pages of {page_size} "
+            f"tokens per sequence")
+  checks.check_index_range("cache_seqlens", cache_seqlens, 0, capacity, room)
+  if T_new:
+    checks.check_index_range(
+        "cache_seqlens", cache_seqlens, 0, capacity - T_new,
+        f"{room}, and k_new adds {T_new}")
+  if page_table is not None:
+    lens, table = checks.concrete(cache_seqlens), checks.concrete(page_table)
+    if lens is not None and table is not None:
+      # Only the pages a sequence uses must be valid (the rest may be
+      # padding of any value).
+      used = (lens + T_new + page_size - 1) // page_size
+      cols = np.arange(table.shape[1])[None, :]
+      checks.check_index_range(
+          "page_table", np.where(cols < used[:, None], table, 0), 0,
+          num_pages - 1, f"a pool of {num_pages} pages")
+  if cache_batch_idx is not None:
+    checks.check_index_range("cache_batch_idx", cache_batch_idx, 0,
+                             k_cache.shape[0] - 1,
+                             f"the cache has {k_cache.shape[0]} rows")
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
@@ -113,12 +149,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
       dtype, or both `jax_flash.Fp8KVCache` (e4m3, quantize_kv_cache).
     cache_seqlens: int [B], valid tokens per sequence before k_new (traced).
     k_new, v_new: optional [B, T_new, H_kv, D], written at positions
-      cache_seqlens[b] ... + T_new - 1 of each sequence; positions past the
-      cache's capacity are dropped (and those keys are not attended).
+      cache_seqlens[b] ... + T_new - 1 of each sequence.
     page_table: int [B, max_pages]: sequence b's position p lives in page
-      page_table[b, p // page_size], slot p % page_size. Page indices out of
-      range are clamped by the gather (keep them valid).
+      page_table[b, p // page_size], slot p % page_size.
     cache_batch_idx: int [B]: the cache row of each sequence (contiguous).
+
+    Index values known at trace time are checked (a ValueError naming the
+    argument): cache_seqlens (+ T_new) within the capacity, the used
+    page_table entries in [0, num_pages), cache_batch_idx in [0, B_cache).
+    Traced values are not: lengths are clipped to [0, capacity], new tokens
+    past the capacity are dropped (written nowhere, not attended), and
+    out-of-range page or row indices are clamped when read.
     causal, scale, window, softcap, implementation: as `jax_flash.attention`,
       aligned to each sequence's end (the queries are its last T_new tokens).
     return_lse: also return the logsumexp [B, H, T_new].
@@ -132,6 +173,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
   """
   _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
          cache_batch_idx, num_splits)
+  causal = checks.static_bool(causal, "causal")
+  return_lse = checks.static_bool(return_lse, "return_lse")
   B = q.shape[0]
   seqlens = cache_seqlens.astype(jnp.int32)
   if page_table is not None:

@@ -22,7 +22,7 @@ import math
 import jax.numpy as jnp
 
 from jax_flash._src.api import attention as attention_api
-from jax_flash._src.core.checks import (check_arrays, check_scale,
+from jax_flash._src.core.checks import (check_arrays, check_scale, static_bool,
                                         check_segment_ids, check_softcap,
                                         window_fields)
 from jax_flash._src.core.spec import AttentionSpec, Fp8Scheme
@@ -103,6 +103,8 @@ def fp8_attention(query, key, value, *, causal: bool = False,
     raise ValueError(f"query, key and value arrays must have the same dtype; "
                      f"got {', '.join(sorted(dtypes))}")
   out_dt = check_out_dtype(out_dtype, dtypes)
+  causal = static_bool(causal, "causal")
+  return_lse = static_bool(return_lse, "return_lse")
   rotate = check_bool("rotate", rotate)
   seed = check_static_int("seed", seed)
   rot_seed = rotation_seed(query, key, rotate, seed)

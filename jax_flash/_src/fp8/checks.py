@@ -79,8 +79,9 @@ def check_out_dtype(out_dtype, in_dtypes):
   except TypeError:
     dt = None
   if dt is None or dt.name not in OUT_DTYPES:
-    raise ValueError(f"out_dtype must be bfloat16, float16 or None, got "
-                     f"{out_dtype!r}")
+    got = dt.name if dt is not None else repr(out_dtype)
+    raise ValueError(f"out_dtype={got} is not supported; use bfloat16 or "
+                     f"float16 (or None for the inputs' 16-bit dtype)")
   return dt
 
 
