@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 import jax_flash
+from jax_flash._src.core.checks import static_bool
 
 __all__ = ["make_attention_fn", "attention_fn", "SelfAttention"]
 
@@ -87,9 +88,11 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
     It also takes `segment_ids=` (see `jax_flash.attention`) when called
     directly; flax's modules never pass it.
   """
-  options = dict(causal=bool(causal), scale=scale, window=window,
-                 softcap=softcap, implementation=implementation,
-                 deterministic=bool(deterministic_backward))
+  options = dict(causal=static_bool(causal, "causal"), scale=scale,
+                 window=window, softcap=softcap,
+                 implementation=implementation,
+                 deterministic=static_bool(deterministic_backward,
+                                           "deterministic_backward"))
 
   # Every keyword flax may pass is named explicitly: linen's
   # MultiHeadDotProductAttention filters its keywords by this signature, so a

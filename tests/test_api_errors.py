@@ -310,3 +310,11 @@ def test_dot_product_attention_lengths_past_the_end_match_jax_nn():
   want = jax.nn.dot_product_attention(
       q, k, v, key_value_seq_lengths=jnp.array([3, 40], jnp.int32))
   np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_make_attention_fn_checks_bools():
+  pytest.importorskip("flax")
+  import jax_flash.flax as jff
+  with pytest.raises(TypeError, match=r"causal must be a Python bool, got "
+                     r"'yes' \(str\)"):
+    jff.make_attention_fn(causal="yes")
