@@ -117,7 +117,15 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
       backend = backends.choose(spec, name, _platform(q))
     except Unsupported as e:
       if name in FUSED_ONLY:
-        raise
+        if name == implementation:
+          raise
+        # The message names the backend ('cuda'); say which name the user
+        # passed and what it stands for.
+        raise Unsupported(
+            f"implementation={implementation!r} maps to jax_flash's CUDA "
+            f"kernels (implementation={name!r}), which cannot serve this "
+            f"request: {e}. implementation=None (best available) or 'xla' "
+            f"run it on any platform") from None
       reason = str(e)
   if reason is not None and name in FUSED_ONLY:
     raise Unsupported(
