@@ -1,6 +1,7 @@
 """`jax_flash.dot_product_attention`: jax.nn.dot_product_attention, flash-served.
 
-Same signature and values as `jax.nn.dot_product_attention` (jax 0.11.2).
+Same signature and values as `jax.nn.dot_product_attention` (jax 0.11.2 and
+0.12, whose signatures agree).
 A request the blockwise machinery can express (causal and local windows,
 top-left aligned as jax.nn aligns them; key/value padding from
 `key_value_seq_lengths` as segment ids; query padding zeroed afterwards) runs
