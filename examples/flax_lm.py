@@ -80,6 +80,22 @@ class TinyLM(nn.Module):
     return nn.Dense(VOCAB, dtype=self.dtype)(x).astype(jnp.float32)
 
 
+
+IMPLEMENTATIONS = ("cuda", "pallas", "xla")
+
+
+def implementation_arg(text: str) -> str | None:
+  """--implementation: "None" (or "auto") is Python's None, the best
+  available backend; otherwise one of jax_flash's backend names."""
+  if text in ("None", "none", "auto"):
+    return None
+  if text not in IMPLEMENTATIONS:
+    raise argparse.ArgumentTypeError(
+        f"--implementation {text!r} is not known; supported: None (best "
+        f"available), {', '.join(IMPLEMENTATIONS)}")
+  return text
+
+
 def make_batch(key, batch, packed=True):
   """(inputs, targets, segment_ids, positions, weights): rows of
   DOCS_PER_ROW documents, each a random motif repeated (packed), or the same
@@ -117,12 +133,16 @@ def make_optimizer(lr):
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--steps", type=int, default=100)
-  p.add_argument("--batch", type=int, default=16)
-  p.add_argument("--lr", type=float, default=3e-3)
-  p.add_argument("--implementation", default=None,
-                 choices=[None, "cuda", "pallas", "xla"])
-  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--steps", type=int, default=100,
+                 help="training steps (default: 100)")
+  p.add_argument("--batch", type=int, default=16,
+                 help="rows per step, each packed with documents (default: 16)")
+  p.add_argument("--lr", type=float, default=3e-3,
+                 help="Adam learning rate (default: 3e-3)")
+  p.add_argument("--implementation", default=None, type=implementation_arg,
+                 help="attention backend: None (best available), cuda, pallas or xla (default: None)")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                 help="parameter and activation dtype (default: float32)")
   p.add_argument("--stock", action="store_true",
                  help="use flax's own attention instead of jax_flash")
   p.add_argument("--compare-packing", action="store_true",

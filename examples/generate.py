@@ -15,7 +15,7 @@ then reports generated tokens per second for each.
 
     python3 examples/generate.py [--batch 8] [--prompt 32] [--new 96]
         [--layers 2] [--d-model 256] [--heads 4] [--dtype float32|bfloat16]
-        [--implementation xla|pallas|cuda] [--repeats 3]
+        [--implementation None|xla|pallas|cuda] [--repeats 3]
 
 The parameters are random (generation speed and agreement do not need a
 trained model).
@@ -72,6 +72,22 @@ class DecoderLM(nn.Module):
         jnp.float32)
 
 
+
+IMPLEMENTATIONS = ("cuda", "pallas", "xla")
+
+
+def implementation_arg(text: str) -> str | None:
+  """--implementation: "None" (or "auto") is Python's None, the best
+  available backend; otherwise one of jax_flash's backend names."""
+  if text in ("None", "none", "auto"):
+    return None
+  if text not in IMPLEMENTATIONS:
+    raise argparse.ArgumentTypeError(
+        f"--implementation {text!r} is not known; supported: None (best "
+        f"available), {', '.join(IMPLEMENTATIONS)}")
+  return text
+
+
 def make_generate(model, batch: int, prompt_len: int, new: int):
   """jit(params, prompt) -> (tokens [batch, new], logits [batch, new, V]):
   the prompt is fed one token per step (flax's decode takes one at a time),
@@ -106,17 +122,26 @@ def make_generate(model, batch: int, prompt_len: int, new: int):
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--batch", type=int, default=8)
-  p.add_argument("--prompt", type=int, default=32)
-  p.add_argument("--new", type=int, default=96)
-  p.add_argument("--layers", type=int, default=2)
-  p.add_argument("--d-model", type=int, default=256)
-  p.add_argument("--heads", type=int, default=4)
-  p.add_argument("--vocab", type=int, default=256)
-  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-  p.add_argument("--implementation", default=None,
-                 choices=[None, "cuda", "pallas", "xla"])
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--batch", type=int, default=8,
+                 help="sequences decoded together (default: 8)")
+  p.add_argument("--prompt", type=int, default=32,
+                 help="prompt length in tokens (default: 32)")
+  p.add_argument("--new", type=int, default=96,
+                 help="tokens generated after the prompt (default: 96)")
+  p.add_argument("--layers", type=int, default=2,
+                 help="decoder layers (default: 2)")
+  p.add_argument("--d-model", type=int, default=256,
+                 help="model width (default: 256)")
+  p.add_argument("--heads", type=int, default=4,
+                 help="attention heads (default: 4)")
+  p.add_argument("--vocab", type=int, default=256,
+                 help="vocabulary size (default: 256)")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                 help="parameter and activation dtype (default: float32)")
+  p.add_argument("--implementation", default=None, type=implementation_arg,
+                 help="attention backend: None (best available), cuda, pallas or xla (default: None)")
+  p.add_argument("--repeats", type=int, default=3,
+                 help="timed generations, the best one reported (default: 3)")
   args = p.parse_args(argv)
 
   dtype = jnp.dtype(args.dtype)

@@ -5,11 +5,13 @@ Runs on whatever JAX finds (CPU or GPU). Compares `jax_flash.attention` with
 default backend choice and for every backend registered here, and exits with
 status 1 if an error is larger than the tolerance for the dtype.
 
-    python3 examples/quickstart.py
+    python3 examples/quickstart.py [--dtype float32|bfloat16|float16]
+        [--implementation all|None|cuda|pallas|xla]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -51,10 +53,24 @@ def run(q, k, v, do, implementation):
   return fwd_bwd(q, k, v, do)
 
 
-def main() -> int:
+def main(argv=None) -> int:
   backend = jax.default_backend()
-  dtype = jnp.bfloat16 if backend == "gpu" else jnp.float32
-  tol = 2e-2 if dtype == jnp.bfloat16 else 5e-3  # relative to max |ref|
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--dtype", default=None,
+                 choices=["float32", "bfloat16", "float16"],
+                 help="input dtype (default: bfloat16 on GPU, float32 "
+                 "elsewhere)")
+  p.add_argument("--implementation", default="all",
+                 choices=["all", "None", "cuda", "pallas", "xla"],
+                 help="backend to compare with the reference: all (default: "
+                 "None, the best available, then every backend that runs "
+                 "here), None, or one backend name")
+  args = p.parse_args(argv)
+  if args.dtype is not None:
+    dtype = jnp.dtype(args.dtype)
+  else:
+    dtype = jnp.bfloat16 if backend == "gpu" else jnp.float32
+  tol = 5e-3 if dtype == jnp.float32 else 2e-2  # relative to max |ref|
   print(f"jax {jax.__version__}, jax_flash {jax_flash.__version__}")
   print(f"default backend: {backend} ({jax.devices()[0].device_kind})")
   info = jax_flash.build_info()
@@ -75,7 +91,11 @@ def main() -> int:
 
   ok = True
   results = {}
-  for impl in (None,) + jax_flash.available_implementations():
+  if args.implementation == "all":
+    impls = (None,) + jax_flash.available_implementations()
+  else:
+    impls = (None if args.implementation == "None" else args.implementation,)
+  for impl in impls:
     name = "auto (None)" if impl is None else repr(impl)
     try:
       t0 = time.perf_counter()

@@ -69,6 +69,22 @@ class Model(nn.Module):
     return nn.Dense(VOCAB)(nn.LayerNorm()(x))
 
 
+
+IMPLEMENTATIONS = ("cuda", "pallas", "xla")
+
+
+def implementation_arg(text: str) -> str | None:
+  """--implementation: "None" (or "auto") is Python's None, the best
+  available backend; otherwise one of jax_flash's backend names."""
+  if text in ("None", "none", "auto"):
+    return None
+  if text not in IMPLEMENTATIONS:
+    raise argparse.ArgumentTypeError(
+        f"--implementation {text!r} is not known; supported: None (best "
+        f"available), {', '.join(IMPLEMENTATIONS)}")
+  return text
+
+
 def loss_fn(model, params, inputs, targets):
   """Next-token cross-entropy (targets = inputs shifted by one)."""
   logp = jax.nn.log_softmax(model.apply(params, inputs).astype(jnp.float32))
@@ -114,11 +130,20 @@ def train(model, params, mesh, args):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--implementation", default=None)
-  parser.add_argument("--batch", type=int, default=4)
-  parser.add_argument("--seq", type=int, default=256)
-  parser.add_argument("--strategy", default="ring", choices=["ring", "all_gather"])
-  parser.add_argument("--train-steps", type=int, default=30)
+  parser.add_argument("--implementation", default=None,
+                      type=implementation_arg, help="attention backend: None (best available), cuda, pallas or xla (default: None)")
+  parser.add_argument("--batch", type=int, default=4,
+                      help="global batch, split over the 'data' axis "
+                      "(default: 4)")
+  parser.add_argument("--seq", type=int, default=256,
+                      help="sequence length, split over the 'seq' axis "
+                      "(default: 256)")
+  parser.add_argument("--strategy", default="ring",
+                      choices=["ring", "all_gather"],
+                      help="how keys/values reach every sequence shard "
+                      "(default: ring)")
+  parser.add_argument("--train-steps", type=int, default=30,
+                      help="training steps of the sharded model (default: 30)")
   args = parser.parse_args(argv)
 
   devices = jax.devices()

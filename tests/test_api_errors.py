@@ -318,3 +318,26 @@ def test_make_attention_fn_checks_bools():
   with pytest.raises(TypeError, match=r"causal must be a Python bool, got "
                      r"'yes' \(str\)"):
     jff.make_attention_fn(causal="yes")
+
+
+def test_head_dim_refusal_has_no_export_hint():
+  # A head_dim no platform serves: the message says so, with no hint about
+  # exporting for a GPU (a GPU would refuse it too).
+  if jax.default_backend() == "gpu":
+    pytest.skip("the export hint is for hosts without a GPU")
+  q = jnp.ones((1, 8, 2, 16), jnp.float32)
+  with pytest.raises(jax_flash.Unsupported) as info:
+    jax_flash.attention(q, q, q, implementation="pallas")
+  msg = str(info.value)
+  assert "implementation='pallas' supports head_dim" in msg, msg
+  assert "export" not in msg, msg
+
+
+def test_platform_refusal_keeps_export_hint():
+  if jax.default_backend() == "gpu":
+    pytest.skip("the export hint is for hosts without a GPU")
+  q = jnp.ones((1, 8, 2, 64), jnp.bfloat16)
+  with pytest.raises(jax_flash.Unsupported) as info:
+    jax_flash.attention(q, q, q, implementation="cuda")
+  msg = str(info.value)
+  assert "needs an NVIDIA GPU" in msg and "To export for a GPU" in msg, msg

@@ -480,3 +480,23 @@ def test_generate_example_agrees_with_flax_decode(monkeypatch):
                    "--d-model", "32", "--heads", "2", "--vocab", "32",
                    "--repeats", "1"] +
                   ([] if IMPL is None else ["--implementation", IMPL])) == 0
+
+
+@pytest.mark.parametrize("example", ["flax_lm.py", "generate.py",
+                                     "sharded_attention.py"])
+def test_example_implementation_flag(example, monkeypatch):
+  """--implementation None is Python's None (the best available backend), as
+  --help lists it; an unknown name is an argparse error naming the flag."""
+  import argparse
+  import importlib.util
+  import pathlib
+  import sys
+  path = pathlib.Path(__file__).resolve().parents[1] / "examples" / example
+  spec = importlib.util.spec_from_file_location("example_" + path.stem, path)
+  mod = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, "example_" + path.stem, mod)
+  spec.loader.exec_module(mod)
+  assert mod.implementation_arg("None") is None
+  assert mod.implementation_arg("xla") == "xla"
+  with pytest.raises(argparse.ArgumentTypeError, match="--implementation"):
+    mod.implementation_arg("cudaa")

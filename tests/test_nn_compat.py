@@ -324,8 +324,18 @@ def test_cuda_refused_off_gpu():
   if jax.default_backend() == "gpu":
     pytest.skip("the platform is a GPU")
   q = jnp.ones((1, 5, 2, 32), jnp.bfloat16)
-  with pytest.raises(jax_flash.Unsupported, match="implementation='cuda'"):
+  with pytest.raises(jax_flash.Unsupported,
+                     match="implementation='cuda' needs an NVIDIA GPU"):
+    jax_flash.dot_product_attention(q, q, q, implementation="cuda")
+  # jax.nn's name is the one the message starts from, with what it maps to
+  # and the alternatives.
+  with pytest.raises(jax_flash.Unsupported) as info:
     jax_flash.dot_product_attention(q, q, q, implementation="cudnn")
+  msg = str(info.value)
+  assert msg.startswith("implementation='cudnn' maps to jax_flash's CUDA "
+                        "kernels"), msg
+  assert "needs an NVIDIA GPU" in msg and "'xla'" in msg, msg
+  assert "implementation=None" in msg, msg
 
 
 @pytest.mark.parametrize("kwargs,match", [

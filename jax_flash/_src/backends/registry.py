@@ -214,7 +214,8 @@ def choose_per_platform(spec: AttentionSpec, implementation: str | None,
   except Unsupported as e:
     # (Dropout is never staged for a GPU: the hint below would not hold.)
     if (implementation is not None and platform not in PREFERENCE and
-        not spec.has_dropout):
+        not spec.has_dropout and _refused_for_platform(implementation, spec,
+                                                       platform, e)):
       raise Unsupported(
           f"{e}. To export for a GPU from this {platform!r} host, leave "
           "implementation=None: it stages the CUDA kernels for a 'cuda' "
@@ -230,6 +231,20 @@ def choose_per_platform(spec: AttentionSpec, implementation: str | None,
   if gpu.name == host.name:
     return {"default": host}
   return {"cuda": gpu, "default": host}
+
+
+def _refused_for_platform(name: str, spec: AttentionSpec, platform: str,
+                          refusal: Unsupported) -> bool:
+  """Whether `refusal` (backend `name` on `platform`) is about the platform:
+  a GPU would not give the same reason. A head_dim, dtype or option that no
+  platform serves gets no export hint (it would point the wrong way)."""
+  try:
+    get(name).check(spec, "gpu")
+  except Unsupported as on_gpu:
+    return str(on_gpu) != str(refusal)
+  except Exception:  # (a probe of the GPU itself may fail on this host)
+    return True
+  return True
 
 
 def run(branches: dict[str, Backend], fn_for_backend: Callable, *args):

@@ -1,6 +1,7 @@
 """`jax_flash.dot_product_attention`: jax.nn.dot_product_attention, flash-served.
 
-Same signature and values as `jax.nn.dot_product_attention` (jax 0.11.2).
+Same signature and values as `jax.nn.dot_product_attention` (jax 0.11.2 and
+0.12, whose signatures agree).
 A request the blockwise machinery can express (causal and local windows,
 top-left aligned as jax.nn aligns them; key/value padding from
 `key_value_seq_lengths` as segment ids; query padding zeroed afterwards) runs
@@ -120,7 +121,15 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
       backend = backends.choose(spec, name, _platform(q))
     except Unsupported as e:
       if name in FUSED_ONLY:
-        raise
+        if name == implementation:
+          raise
+        # The message names the backend ('cuda'); say which name the user
+        # passed and what it stands for.
+        raise Unsupported(
+            f"implementation={implementation!r} maps to jax_flash's CUDA "
+            f"kernels (implementation={name!r}), which cannot serve this "
+            f"request: {e}. implementation=None (best available) or 'xla' "
+            f"run it on any platform") from None
       reason = str(e)
   if reason is not None and name in FUSED_ONLY:
     raise Unsupported(
