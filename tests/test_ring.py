@@ -407,6 +407,15 @@ def test_errors(kwargs, shape, match, rng):
     jax_flash.ring_attention(q, k, v, **kw)
 
 
+@pytest.mark.parametrize("name", ["causal", "return_lse"])
+def test_bool_options_need_a_bool(name, rng):
+  mesh, axes, _ = _mesh("seq8")
+  q, k, v = _qkv(rng, shape=(1, 48, 2, 2, 8))
+  with pytest.raises(TypeError, match=rf"{name} must be a Python bool, got "
+                     r"'yes' \(str\)"):
+    jax_flash.ring_attention(q, k, v, mesh=mesh, **axes, **{name: "yes"})
+
+
 def test_errors_heads_and_outside_shard_map(rng):
   mesh, axes, _ = _mesh("heads2_seq4")
   q, k, v = _qkv(rng, shape=(1, 32, 4, 1, 8))  # 1 kv head over 2 devices

@@ -131,6 +131,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   """
   q, k, v = query, key, value
   _check_arrays(q, k, v)
+  causal = checks.static_bool(causal, "causal")
+  return_lse = checks.static_bool(return_lse, "return_lse")
   win = checks.window_fields(window, causal)
   if layout is None:
     one_sided = ((win["window_left"] == UNBOUNDED) !=
