@@ -168,6 +168,25 @@ def test_rotation_cancels_in_scores(d, rng):
   assert float(jnp.max(jnp.abs(quantize.rotate(x, 6) - rx))) > 0.1
 
 
+def test_to_e4m3_rounds_ties_to_even(rng):
+  """Every e4m3 value, every midpoint between two neighbours (the ties), the
+  subnormal range and values past +-448, against numpy's (ml_dtypes')
+  round-to-nearest-even conversion, on the default backend (XLA's GPU
+  conversion alone would round the ties away from zero)."""
+  import ml_dtypes
+  codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+  grid = np.unique(codes.astype(np.float32))
+  grid = grid[np.isfinite(grid)]
+  x = np.concatenate([grid, (grid[1:] + grid[:-1]) / 2,
+                      rng.standard_normal(4096) * 50,
+                      rng.standard_normal(4096) * 2.0**-7,
+                      [460.0, -1e4, 2.0**-10, -2.0**-10]]).astype(np.float32)
+  got = np.asarray(jax.jit(quantize.to_e4m3)(x))
+  want = np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+  assert got.dtype == want.dtype
+  np.testing.assert_array_equal(got.astype(F32), want.astype(F32))
+
+
 def test_block_and_channel_scales(rng):
   B, N, H, D = 2, 200, 3, 64  # 200 = 3 full Q blocks + 8 rows; 1 K block + 72
   mags = rng.uniform(0.01, 100.0, (B, 4, H))

@@ -20,9 +20,9 @@
 #   beside cuDNN are judged by their ratio to cuDNN. JSON: $OUT/ab.json, the
 #   turns' rows and logs in $OUT/ab/N_BUILD/.
 # test: with build $CHECK_BUILD (B), tests/test_decode_cuda.py,
-#   test_fp8_cuda.py, test_varlen.py and test_cuda.py (`-m gpu -x`, outputs
-#   NaN-poisoned, -n $TEST_WORKERS (8)), each suite within its share of the
-#   stage; one line per suite.
+#   test_fp8_cuda.py, test_varlen.py and test_cuda.py (`-m gpu $TEST_ARGS`,
+#   default -x, outputs NaN-poisoned, -n $TEST_WORKERS (8)), each suite within
+#   its share of the stage; one line per suite.
 # sanitize: with build $CHECK_BUILD, compute-sanitizer ($SANITIZERS: memcheck,
 #   racecheck) on tools/gpu/sanitize_case.py: the cases sm90_fwd, sm90_bwd,
 #   varlen, decode and fp8 in one process per tool, and sm80
@@ -36,7 +36,7 @@
 # each turn / suite / run gets an equal share of what is left.
 # Environment: AB_ORDER, AB_TOL, AB_ATTN_ARGS, AB_ATTN_1K_ARGS, AB_PACKING_ARGS,
 # AB_DECODE_ARGS, AB_FP8_ARGS (the benchmarks' arguments; "skip" leaves one out), AB_STAGE_S,
-# TEST_STAGE_S, AB_BUDGET_S, CHECK_BUILD, TESTS (pytest paths), TEST_WORKERS,
+# TEST_STAGE_S, AB_BUDGET_S, CHECK_BUILD, TESTS (pytest paths), TEST_ARGS, TEST_WORKERS,
 # SANITIZERS, SANITIZE_CASES.
 # Logs and results go to $OUT (default ./gpu_out); the summary is printed
 # last, then the A/B table.
@@ -121,7 +121,7 @@ if has test; then
     limit=$(share "$end" $((${#SUITES[@]} - i)))
     # SIGINT at the limit: pytest stops and still prints its counts.
     XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 timeout -s INT -k 15 "$limit" \
-      python3 -m pytest -q -p no:cacheprovider -m gpu -x -n "${TEST_WORKERS:-8}" "$s" >"$log" 2>&1
+      python3 -m pytest -q -p no:cacheprovider -m gpu ${TEST_ARGS--x} -n "${TEST_WORKERS:-8}" "$s" >"$log" 2>&1
     rc=$?
     counts=$(grep -E '[0-9]+ (passed|failed|error|errors|skipped|deselected)|no tests ran' "$log" | tail -1)
     note "test $s: rc=$rc$( ((rc == 124)) && echo " (stopped at its ${limit} s)") ${counts:-no counts, see $log} ($((SECONDS - t0)) s)"

@@ -36,10 +36,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_flash._src.core import masking
-from jax_flash._src.fp8 import scheme
+from jax_flash._src.fp8 import quantize, scheme
 from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 
-E4M3 = jnp.float8_e4m3fn
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 NEG_INF = float("-inf")
@@ -139,7 +138,7 @@ def forward(spec: AttentionSpec, q8, q_descale, k8, k_descale, v8, v_descale,
     p = jnp.exp2(s - m_safe[..., None] + scheme.P_OFFSET_LOG2)
     alpha = jnp.exp2(m - m_safe)
     l = alpha * l + jnp.sum(p, axis=-1)
-    p8 = p.astype(E4M3).astype(f32)  # round to nearest even; p <= 256
+    p8 = quantize.to_e4m3(p).astype(f32)  # round to nearest even; p <= 256
     pv = jnp.einsum("bhgtk,bhkd->bhgtd", p8, v_blk, precision=_HI,
                     preferred_element_type=f32)
     acc = alpha[..., None] * acc + pv
