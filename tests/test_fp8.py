@@ -171,8 +171,7 @@ def test_rotation_cancels_in_scores(d, rng):
 def test_to_e4m3_rounds_ties_to_even(rng):
   """Every e4m3 value, every midpoint between two neighbours (the ties), the
   subnormal range and values past +-448, against numpy's (ml_dtypes')
-  round-to-nearest-even conversion, on the default backend (XLA's GPU
-  conversion alone would round the ties away from zero)."""
+  round-to-nearest-even conversion, on the default backend."""
   import ml_dtypes
   codes = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
   grid = np.unique(codes.astype(np.float32))
@@ -931,36 +930,3 @@ def test_cuda_fp8_tensor_inputs(rng):
   # Mixed: a 16-bit query against the pre-quantised KV cache.
   o_mixed = run("cuda", (q,) + pre[1:])
   assert _rms(o_mixed - o_ref) <= 2e-2 * _rms(o_ref)
-
-
-def _e4m3_steps_apart(a, b):
-  """Whether e4m3 arrays a and b differ by at most one representable step."""
-  a = np.asarray(a).view(np.uint8).astype(np.int32)
-  b = np.asarray(b).view(np.uint8).astype(np.int32)
-  ma, mb, sa, sb = a & 0x7F, b & 0x7F, a >> 7, b >> 7
-  return np.where(sa == sb, np.abs(ma - mb) <= 1, ma + mb <= 1)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("d,dtype", [(64, "bfloat16"), (128, "float16"),
-                                     (256, "bfloat16")])
-def test_cuda_quantize_matches_quantize_py(d, dtype, rng):
-  c = Case("q", B=2, T=200, S=333, H=4, Hk=2, D=d, dtype=dtype)
-  _cuda_serves_or_skip(c.spec())
-  q, k, v, _ = _inputs(rng, c)
-  try:
-    got = jax.jit(lambda q, k, v: fp8_cuda.quantize(q, k, v, seed=3))(q, k,
-                                                                      v)
-  except Unsupported as e:
-    pytest.skip(f"cuda FP8 pre-pass: {e}")
-  q8, qd, k8, kd, v8, vd = quantize.quantize_qkv(q, k, v, seed=3)
-  want = (q8, qd, k8, kd, quantize.v_kernel_layout(v8), vd)
-  for name, g, w in zip(("q8", "q_descale", "k8", "k_descale", "vt8",
-                         "v_descale"), got, want):
-    assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape)
-    if w.dtype == F32:
-      np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=name)
-      continue
-    differ = np.asarray(g.astype(F32)) != np.asarray(w.astype(F32))
-    assert differ.mean() <= 1e-3, (name, differ.mean())
-    assert _e4m3_steps_apart(g, w).all(), name

@@ -55,8 +55,13 @@ def test_prepass_matches_quantize_py(D, seed, rng):
   B, T, S, H, Hk = 2, 131, 203, 3, 1
   q, k, v = _inputs(rng, B, T, S, H, Hk, D, outliers=True)
   got = jax.jit(lambda q, k, v: cuda.quantize(q, k, v, seed=seed))(q, k, v)
-  q8, qd, k8, kd, v8, vd = quantize.quantize_qkv(q, k, v, seed=seed)
-  want = (q8, qd, k8, kd, quantize.v_kernel_layout(v8), vd)
+  # quantize.py on the CPU, whose float32 division is correctly rounded like
+  # the pre-pass's (quantize._scales: XLA's GPU division is not).
+  cpu = jax.devices("cpu")[0]
+  with jax.default_device(cpu):
+    q8, qd, k8, kd, v8, vd = quantize.quantize_qkv(
+        *jax.device_put((q, k, v), cpu), seed=seed)
+    want = (q8, qd, k8, kd, quantize.v_kernel_layout(v8), vd)
   for name, g, w in zip(("q8", "qd", "k8", "kd", "vt8", "vd"), got, want):
     assert g.shape == w.shape and g.dtype == w.dtype, name
     g, w = np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32))
