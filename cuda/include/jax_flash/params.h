@@ -77,19 +77,16 @@ struct FwdParams {
   int32_t* sm90_tile_order = nullptr;
 };
 
-// FP8 forward (sm90; the scheme of jax_flash/_src/fp8/scheme.py): q, k e4m3
-// [batch, seq, heads, head_dim] (FwdParams' fields, dtype kFloat8E4M3); v is
-// V transposed, e4m3 [batch, heads_k, head_dim, seqlen_k_pad] with the keys of
-// each group of 32 permuted (scheme.py v_key_permutation); o in out_dtype
-// (bf16 or fp16). The descales are float32: the true inputs are q8 * q_descale
-// (per 64 query rows), k8 * k_descale (per 128 keys), v8 * v_descale (per
-// channel). head_dim is the kernel's (128 or 256; Python zero-pads).
+// FP8 forward (sm90; the scheme of jax_flash/_src/fp8/scheme.py): q, k, v
+// e4m3 [batch, seq, heads, head_dim] in their natural layouts (FwdParams'
+// fields and strides, dtype kFloat8E4M3; the kernel transposes V in shared
+// memory); o in out_dtype (bf16 or fp16). The descales are float32: the true
+// inputs are q8 * q_descale (per 64 query rows), k8 * k_descale (per 128
+// keys), v8 * v_descale (per channel). head_dim is the kernel's bucket.
 struct Fp8FwdParams : FwdParams {
   const float* q_descale;  // [batch, heads, ceil(seqlen_q / 64)]
   const float* k_descale;  // [batch, heads_k, ceil(seqlen_k / 128)]
   const float* v_descale;  // [batch, heads_k, head_dim]
-  int seqlen_k_pad;        // V^T's last dim: >= seqlen_k, a multiple of 32
-  int64_t vt_dim_stride, vt_head_stride, vt_batch_stride;
   DType out_dtype;
 };
 

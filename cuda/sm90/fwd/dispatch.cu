@@ -88,13 +88,12 @@ bool fwd_fp8_supported(const Fp8FwdParams& p) {
   if (p.out_dtype != DType::kBFloat16 && p.out_dtype != DType::kFloat16) return false;
 #endif
   if (p.q_descale == nullptr || p.k_descale == nullptr || p.v_descale == nullptr) return false;
-  if (p.seqlen_k_pad < p.seqlen_k || p.seqlen_k_pad % 32 != 0) return false;
   if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
                  p.q_batch_stride, 1) ||
       !tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
                  p.k_batch_stride, 1) ||
-      !tensor_ok(p.v, p.head_dim, p.num_heads_k, p.batch, p.vt_dim_stride, p.vt_head_stride,
-                 p.vt_batch_stride, 1) ||
+      !tensor_ok(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
+                 p.v_batch_stride, 1) ||
       !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
                  p.o_batch_stride))
     return false;

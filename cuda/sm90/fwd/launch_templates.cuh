@@ -71,7 +71,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int heads_per_kv = p.num_heads / p.num_heads_k;
   cudaError_t err;
   const typename Kernel::Arguments args{
-      {fwd_q(p), fwd_k(p), fwd_v(p), GmemTensorT{}, mask, sm, heads_per_kv, {}},
+      {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv, {}},
       {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv},
       fwd_scheduler_args<Kernel>(p, mask, stream, err)};
   if (err != cudaSuccess) return err;
@@ -87,8 +87,6 @@ cudaError_t launch_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
   const MaskInfo mask = make_mask_info(p);
   const SoftmaxScale sm = make_softmax_scale(p.scale, p.softcap);
   const int heads_per_kv = p.num_heads / p.num_heads_k;
-  const GmemTensorT vt{p.v, p.seqlen_k_pad, p.head_dim, p.num_heads_k, p.batch,
-                       p.vt_dim_stride, p.vt_head_stride, p.vt_batch_stride};
   typename Mainloop::Descales descale;
   descale.q = p.q_descale;
   descale.k = p.k_descale;
@@ -96,7 +94,7 @@ cudaError_t launch_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
   descale.k_blocks = (p.seqlen_k + Mainloop::kBlockN - 1) / Mainloop::kBlockN;
   cudaError_t err;
   const typename Kernel::Arguments args{
-      {fwd_q(p), fwd_k(p), GmemTensor{}, vt, mask, sm, heads_per_kv, descale},
+      {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv, descale},
       {fwd_o(p), p.lse, sm.scale_eff, p.v_descale, heads_per_kv},
       fwd_scheduler_args<Kernel>(p, mask, stream, err)};
   if (err != cudaSuccess) return err;
