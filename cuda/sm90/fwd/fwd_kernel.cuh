@@ -10,7 +10,8 @@
 // CTA = 1 producer warpgroup + kConsumerWGs consumer warpgroups, persistent
 // over tiles. Roles split once, at the top:
 //   producer (setmaxnreg.dec): one thread issues the TMA loads and decides the
-//     tile sequence; it never touches a register-heavy fragment;
+//     tile sequence; it never touches a register-heavy fragment; 8-bit: warps
+//     1..3 of the producer warpgroup transpose each V stage (mainloop.cuh);
 //   consumers (setmaxnreg.inc): wgmma + online softmax on 64 query rows each,
 //     then the epilogue.
 // Synchronisation: mbarriers for data (full_q/empty_q, full/empty per K and V
@@ -96,15 +97,16 @@ struct FwdKernel {
     const typename Mainloop::Smem sm = ss.mainloop();
     const typename Scheduler::Smem sched = ss.scheduler();
     ptx::PipeState<Mainloop::kStages> kst, vst;
-    uint32_t it = 0;
+    uint32_t it = 0, v_loads = 0;
     for (WorkTile work = Scheduler::initial_work(p.scheduler, sched); Scheduler::valid(p.scheduler, work);
          ++it) {
       const WorkTile next = Scheduler::prefetch_next(p.scheduler, work);  // used after the loads
       const TileCoord c = Scheduler::coord(p.scheduler, work);
-      Mainloop::load(p.mainloop, sm, kst, vst, c, it);
+      v_loads += Mainloop::load(p.mainloop, sm, kst, vst, c, it);
       Scheduler::publish_next(sched, it, next);
       work = next;
     }
+    Mainloop::finish_loads(sm, vst, v_loads);
   }
 
   JF_DEVICE static void consumer(const Params& p, const SharedStorage& ss, int wg) {
@@ -155,7 +157,11 @@ struct FwdKernel {
 
     if (warp < 4) {  // producer warpgroup
       ptx::setmaxnreg_dec<kProducerRegs>();
-      if (warp == 0 && ptx::lane_id() == 0) producer(p, ss);
+      if (warp == 0) {
+        if (ptx::lane_id() == 0) producer(p, ss);
+      } else if (warp <= Mainloop::kTransposeWarps) {
+        Mainloop::transpose_loop(ss.mainloop(), warp - 1, ptx::lane_id());
+      }
     } else {
       ptx::setmaxnreg_inc<kConsumerRegs>();
       consumer(p, ss, warp / 4 - 1);

@@ -17,11 +17,18 @@
 //   O += P V    wgmma RS, P converted in registers from S, V MN-major (tnspB),
 //               kBlockN / kMmaK k-steps, N = head dim
 // 8-bit elements (ElementTraits::kTransposeV, the FP8 forward): the same
-// pipeline with wgmma k = 32; V arrives transposed ([head dim][keys], keys
-// permuted within groups of 32 to match acc_to_a's P fragment) and feeds the PV
-// GEMM K-major; Q and K carry per-block descales (Q per warpgroup's 64 rows, K
-// per KV block) folded into each block's softmax scale, V per-channel
-// descales are applied by the epilogue; O is written in OutElement.
+// pipeline with wgmma k = 32. V arrives in its natural layout like K; the
+// producer warpgroup's other warps (kTransposeWarps) rewrite each V stage as
+// a V^T stage ([head dim][keys], keys permuted within groups of 32 to match
+// acc_to_a's P fragment; v_transpose.h), which feeds the PV GEMM K-major:
+//   TMA -> full_v -> transposer -> empty_v (V stage free) and full_vt -> consumers
+//   consumers -> empty_vt -> transposer (V^T stage free)
+// The transposers walk the V stages in load order and stop at a stage the
+// producer completes without data after its last load (finish_loads), whose
+// count of V loads tells them it is the end. Q and K carry per-block descales
+// (Q per warpgroup's 64 rows, K per KV block) folded into each block's softmax
+// scale, V per-channel descales are applied by the epilogue; O is written in
+// OutElement.
 // Two schedules (FwdTuning::overlap):
 //  serial:   wait K[n]; S = QK^T; wait; softmax; wait V[n]; O += PV; wait
 //  overlap (FA3 "intra-warpgroup overlap"): the QK^T of block n is issued
@@ -57,6 +64,7 @@
 #include "sm90/common/softmax.cuh"
 #include "sm90/common/tile_scheduler.cuh"
 #include "sm90/common/tma_desc.h"
+#include "v_transpose.cuh"
 
 namespace jax_flash::sm90 {
 
@@ -67,9 +75,11 @@ struct FwdMainloop {
   using OutElement = OutElement_;  // of O (the epilogue)
   using Traits = ElementTraits<Element>;
   using Softmax = OnlineSoftmaxT<Traits::kPOffsetLog2, Traits::kLazyThresholdLog2, Traits::kBlockScales>;
-  // 8-bit inputs (see the top of the file): per-block descales, V transposed.
+  // 8-bit inputs (see the top of the file): per-block descales, V transposed
+  // in shared memory by warps 1..kTransposeWarps of the producer warpgroup.
   static constexpr bool kBlockScaled = Traits::kBlockScales;
   static constexpr bool kVTransposed = Traits::kTransposeV;
+  static constexpr int kTransposeWarps = kVTransposed ? 3 : 0;
   static constexpr FwdTuning kTuning = TuningT::value;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kTuning.block_n;
@@ -110,15 +120,18 @@ struct FwdMainloop {
   static_assert(!kQInRegs || kOverlap, "q_in_regs needs overlap (ptxas, see above)");
 
   // ---------------------------------------------------------------- storage
-  // Tiles: Q, the K ring, the V ring (each 1 KB aligned); barriers: full_q,
-  // empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S].
+  // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (each 1 KB
+  // aligned); barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S],
+  // empty_v[S], 8-bit: full_vt[S], empty_vt[S] and a word for the count of V
+  // loads (finish_loads).
   static constexpr int kQBytes = kBlockM * kHeadDim * Traits::kBytes;
   static constexpr int kKVBytes = kBlockN * kHeadDim * Traits::kBytes;  // one stage of K (or V)
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
-  static constexpr int kTileBytes = kOffV + kStages * kKVBytes;
-  static constexpr int kNumBarriers = 2 + 4 * kStages;
+  static constexpr int kOffVt = kOffV + kStages * kKVBytes;
+  static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kKVBytes : 0);
+  static constexpr int kNumBarriers = 2 + 4 * kStages + (kVTransposed ? 2 * kStages + 1 : 0);
   static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKVBytes % 1024 == 0 && kQBytes % 1024 == 0,
                 "128B-swizzled tiles must start 1 KB aligned");
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
@@ -131,6 +144,7 @@ struct FwdMainloop {
     JF_DEVICE uint32_t q() const { return tiles + kOffQ; }
     JF_DEVICE uint32_t k(int s) const { return tiles + kOffK + s * kKVBytes; }
     JF_DEVICE uint32_t v(int s) const { return tiles + kOffV + s * kKVBytes; }
+    JF_DEVICE uint32_t vt(int s) const { return tiles + kOffVt + s * kKVBytes; }
     JF_DEVICE uint32_t bar(int i) const { return bars + 8 * i; }
     JF_DEVICE uint32_t full_q() const { return bar(0); }
     JF_DEVICE uint32_t empty_q() const { return bar(1); }
@@ -138,6 +152,13 @@ struct FwdMainloop {
     JF_DEVICE uint32_t empty_k(int s) const { return bar(2 + kStages + s); }
     JF_DEVICE uint32_t full_v(int s) const { return bar(2 + 2 * kStages + s); }
     JF_DEVICE uint32_t empty_v(int s) const { return bar(2 + 3 * kStages + s); }
+    JF_DEVICE uint32_t full_vt(int s) const { return bar(2 + 4 * kStages + s); }
+    JF_DEVICE uint32_t empty_vt(int s) const { return bar(2 + 5 * kStages + s); }
+    JF_DEVICE uint32_t v_loads() const { return bar(2 + 6 * kStages); }  // a word, not a barrier
+    // The V operand of the PV GEMM and its barriers: the V ring, or 8-bit the V^T ring.
+    JF_DEVICE uint32_t pv(int s) const { return kVTransposed ? vt(s) : v(s); }
+    JF_DEVICE uint32_t full_pv(int s) const { return kVTransposed ? full_vt(s) : full_v(s); }
+    JF_DEVICE uint32_t empty_pv(int s) const { return kVTransposed ? empty_vt(s) : empty_v(s); }
   };
 
   // kQEmptyArrivals: who releases Q (each consumer warp, or the epilogue's
@@ -151,8 +172,13 @@ struct FwdMainloop {
       ptx::mbar_init(sm.full_k(s), 1);
       ptx::mbar_init(sm.empty_k(s), kKVEmptyArrivals);
       ptx::mbar_init(sm.full_v(s), 1);
-      ptx::mbar_init(sm.empty_v(s), kKVEmptyArrivals);
+      ptx::mbar_init(sm.empty_v(s), kVTransposed ? kTransposeWarps : kKVEmptyArrivals);
+      if constexpr (kVTransposed) {
+        ptx::mbar_init(sm.full_vt(s), kTransposeWarps);
+        ptx::mbar_init(sm.empty_vt(s), kKVEmptyArrivals);
+      }
     }
+    if constexpr (kVTransposed) ptx::st_shared_b32(sm.v_loads(), 0xFFFFFFFFu);  // not known yet
   }
 
   // ---------------------------------------------------------------- host -> device
@@ -164,8 +190,7 @@ struct FwdMainloop {
   };
   struct Arguments {
     GmemTensor q, k;
-    GmemTensor v;      // 16-bit: [batch, seq, heads_k, head_dim] like k
-    GmemTensorT vt;    // 8-bit: V transposed, [batch, heads_k, head_dim, seq_pad]
+    GmemTensor v;      // [batch, seq, heads_k, head_dim] like k
     MaskInfo mask;     // make_mask_info (mask.cuh)
     SoftmaxScale sm;   // make_softmax_scale (softmax.cuh)
     int heads_per_kv;
@@ -174,7 +199,7 @@ struct FwdMainloop {
   struct Params {
     CUtensorMap tm_q;  // box {kRowElems, kBlockM, 1, 1}
     CUtensorMap tm_k;  // box {kRowElems, kBlockN, 1, 1}
-    CUtensorMap tm_v;  // box {kRowElems, kBlockN, 1, 1}; 8-bit V^T: {kBlockN keys, kHeadDim, 1, 1}
+    CUtensorMap tm_v;  // box {kRowElems, kBlockN, 1, 1}
     MaskInfo mask;
     SoftmaxScale sm;
     int heads_per_kv;  // num_heads / num_heads_k
@@ -184,13 +209,9 @@ struct FwdMainloop {
   // False when a tensor map cannot be encoded (the call is then unsupported).
   static bool to_params(const Arguments& a, Params& p) {
     constexpr TmaElement e = tma_element<Element>();
-    if (!encode_bshd(&p.tm_q, e, a.q, kBlockM) || !encode_bshd(&p.tm_k, e, a.k, kBlockN))
+    if (!encode_bshd(&p.tm_q, e, a.q, kBlockM) || !encode_bshd(&p.tm_k, e, a.k, kBlockN) ||
+        !encode_bshd(&p.tm_v, e, a.v, kBlockN))
       return false;
-    if constexpr (kVTransposed) {
-      if (!encode_bhds(&p.tm_v, e, a.vt, kHeadDim)) return false;
-    } else {
-      if (!encode_bshd(&p.tm_v, e, a.v, kBlockN)) return false;
-    }
     p.mask = a.mask;
     p.sm = a.sm;
     p.heads_per_kv = a.heads_per_kv;
@@ -215,7 +236,8 @@ struct FwdMainloop {
 
   // ---------------------------------------------------------------- producer
   // The loads of the it-th tile of this CTA (one thread: lane 0 of warp 0).
-  JF_DEVICE static void load(const Params& a, const Smem& sm, ptx::PipeState<kStages>& kst,
+  // Returns the number of V stages it loaded.
+  JF_DEVICE static int load(const Params& a, const Smem& sm, ptx::PipeState<kStages>& kst,
                              ptx::PipeState<kStages>& vst, const TileCoord& c, uint32_t it) {
     using namespace ptx;
     const int batch = c.batch, head = c.head;
@@ -238,14 +260,9 @@ struct FwdMainloop {
       mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
       const uint32_t full = sm.full_v(vst.index), dst = sm.v(vst.index);
       mbar_arrive_expect_tx(full, kKVBytes);
-      if constexpr (kVTransposed) {  // V^T: kHeadDim rows of the block's 128 keys, one box
-        tma_load_4d(&a.tm_v, full, dst, n * kBlockN, 0, head_k, batch);
-      } else {
 #pragma unroll
-        for (int cb = 0; cb < kColBlocks; ++cb)
-          tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * 128, cb * kRowElems, n * kBlockN, head_k,
-                      batch);
-      }
+      for (int cb = 0; cb < kColBlocks; ++cb)
+        tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * 128, cb * kRowElems, n * kBlockN, head_k, batch);
       vst.advance();
     };
 
@@ -274,6 +291,44 @@ struct FwdMainloop {
     for (int n = n_last - 1; n >= n_first; --n) {
       if (n > n_first) load_k(n - 1);
       load_v(n);
+    }
+    return has_keys ? n_last - n_first : 0;
+  }
+
+  // 8-bit, after the last tile: completes the next V stage without data,
+  // `v_loads` (the number of V stages loaded) published in shared memory
+  // first, so that the transposers, which wait for every stage in order,
+  // find the end there (transpose_loop).
+  JF_DEVICE static void finish_loads(const Smem& sm, ptx::PipeState<kStages>& vst, uint32_t v_loads) {
+    if constexpr (kVTransposed) {
+      ptx::mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
+      ptx::st_shared_b32(sm.v_loads(), v_loads);
+      ptx::mbar_arrive(sm.full_v(vst.index));  // release: the count is visible to the waiters
+    }
+  }
+
+  // ---------------------------------------------------------------- V transposer
+  // 8-bit: warp w (0..kTransposeWarps-1) of the transposer warps, for the
+  // whole kernel: each V stage the producer loaded, in order, into the V^T
+  // stage of the same sequence number.
+  JF_DEVICE static void transpose_loop(const Smem& sm, int w, int lane) {
+    if constexpr (kVTransposed) {
+      using namespace ptx;
+      PipeState<kStages> src, dst;
+      for (uint32_t done = 0;; ++done) {
+        mbar_wait(sm.full_v(src.index), src.phase);
+        if (ld_shared_b32(sm.v_loads()) == done) break;  // the end (finish_loads)
+        mbar_wait(sm.empty_vt(dst.index), dst.phase ^ 1u);
+        VTranspose<kHeadDim, kTransposeWarps>::run(sm.v(src.index), sm.vt(dst.index), w, lane);
+        fence_proxy_async_smem();  // the stores, before the consumers' wgmma reads them
+        __syncwarp();
+        if (lane == 0) {
+          mbar_arrive(sm.full_vt(dst.index));
+          mbar_arrive(sm.empty_v(src.index));
+        }
+        src.advance();
+        dst.advance();
+      }
     }
   }
 
@@ -304,7 +359,8 @@ struct FwdMainloop {
     ptx::gemm_rs<Element, kBlockN, 0, kQSteps>(s, q, ptx::make_desc(ptx::kDescKMajor, k_addr),
                                               KMajorStep<kBlockN>{}, true);
   }
-  // Issues O += P V (no commit/wait). 8-bit: V^T is a K-major [kHeadDim][kBlockN] tile.
+  // Issues O += P V (no commit/wait). 8-bit: V^T is a K-major [kHeadDim][kBlockN] tile
+  // (Smem::pv, the V^T ring).
   JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr) {
     if constexpr (kVTransposed) {
       ptx::gemm_rs<Element, kHeadDim, 0, kPSteps>(o, p, ptx::make_desc(ptx::kDescKMajor, v_addr),
@@ -511,9 +567,9 @@ struct FwdMainloop {
             if (rescale_pending) rescale_rows(o, alpha_pending);
           }
           fence_regs(o);
-          wait_full(sm.full_v(vst.index), vst.phase);
+          wait_full(sm.full_pv(vst.index), vst.phase);
           wgmma_fence();
-          issue_pv(o, p, sm.v(vst.index));
+          issue_pv(o, p, sm.pv(vst.index));
           wgmma_commit();
           sched_arrive();
           wgmma_wait<1>();  // S ready (the PV may still run)
@@ -526,7 +582,7 @@ struct FwdMainloop {
           wgmma_wait<0>();  // PV done: O and P are ours again
           fence_regs(o);
           fence_regs(p);
-          release(sm.empty_v(vst.index));
+          release(sm.empty_pv(vst.index));
           vst.advance();
           acc_to_a<Element>(s, p);
           if constexpr (kRescaleBeforePV) {
@@ -543,14 +599,14 @@ struct FwdMainloop {
         }
         fence_regs(o);
         fence_regs(p);
-        wait_full(sm.full_v(vst.index), vst.phase);
+        wait_full(sm.full_pv(vst.index), vst.phase);
         wgmma_fence();
-        issue_pv(o, p, sm.v(vst.index));
+        issue_pv(o, p, sm.pv(vst.index));
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(p);
-        release(sm.empty_v(vst.index));
+        release(sm.empty_pv(vst.index));
         vst.advance();
       } else {
         sched_sync();
@@ -574,15 +630,15 @@ struct FwdMainloop {
           acc_to_a<Element>(s, p);
           fence_regs(o);
           fence_regs(p);
-          wait_full(sm.full_v(vst.index), vst.phase);
+          wait_full(sm.full_pv(vst.index), vst.phase);
           sched_sync();
           wgmma_fence();
-          issue_pv(o, p, sm.v(vst.index));
+          issue_pv(o, p, sm.pv(vst.index));
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
           fence_regs(p);
-          release(sm.empty_v(vst.index));
+          release(sm.empty_pv(vst.index));
           vst.advance();
         }
         sched_arrive();
