@@ -43,6 +43,9 @@ echo "built $OUTDIR/selftest_sm90 and $OUTDIR/sm90_primitives in $((SECONDS - t0
 # CPU-only checks of the forward's host-side choices (tile order, policy).
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"${CUDA_INC:-/usr/local/cuda/include}" \
   cuda/tests/sm90_fwd_host_check.cpp -o "$OBJ/sm90_fwd_host_check"
+# The FP8 forward's V transpose: the mapping and its bank behaviour.
+g++ -std=c++17 -O2 -Wall -Icuda/include -Icuda cuda/tests/sm90_fp8_vt_check.cpp -o "$OBJ/sm90_fp8_vt_check"
+"$OBJ/sm90_fp8_vt_check"
 "$OBJ/sm90_fwd_host_check"
 # Q in registers: that ptxas kept the Q fragments' registers for the whole mainloop.
 python3 tools/lint/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
