@@ -54,11 +54,12 @@ static void check(int warps) {
           const int q = L::quad(lane, s);
           uint32_t in[4], out[4];
           for (int j = 0; j < 4; ++j) {
-            const uint32_t a = L::src_offset(L::unit_key(lane, j), 4 * q);
+            const uint32_t a = L::src_offset(L::load_key(lane, j), 4 * q);
             CHECK(a % 4 == 0, "unaligned load");
             std::memcpy(&in[j], &src[a], 4);
             load_banks[j].insert(int(a / 4 % 32));
           }
+          L::key_order(in, lane);
           transpose_4x4_bytes(in, out, byte_perm);
           for (int j = 0; j < 4; ++j) {
             const uint32_t a = L::dst_offset(4 * q + j, 4 * lane);
@@ -96,9 +97,10 @@ static void check(int warps) {
 
 int main() {
   for (int warps : {1, 3, 4}) {
+    check<64>(warps);
     check<128>(warps);
     check<256>(warps);
   }
-  std::printf("%s: FP8 V transpose (D = 128, 256; 1, 3, 4 warps)\n", failures ? "FAIL" : "ok");
+  std::printf("%s: FP8 V transpose (D = 64, 128, 256; 1, 3, 4 warps)\n", failures ? "FAIL" : "ok");
   return failures ? 1 : 0;
 }

@@ -1,5 +1,5 @@
 // Host side of the sm90 TMA tensor maps: the [batch, seq, heads, head_dim]
-// tensors of the kernels as 4-d maps with the 128B swizzle.
+// tensors of the kernels as 4-d maps with the 128B (or 64B) swizzle.
 //
 // cuTensorMapEncodeTiled is a driver API function; it is fetched through the
 // runtime (cudaGetDriverEntryPointByVersion) so that the extension, which
@@ -46,14 +46,6 @@ struct GmemTensor {
   int64_t row_stride, head_stride, batch_stride;
 };
 
-// A [batch, heads, head_dim, seq] tensor (V transposed for the 8-bit forward;
-// seq is the padded length, strides in elements).
-struct GmemTensorT {
-  const void* ptr;
-  int seq, head_dim, heads, batch;
-  int64_t dim_stride, head_stride, batch_stride;
-};
-
 // The element type as TMA sees it.
 struct TmaElement {
   CUtensorMapDataType type;
@@ -67,9 +59,13 @@ inline TmaElement tma_element(DType dtype) {
   return dtype == DType::kFloat16 ? tma_element<__half>() : tma_element<__nv_bfloat16>();
 }
 
-// 4-d map (head_dim, seq, heads, batch), 128B swizzle, box {one 128-byte row,
-// box_rows, 1, 1}; out-of-bounds reads are 0, out-of-bounds writes dropped.
-inline bool encode_bshd(CUtensorMap* map, TmaElement elem, const GmemTensor& t, int box_rows) {
+// 4-d map (head_dim, seq, heads, batch), box {one row of row_bytes, box_rows,
+// 1, 1} with the swizzle of that row (128B, or 64B for the 64-byte rows of an
+// 8-bit head dim of 64); out-of-bounds reads are 0, out-of-bounds writes
+// dropped.
+inline bool encode_bshd(CUtensorMap* map, TmaElement elem, const GmemTensor& t, int box_rows,
+                        int row_bytes = 128) {
+  if (row_bytes != 128 && row_bytes != 64) return false;
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const int seq = std::max(t.seqlen, 1);  // never loaded when 0, but dims must be > 0
@@ -78,29 +74,11 @@ inline bool encode_bshd(CUtensorMap* map, TmaElement elem, const GmemTensor& t, 
   cuuint64_t strides[3] = {stride_bytes(t.row_stride, seq, elem.bytes),
                            stride_bytes(t.head_stride, t.heads, elem.bytes),
                            stride_bytes(t.batch_stride, t.batch, elem.bytes)};
-  cuuint32_t box[4] = {cuuint32_t(128 / elem.bytes), cuuint32_t(box_rows), 1, 1};
+  cuuint32_t box[4] = {cuuint32_t(row_bytes / elem.bytes), cuuint32_t(box_rows), 1, 1};
   cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, elem.type, 4, const_cast<void*>(t.ptr), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
-
-// 4-d map (seq, head_dim, heads, batch) of a transposed tensor, 128B swizzle,
-// box {one 128-byte row of keys, box_rows of head_dim, 1, 1}.
-inline bool encode_bhds(CUtensorMap* map, TmaElement elem, const GmemTensorT& t, int box_rows) {
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const int seq = std::max(t.seq, 1);
-  cuuint64_t dims[4] = {cuuint64_t(seq), cuuint64_t(t.head_dim), cuuint64_t(t.heads),
-                        cuuint64_t(t.batch)};
-  cuuint64_t strides[3] = {stride_bytes(t.dim_stride, t.head_dim, elem.bytes),
-                           stride_bytes(t.head_stride, t.heads, elem.bytes),
-                           stride_bytes(t.batch_stride, t.batch, elem.bytes)};
-  cuuint32_t box[4] = {cuuint32_t(128 / elem.bytes), cuuint32_t(box_rows), 1, 1};
-  cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, elem.type, 4, const_cast<void*>(t.ptr), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS;
 }

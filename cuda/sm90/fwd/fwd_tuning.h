@@ -68,8 +68,8 @@ struct FwdTuning {
 //   Without such a mask O in the V ring is -8% at hdim 256.
 //
 // 8-bit inputs (element_bytes = 1, the FP8 forward): 128 x 128 tiles for
-// hdim 128 and 256 (one K descale per 128-key block, scheme.py; V^T rows of
-// one 128-byte swizzle row), no Q in registers (16-bit fragments only); O
+// hdim 128 and 256, 192 x 128 for hdim 64 (one K descale per 128-key block,
+// scheme.py; V^T rows of one 128-byte swizzle row), no Q in registers (16-bit fragments only); O
 // staged in the V ring at hdim 256 (the V^T ring leaves no room for an O tile
 // of its own, and O is 16-bit: twice Q's tile); the 16-bit choices otherwise.
 constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int element_bytes = 2,
@@ -87,7 +87,7 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int eleme
   t.dynamic_scheduler = causal_like;
   if (element_bytes == 1) {
     t.block_n = 128;
-    t.consumer_wgs = 2;
+    t.consumer_wgs = head_dim == 64 ? 3 : 2;
     t.q_in_regs = false;
     t.o_in_v = head_dim == 256;
   }

@@ -94,18 +94,22 @@ struct FwdMainloop {
   // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128.
   static constexpr bool kRescaleBeforePV = kHeadDim > 128;
 
-  // Shared-memory geometry (smem_layout.cuh): column blocks of one 128-byte
-  // swizzle row, k-steps of kMmaK elements.
-  static constexpr int kRowElems = Traits::kSwizzleRow;
+  // Shared-memory geometry (smem_layout.cuh) of Q, K and V: column blocks of
+  // one swizzle row (128 bytes; 64 for the 64-byte rows of an 8-bit head dim
+  // of 64, with the 64B swizzle), k-steps of kMmaK elements.
+  static constexpr int kRowBytes = kHeadDim * Traits::kBytes < 128 ? kHeadDim * Traits::kBytes : 128;
+  static constexpr int kRowElems = kRowBytes / Traits::kBytes;
   static constexpr int kColBlocks = kHeadDim / kRowElems;  // TMA boxes per tile
   static constexpr int kStepBytes = Traits::kMmaK * Traits::kBytes;
-  static constexpr int kStepsPerRow = 128 / kStepBytes;
+  static constexpr int kStepsPerRow = kRowBytes / kStepBytes;
+  static constexpr uint64_t kDescQK = ptx::desc_k_major<kRowBytes>();
   static constexpr int kQSteps = kHeadDim / Traits::kMmaK;  // k-steps of S = Q K^T
   static constexpr int kPSteps = kBlockN / Traits::kMmaK;   // k-steps of O += P V
   static constexpr int kSR = kBlockN / 2;                   // S registers per thread
   static constexpr int kOR = kHeadDim / 2;                  // O registers per thread
 
-  static_assert(kHeadDim % kRowElems == 0, "head dim bucket: whole 128-byte swizzle rows");
+  static_assert(kHeadDim % kRowElems == 0 && (kRowBytes == 128 || (kRowBytes == 64 && kVTransposed)),
+                "head dim bucket: whole 128-byte swizzle rows (8-bit: or one 64-byte row)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: multiple of 16, <= 256 (TMA box, wgmma N)");
   static_assert(kBlockM <= 256, "TMA box rows <= 256");
   static_assert(!kVTransposed || kBlockN == 128,
@@ -197,7 +201,7 @@ struct FwdMainloop {
     Descales descale;
   };
   struct Params {
-    CUtensorMap tm_q;  // box {kRowElems, kBlockM, 1, 1}
+    CUtensorMap tm_q;  // box {kRowElems, kBlockM, 1, 1} (one swizzle row of kRowBytes)
     CUtensorMap tm_k;  // box {kRowElems, kBlockN, 1, 1}
     CUtensorMap tm_v;  // box {kRowElems, kBlockN, 1, 1}
     MaskInfo mask;
@@ -209,8 +213,9 @@ struct FwdMainloop {
   // False when a tensor map cannot be encoded (the call is then unsupported).
   static bool to_params(const Arguments& a, Params& p) {
     constexpr TmaElement e = tma_element<Element>();
-    if (!encode_bshd(&p.tm_q, e, a.q, kBlockM) || !encode_bshd(&p.tm_k, e, a.k, kBlockN) ||
-        !encode_bshd(&p.tm_v, e, a.v, kBlockN))
+    if (!encode_bshd(&p.tm_q, e, a.q, kBlockM, kRowBytes) ||
+        !encode_bshd(&p.tm_k, e, a.k, kBlockN, kRowBytes) ||
+        !encode_bshd(&p.tm_v, e, a.v, kBlockN, kRowBytes))
       return false;
     p.mask = a.mask;
     p.sm = a.sm;
@@ -252,7 +257,7 @@ struct FwdMainloop {
       mbar_arrive_expect_tx(full, kKVBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
-        tma_load_4d(&a.tm_k, full, dst + cb * kBlockN * 128, cb * kRowElems, n * kBlockN, head_k,
+        tma_load_4d(&a.tm_k, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, n * kBlockN, head_k,
                     batch);
       kst.advance();
     };
@@ -262,7 +267,7 @@ struct FwdMainloop {
       mbar_arrive_expect_tx(full, kKVBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
-        tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * 128, cb * kRowElems, n * kBlockN, head_k, batch);
+        tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, n * kBlockN, head_k, batch);
       vst.advance();
     };
 
@@ -286,7 +291,7 @@ struct FwdMainloop {
     mbar_arrive_expect_tx(sm.full_q(), kQBytes);
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb)
-      tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * kBlockM * 128, cb * kRowElems, m0, head, batch);
+      tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * kBlockM * kRowBytes, cb * kRowElems, m0, head, batch);
     if (has_keys) wait_o_free();
     for (int n = n_last - 1; n >= n_first; --n) {
       if (n > n_first) load_k(n - 1);
@@ -334,11 +339,13 @@ struct FwdMainloop {
 
   // ---------------------------------------------------------------- consumer GEMMs
   // Byte offset of k-step kk in a K-major [D / kRowElems][kRows][kRowElems]
-  // tile (A = Q, B = K of S = Q K^T).
-  template <int kRows>
+  // tile of kRowBytes_-wide rows (A = Q, B = K of S = Q K^T; 8-bit: B = V^T,
+  // whose rows are 128 keys).
+  template <int kRows, int kRowBytes_ = kRowBytes>
   struct KMajorStep {
     JF_DEVICE uint32_t operator()(int kk) const {
-      return (kk / kStepsPerRow) * kRows * 128 + (kk % kStepsPerRow) * kStepBytes;
+      constexpr int kPerRow = kRowBytes_ / kStepBytes;
+      return (kk / kPerRow) * kRows * kRowBytes_ + (kk % kPerRow) * kStepBytes;
     }
   };
   // k-step kk of a V stage (B, MN-major): kMmaK rows of 128 bytes.
@@ -349,14 +356,14 @@ struct FwdMainloop {
   // Issues S = Q_wg K^T (no commit/wait). q_addr: the WG's first Q row.
   JF_DEVICE static void issue_qk(float (&s)[kSR], uint32_t q_addr, uint32_t k_addr) {
     ptx::gemm_ss<Element, kBlockN, 0, kQSteps>(
-        s, ptx::make_desc(ptx::kDescKMajor, q_addr), ptx::make_desc(ptx::kDescKMajor, k_addr),
-        KMajorStep<kBlockM>{}, KMajorStep<kBlockN>{}, true);
+        s, ptx::make_desc(kDescQK, q_addr), ptx::make_desc(kDescQK, k_addr), KMajorStep<kBlockM>{},
+        KMajorStep<kBlockN>{}, true);
   }
   // q_in_regs: S = Q_wg K^T with Q from registers (wgmma RS; the A fragments
   // of the kQSteps k-steps, loaded once per tile by load_a_sw128), K as in
   // issue_qk. Same instructions otherwise: N = kBlockN, K-major B.
   JF_DEVICE static void issue_qk_rs(float (&s)[kSR], const uint32_t (&q)[kQSteps][4], uint32_t k_addr) {
-    ptx::gemm_rs<Element, kBlockN, 0, kQSteps>(s, q, ptx::make_desc(ptx::kDescKMajor, k_addr),
+    ptx::gemm_rs<Element, kBlockN, 0, kQSteps>(s, q, ptx::make_desc(kDescQK, k_addr),
                                               KMajorStep<kBlockN>{}, true);
   }
   // Issues O += P V (no commit/wait). 8-bit: V^T is a K-major [kHeadDim][kBlockN] tile
@@ -364,7 +371,7 @@ struct FwdMainloop {
   JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr) {
     if constexpr (kVTransposed) {
       ptx::gemm_rs<Element, kHeadDim, 0, kPSteps>(o, p, ptx::make_desc(ptx::kDescKMajor, v_addr),
-                                                  KMajorStep<kHeadDim>{}, false);
+                                                  KMajorStep<kHeadDim, 128>{}, false);
     } else {
       ptx::gemm_rs<Element, kHeadDim, 1, kPSteps>(
           o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, false);
@@ -454,7 +461,7 @@ struct FwdMainloop {
       if constexpr (kQInRegs) {
         ptx::load_a_sw128<kBlockM>(q.frag, sm.q(), 64 * wg);
       } else {
-        q.addr = sm.q() + 64 * wg * 128;  // the WG's rows, column block 0
+        q.addr = sm.q() + 64 * wg * kRowBytes;  // the WG's rows, column block 0
       }
       return q;
     }

@@ -35,12 +35,13 @@ struct VTranspose {
   JF_DEVICE static void load(uint32_t (&in)[4], uint32_t src, int s, int lane) {
     const int q = Layout::quad(lane, s);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) in[j] = ptx::ld_shared_b32(src + Layout::src_offset(Layout::unit_key(lane, j), 4 * q));
+    for (int j = 0; j < 4; ++j) in[j] = ptx::ld_shared_b32(src + Layout::src_offset(Layout::load_key(lane, j), 4 * q));
   }
   JF_DEVICE static void store(const uint32_t (&in)[4], uint32_t dst, int s, int lane) {
     const int q = Layout::quad(lane, s);
-    uint32_t out[4];
-    transpose_4x4_bytes(in, out, [](uint32_t x, uint32_t y, uint32_t sel) { return __byte_perm(x, y, sel); });
+    uint32_t keys[4] = {in[0], in[1], in[2], in[3]}, out[4];
+    Layout::key_order(keys, lane);
+    transpose_4x4_bytes(keys, out, [](uint32_t x, uint32_t y, uint32_t sel) { return __byte_perm(x, y, sel); });
 #pragma unroll
     for (int j = 0; j < 4; ++j) ptx::st_shared_b32(dst + Layout::dst_offset(4 * q + j, 4 * lane), out[j]);
   }

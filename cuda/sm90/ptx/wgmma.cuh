@@ -76,14 +76,23 @@ JF_DEVICE void fence_regs(uint32_t (&r)[N][4]) {
 }
 
 constexpr uint64_t kDescSwizzle128 = uint64_t(1) << 62;
+constexpr uint64_t kDescSwizzle64 = uint64_t(2) << 62;
 
 // Everything but the start address; OR in (addr >> 4) (addr < 256 KB so the
 // 14-bit field never carries into LBO).
-constexpr uint64_t desc_base(uint32_t lbo_bytes, uint32_t sbo_bytes) {
+constexpr uint64_t desc_base(uint32_t lbo_bytes, uint32_t sbo_bytes, uint64_t swizzle = kDescSwizzle128) {
   return (uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16) | (uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32) |
-         kDescSwizzle128;
+         swizzle;
 }
 constexpr uint64_t kDescKMajor = desc_base(16, 1024);
+// K-major operand of kRowBytes-wide rows: 128 (kDescKMajor) or 64 (the 64B
+// swizzle: rows of 64 bytes, 16-byte chunk c of row r at c ^ ((r / 2) % 4),
+// address bits 4-5 ^= 7-8; SBO = 512, the next 8 rows).
+template <int kRowBytes>
+constexpr uint64_t desc_k_major() {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "128B or 64B swizzle rows");
+  return kRowBytes == 128 ? kDescKMajor : desc_base(16, 512, kDescSwizzle64);
+}
 template <int kRows>
 constexpr uint64_t desc_mn_major() {
   return desc_base(kRows * 128, 1024);
