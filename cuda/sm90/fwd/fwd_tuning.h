@@ -69,7 +69,8 @@ struct FwdTuning {
 //
 // 8-bit inputs (element_bytes = 1, the FP8 forward): 128 x 128 tiles for
 // hdim 128 and 256, 192 x 128 for hdim 64 (one K descale per 128-key block,
-// scheme.py; V^T rows of one 128-byte swizzle row), no Q in registers (16-bit fragments only); O
+// scheme.py; V^T rows of one 128-byte swizzle row), pingpong from hdim 128 up
+// (FA3's FP8 rule), no Q in registers (16-bit fragments only); O
 // staged in the V ring at hdim 256 (the V^T ring leaves no room for an O tile
 // of its own, and O is 16-bit: twice Q's tile); the 16-bit choices otherwise.
 constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int element_bytes = 2,
@@ -88,6 +89,7 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int eleme
   if (element_bytes == 1) {
     t.block_n = 128;
     t.consumer_wgs = head_dim == 64 ? 3 : 2;
+    t.pingpong = head_dim >= 128;  // FA3's FP8 choice (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp)
     t.q_in_regs = false;
     t.o_in_v = head_dim == 256;
   }

@@ -91,8 +91,9 @@ struct FwdMainloop {
   static constexpr bool kQInRegs = kTuning.q_in_regs;
   static constexpr bool kLazy = kTuning.lazy_rescale;
   static constexpr bool kOInV = kTuning.o_in_v;
-  // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128.
-  static constexpr bool kRescaleBeforePV = kHeadDim > 128;
+  // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128,
+  // not in its FP8 path.
+  static constexpr bool kRescaleBeforePV = kHeadDim > 128 && !kVTransposed;
 
   // Shared-memory geometry (smem_layout.cuh) of Q, K and V: column blocks of
   // one swizzle row (128 bytes; 64 for the 64-byte rows of an 8-bit head dim
