@@ -174,7 +174,7 @@ def capture_forward_call(q, k, v, causal):
     return None
   bound = inspect.signature(original).bind(*seen[0][0], **seen[0][1])
   bound.apply_defaults()
-  # spec, q8, q_descale, k8, k_descale, vt8, v_descale, q_seg, kv_seg, out_dtype
+  # spec, q8, q_descale, k8, k_descale, v8, v_descale, q_seg, kv_seg, out_dtype
   spec, *args = bound.arguments.values()
   q_seg, kv_seg, out_dtype = args[6], args[7], args[8]
   seg = lambda s: None if s is None else jax.ShapeDtypeStruct(s.shape, s.dtype)
@@ -228,8 +228,8 @@ def build_internal_kernel(shape, q, k, v):
   segs = tuple(None if s is None else jnp.zeros(s.shape, s.dtype)
                for s in (q_seg, kv_seg))
 
-  def step(q8, qd, k8, kd, vt8, vd, segs):
-    return fp8_cuda.forward(spec, q8, qd, k8, kd, vt8, vd, segs[0], segs[1],
+  def step(q8, qd, k8, kd, v8, vd, segs):
+    return fp8_cuda.forward(spec, q8, qd, k8, kd, v8, vd, segs[0], segs[1],
                             out_dtype)
 
   return jax.jit(step), (*qkv8, segs), meta

@@ -3,7 +3,6 @@
 CPU (everywhere):
 * the quantiser (jax_flash/_src/fp8/quantize.py): the rotation cancels in q·k
   and is reproducible per seed; block/channel scales use e4m3's range;
-  the kernel's V layout round-trips;
 * the simulated kernel (fp8/reference.py) against float64 numpy attention of
   the DEQUANTISED inputs (the only difference is the e4m3 rounding of P,
   bounded per element) and of the ORIGINAL inputs (the quantisation error);
@@ -26,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -132,16 +132,6 @@ def _dequantize(x8, descale, block):
   x = np.asarray(jnp.asarray(x8).astype(F32), np.float64)
   d = np.repeat(np.asarray(descale, np.float64), block, axis=-1)
   return x * d[..., :x.shape[1]].transpose(0, 2, 1)[..., None]
-
-
-def _undo_v_layout(vt8, s):
-  """Inverse of quantize.v_kernel_layout: [B, Hk, D, S_pad] -> [B, S, Hk, D]."""
-  s_pad = vt8.shape[-1]
-  perm = np.concatenate([g * scheme.V_GROUP + scheme.v_key_permutation()
-                         for g in range(s_pad // scheme.V_GROUP)])
-  v = jnp.take(vt8.transpose(0, 3, 1, 2), jnp.asarray(np.argsort(perm)),
-               axis=1)
-  return v[:, :s]
 
 
 # ---------------------------------------------------------------------------
@@ -262,24 +252,6 @@ def test_quantize_fp8_layouts(rng):
       np.unique(np.asarray(t.descale)),
       [float(jnp.max(jnp.abs(x.astype(F32)))) / scheme.E4M3_MAX], rtol=1e-6)
   assert float(jnp.max(jnp.abs(t.data.astype(F32)))) == scheme.E4M3_MAX
-
-
-def test_v_kernel_layout_round_trip(rng):
-  B, S, H, D = 2, 70, 3, 64  # S_pad = 96: three groups of 32, 26 zero keys
-  vals = rng.integers(-16, 17, (B, S, H, D)).astype(np.float32)
-  v8 = jnp.asarray(vals).astype(E4M3)  # exactly representable
-  vt = quantize.v_kernel_layout(v8)
-  assert vt.shape == (B, H, D, scheme.v_padded_len(S)) and vt.dtype == E4M3
-  perm = scheme.v_key_permutation()
-  assert sorted(perm.tolist()) == list(range(scheme.V_GROUP))
-  vtf = np.asarray(vt.astype(F32))
-  for g in range(3):
-    for kappa in range(scheme.V_GROUP):
-      key = g * scheme.V_GROUP + perm[kappa]
-      want = vals[:, key] if key < S else 0.0
-      np.testing.assert_array_equal(vtf[..., g * scheme.V_GROUP + kappa],
-                                    want)
-  np.testing.assert_array_equal(_undo_v_layout(vt, S).astype(F32), vals)
 
 
 # ---------------------------------------------------------------------------
@@ -676,23 +648,22 @@ class _FakeCuda:
       raise Unsupported("no pre-pass here")
     assert q.shape[-1] in scheme.HEAD_DIMS and q.dtype in (jnp.bfloat16,
                                                            jnp.float16)
-    q8, qd, k8, kd, v8, vd = quantize.quantize_qkv(q, k, v, seed=seed)
-    return q8, qd, k8, kd, quantize.v_kernel_layout(v8), vd
+    return quantize.quantize_qkv(q, k, v, seed=seed)
 
-  def forward(self, spec, q8, qd, k8, kd, vt8, vd, q_seg, kv_seg, out_dtype):
+  def forward(self, spec, q8, qd, k8, kd, v8, vd, q_seg, kv_seg, out_dtype):
     self.calls["forward"] += 1
     B, T, H, dp = q8.shape
     S, Hk = k8.shape[1], k8.shape[2]
     assert (spec.batch, spec.q_len, spec.kv_len, spec.num_heads,
             spec.num_kv_heads, spec.head_dim) == (B, T, S, H, Hk, dp)
-    assert q8.dtype == k8.dtype == vt8.dtype == E4M3
+    assert q8.dtype == k8.dtype == v8.dtype == E4M3
     assert qd.shape == (B, H, scheme.num_blocks(T, scheme.Q_BLOCK))
     assert kd.shape == (B, Hk, scheme.num_blocks(S, scheme.K_BLOCK))
-    assert vt8.shape == (B, Hk, dp, scheme.v_padded_len(S))
+    assert k8.shape == v8.shape == (B, S, Hk, dp)
     assert vd.shape == (B, Hk, dp)
     assert (q_seg is None) == (not spec.has_segment_ids)
-    return fp8_ref.forward(spec, q8, qd, k8, kd, _undo_v_layout(vt8, S), vd,
-                           q_seg, kv_seg, out_dtype)
+    return fp8_ref.forward(spec, q8, qd, k8, kd, v8, vd, q_seg, kv_seg,
+                           out_dtype)
 
 
 @pytest.fixture
@@ -735,6 +706,52 @@ def test_cuda_plumbing(fake_cuda, pre_pass, rng):
         q, k, v, implementation="cuda", **kw))(q, k, vq)[0]
     assert fake.calls["quantize"] == calls["quantize"]
     np.testing.assert_array_equal(o2, want[0])
+
+
+def test_cuda_ffi_operands(monkeypatch):
+  """fp8/cuda.py's FFI calls with a stand-in for the extension: the pre-pass
+  returns V and the forward takes it in the natural layout [B, S, H_kv, D]
+  like K (head dim 64 zero-padded to the kernel's 128), and the pre-pass's
+  workspace follows cuda/fp8/quantize.h's rule."""
+  seen = {}
+
+  def call(target, result_shapes, *args, **attrs):
+    del attrs
+    seen[target] = ([(a.shape, a.dtype) for a in args],
+                    [(r.shape, r.dtype) for r in result_shapes])
+    return tuple(jnp.zeros(r.shape, r.dtype) for r in result_shapes)
+
+  monkeypatch.setattr(fp8_cuda.ffi, "call", call)
+  monkeypatch.setattr(fp8_cuda.ffi, "available", lambda: True)
+  monkeypatch.setattr(fp8_cuda.ffi, "families", lambda: ("sm80", "sm90"))
+  c = Case("ffi", B=2, T=70, S=1100, H=4, Hk=2, D=64)
+  q, kv = (jax.ShapeDtypeStruct(s, jnp.bfloat16)
+           for s in ((c.B, c.T, c.H, c.D), (c.B, c.S, c.Hk, c.D)))
+  out = jax.eval_shape(lambda q, k, v: fp8_cuda.quantize(q, k, v, seed=3),
+                       q, kv, kv)
+  want = [(q.shape, E4M3), ((c.B, c.H, 2), F32), (kv.shape, E4M3),
+          ((c.B, c.Hk, 9), F32), (kv.shape, E4M3), ((c.B, c.Hk, c.D), F32)]
+  assert [(o.shape, o.dtype) for o in out] == want
+  args, results = seen[fp8_cuda.QUANTIZE]
+  assert [a[0] for a in args] == [q.shape, kv.shape, kv.shape, (c.D,)]
+  # The workspace: B * H_kv * min(ceil(S / 512), 32) * D float32.
+  assert results == want + [((c.B * c.Hk * 3 * c.D,), F32)]
+  assert [fp8_cuda.v_chunks(s) for s in (0, 1, 512, 513, 16384, 10**6)] == [
+      0, 1, 1, 2, 32, 32]
+  header = (pathlib.Path(__file__).parents[1] / "cuda" / "fp8" /
+            "quantize.h").read_text()
+  assert f"kVChunkKeys = {fp8_cuda.V_CHUNK_KEYS};" in header
+  assert f"kVMaxChunks = {fp8_cuda.V_MAX_CHUNKS};" in header
+
+  o, lse = jax.eval_shape(
+      lambda *a: fp8_cuda.forward(c.spec(), *a, None, None, jnp.bfloat16),
+      *out)
+  assert o.shape == q.shape and lse.shape == (c.B, c.H, c.T)
+  args, _ = seen[fp8_cuda.FORWARD]
+  dk = 128
+  assert args[:6] == [((c.B, c.T, c.H, dk), E4M3), ((c.B, c.S, c.Hk, dk), E4M3),
+                      ((c.B, c.S, c.Hk, dk), E4M3), ((c.B, c.H, 2), F32),
+                      ((c.B, c.Hk, 9), F32), ((c.B, c.Hk, dk), F32)]
 
 
 # ---------------------------------------------------------------------------

@@ -49,26 +49,28 @@ def _inputs(rng, B, T, S, H, Hk, D, dtype=jnp.bfloat16, outliers=False):
   return mk(B, T, H, D), mk(B, S, Hk, D), mk(B, S, Hk, D)
 
 
+# (B, T, S, H, Hk): one chunk of V's keys; 32 chunks (the most) of 532 keys
+# and 67 tiles of 256 (cuda/fp8/quantize.h).
+@pytest.mark.parametrize("shape", [(2, 131, 203, 3, 1), (1, 70, 17000, 2, 2)],
+                         ids=["short", "long"])
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("seed", [None, 3])
-def test_prepass_matches_quantize_py(D, seed, rng):
-  B, T, S, H, Hk = 2, 131, 203, 3, 1
+def test_prepass_matches_quantize_py(D, seed, shape, rng):
+  B, T, S, H, Hk = shape
   q, k, v = _inputs(rng, B, T, S, H, Hk, D, outliers=True)
   got = jax.jit(lambda q, k, v: cuda.quantize(q, k, v, seed=seed))(q, k, v)
   # quantize.py on the CPU, whose float32 division is correctly rounded like
   # the pre-pass's (quantize._scales: XLA's GPU division is not).
   cpu = jax.devices("cpu")[0]
   with jax.default_device(cpu):
-    q8, qd, k8, kd, v8, vd = quantize.quantize_qkv(
-        *jax.device_put((q, k, v), cpu), seed=seed)
-    want = (q8, qd, k8, kd, quantize.v_kernel_layout(v8), vd)
-  for name, g, w in zip(("q8", "qd", "k8", "kd", "vt8", "vd"), got, want):
+    want = quantize.quantize_qkv(*jax.device_put((q, k, v), cpu), seed=seed)
+  for name, g, w in zip(("q8", "qd", "k8", "kd", "v8", "vd"), got, want):
     assert g.shape == w.shape and g.dtype == w.dtype, name
     g, w = np.asarray(g.astype(jnp.float32)), np.asarray(w.astype(jnp.float32))
     assert np.all(np.isfinite(g)), name
     if name in ("qd", "kd", "vd"):
       np.testing.assert_allclose(g, w, rtol=1e-6, err_msg=name)
-    elif seed is None or name == "vt8":  # no rotation: the same float ops
+    elif seed is None or name == "v8":  # no rotation: the same float ops
       np.testing.assert_array_equal(g, w, err_msg=name)
     else:  # the rotation's sums round differently: rare one-step flips
       differ = g != w
@@ -134,10 +136,9 @@ def test_forward_matches_dequantised_float64(D, case, T, S, rng):
             jnp.asarray(rng.integers(0, 3, (B, S)), jnp.int32))
   spec = _spec(B, T, S, H, Hk, D, **kw)
   q8, qd, k8, kd, v8, vd = quantize.quantize_qkv(q, k, v, seed=1)
-  vt8 = quantize.v_kernel_layout(v8)
   for out_dtype in (jnp.bfloat16, jnp.float16):
     o, lse = jax.jit(lambda *a: cuda.forward(spec, *a, out_dtype))(
-        q8, qd, k8, kd, vt8, vd, *segs)
+        q8, qd, k8, kd, v8, vd, *segs)
     assert o.dtype == out_dtype and o.shape == q.shape
     ref_o, ref_lse = _dequantised_reference(spec, q8, qd, k8, kd, v8, vd, *segs)
     o = np.asarray(o.astype(jnp.float32), np.float64)
@@ -158,6 +159,6 @@ def test_empty_batch():
   z = lambda *s: jnp.zeros(s, jnp.float8_e4m3fn)
   f32 = lambda *s: jnp.ones(s, jnp.float32)
   o, lse = cuda.forward(spec, z(0, 5, 2, 128), f32(0, 2, 1), z(0, 7, 2, 128),
-                        f32(0, 2, 1), z(0, 2, 128, 32), f32(0, 2, 128), None,
+                        f32(0, 2, 1), z(0, 7, 2, 128), f32(0, 2, 128), None,
                         None, jnp.bfloat16)
   assert o.shape == (0, 5, 2, 128) and lse.shape == (0, 2, 5)

@@ -29,12 +29,21 @@ ffi::Error Check16Bit(const ffi::AnyBuffer& x, const char* name, DType* dtype) {
   return ffi::Error::Success();
 }
 
+// x8 must be x's shape in float8_e4m3fn.
+ffi::Error CheckE4m3Like(const ffi::AnyBuffer& x8, const ffi::AnyBuffer& x, const char* name) {
+  auto a = x8.dimensions(), b = x.dimensions();
+  bool same = a.size() == b.size() && x8.element_type() == ffi::DataType::F8E4M3FN;
+  for (size_t i = 0; same && i < a.size(); ++i) same = a[i] == b[i];
+  if (!same) return Invalid(std::string(name) + " must be float8_e4m3fn " + ShapeStr(x) + "; got " + ShapeStr(x8));
+  return ffi::Error::Success();
+}
+
 ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                         ffi::Buffer<ffi::F32> signs, ffi::Result<ffi::AnyBuffer> q8,
                         ffi::Result<ffi::Buffer<ffi::F32>> q_descale, ffi::Result<ffi::AnyBuffer> k8,
-                        ffi::Result<ffi::Buffer<ffi::F32>> k_descale, ffi::Result<ffi::AnyBuffer> vt8,
+                        ffi::Result<ffi::Buffer<ffi::F32>> k_descale, ffi::Result<ffi::AnyBuffer> v8,
                         ffi::Result<ffi::Buffer<ffi::F32>> v_descale,
-                        ffi::Result<ffi::Buffer<ffi::S32>> v_amax, bool rotate) {
+                        ffi::Result<ffi::Buffer<ffi::F32>> v_partial, bool rotate) {
 #ifndef JAX_FLASH_HAS_SM90
   return Invalid("the FP8 pre-pass needs a build with the sm90 kernel family");
 #else
@@ -42,41 +51,67 @@ ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   if (auto e = Check16Bit(q, "q", &dq); e.failure()) return e;
   if (auto e = Check16Bit(k, "k", &dk); e.failure()) return e;
   if (auto e = Check16Bit(v, "v", &dv); e.failure()) return e;
-  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), td = vt8->dimensions();
+  if (dq != dk || dq != dv) return Invalid("q, k, v must share one dtype");
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  for (int i = 0; i < 4; ++i) {
+    if (vd[i] != kd[i]) {
+      return Invalid("v must be [batch, seq_k, heads_k, head_dim] like k; got k " + ShapeStr(k) + ", v " +
+                     ShapeStr(v));
+    }
+  }
+  if (kd[0] != qd[0] || kd[3] != qd[3]) {
+    return Invalid("q and k must share batch and head_dim; got q " + ShapeStr(q) + ", k " + ShapeStr(k));
+  }
   const int D = static_cast<int>(qd[3]);
-  if (kd[3] != D || vd[3] != D || signs.element_count() != static_cast<size_t>(D)) {
-    return Invalid("q, k, v and signs must share head_dim");
+  if (signs.element_count() != static_cast<size_t>(D)) return Invalid("signs must be [head_dim] float32");
+  if (auto e = CheckE4m3Like(*q8, q, "q8"); e.failure()) return e;
+  if (auto e = CheckE4m3Like(*k8, k, "k8"); e.failure()) return e;
+  if (auto e = CheckE4m3Like(*v8, v, "v8"); e.failure()) return e;
+  fp8::PrepassArgs a{};
+  a.q = q.untyped_data();
+  a.k = k.untyped_data();
+  a.v = v.untyped_data();
+  a.dtype = dq;
+  a.signs = rotate ? signs.typed_data() : nullptr;
+  a.q8 = q8->untyped_data();
+  a.q_descale = q_descale->typed_data();
+  a.k8 = k8->untyped_data();
+  a.k_descale = k_descale->typed_data();
+  a.v8 = v8->untyped_data();
+  a.v_descale = v_descale->typed_data();
+  a.v_partial = v_partial->typed_data();
+  a.batch = static_cast<int>(qd[0]);
+  a.seqlen_q = static_cast<int>(qd[1]);
+  a.heads = static_cast<int>(qd[2]);
+  a.seqlen_k = static_cast<int>(kd[1]);
+  a.heads_k = static_cast<int>(kd[2]);
+  a.head_dim = D;
+  const size_t qb = (static_cast<size_t>(a.seqlen_q) + 63) / 64, kb = (static_cast<size_t>(a.seqlen_k) + 127) / 128;
+  if (q_descale->element_count() != static_cast<size_t>(a.batch) * a.heads * qb ||
+      k_descale->element_count() != static_cast<size_t>(a.batch) * a.heads_k * kb ||
+      v_descale->element_count() != static_cast<size_t>(a.batch) * a.heads_k * D) {
+    return Invalid("descales must be q [batch, heads, ceil(T/64)], k [batch, heads_k, ceil(S/128)], "
+                   "v [batch, heads_k, head_dim] float32");
   }
-  if (td.size() != 4) return Invalid("vt8 must be rank 4 [batch, heads_k, head_dim, seq_pad]");
-  fp8::RowsArgs qa{q.untyped_data(), dq, rotate ? signs.typed_data() : nullptr, q8->untyped_data(),
-                   q_descale->typed_data(), static_cast<int>(qd[0]), static_cast<int>(qd[1]),
-                   static_cast<int>(qd[2]), D, 64};
-  fp8::RowsArgs ka{k.untyped_data(), dk, rotate ? signs.typed_data() : nullptr, k8->untyped_data(),
-                   k_descale->typed_data(), static_cast<int>(kd[0]), static_cast<int>(kd[1]),
-                   static_cast<int>(kd[2]), D, 128};
-  fp8::ChannelsArgs va{v.untyped_data(), dv, vt8->untyped_data(), v_descale->typed_data(),
-                       reinterpret_cast<uint32_t*>(v_amax->typed_data()), static_cast<int>(vd[0]),
-                       static_cast<int>(vd[1]), static_cast<int>(td[3]), static_cast<int>(vd[2]), D};
-  if (v_amax->element_count() < static_cast<size_t>(va.batch) * va.heads * D) {
-    return Invalid("v_amax workspace too small");
+  if (v_partial->element_count() < fp8::v_partial_elements(a.batch, a.heads_k, a.seqlen_k, D)) {
+    return Invalid("the v_partial workspace must hold batch * heads_k * min(ceil(S / 512), 32) * head_dim "
+                   "float32");
   }
-  if (!fp8::quantize_rows_supported(qa) || !fp8::quantize_rows_supported(ka) ||
-      !fp8::quantize_v_supported(va)) {
-    return Invalid("the FP8 pre-pass takes head_dim 64, 128 or 256, bf16/fp16, seq_pad a multiple of 32");
+  if (!fp8::prepass_supported(a)) {
+    return Invalid("the FP8 pre-pass takes head_dim 64, 128 or 256, bf16/fp16, 16-byte aligned buffers");
   }
   Poison(q8->untyped_data(), q8->size_bytes(), stream);
   Poison(k8->untyped_data(), k8->size_bytes(), stream);
-  Poison(vt8->untyped_data(), vt8->size_bytes(), stream);
+  Poison(v8->untyped_data(), v8->size_bytes(), stream);
   Poison(q_descale->typed_data(), q_descale->size_bytes(), stream);
   Poison(k_descale->typed_data(), k_descale->size_bytes(), stream);
   Poison(v_descale->typed_data(), v_descale->size_bytes(), stream);
-  if (auto e = LaunchError(fp8::quantize_rows(qa, stream), "fp8 quantize q"); e.failure()) return e;
-  if (auto e = LaunchError(fp8::quantize_rows(ka, stream), "fp8 quantize k"); e.failure()) return e;
-  return LaunchError(fp8::quantize_v(va, stream), "fp8 quantize v");
+  Poison(v_partial->typed_data(), v_partial->size_bytes(), stream);
+  return LaunchError(fp8::prepass(a, stream), "fp8 pre-pass");
 #endif
 }
 
-ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer vt8,
+ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8, ffi::AnyBuffer v8,
                       ffi::Buffer<ffi::F32> q_descale, ffi::Buffer<ffi::F32> k_descale,
                       ffi::Buffer<ffi::F32> v_descale, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
                       ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
@@ -86,22 +121,27 @@ ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
   return Invalid("the FP8 forward needs a build with the sm90 kernel family");
 #else
   const auto e4m3 = ffi::DataType::F8E4M3FN;
-  if (q8.element_type() != e4m3 || k8.element_type() != e4m3 || vt8.element_type() != e4m3) {
-    return Invalid("q8, k8, vt8 must be float8_e4m3fn");
+  if (q8.element_type() != e4m3 || k8.element_type() != e4m3 || v8.element_type() != e4m3) {
+    return Invalid("q8, k8, v8 must be float8_e4m3fn");
   }
-  if (q8.dimensions().size() != 4 || k8.dimensions().size() != 4 || vt8.dimensions().size() != 4 ||
+  if (q8.dimensions().size() != 4 || k8.dimensions().size() != 4 || v8.dimensions().size() != 4 ||
       o->dimensions().size() != 4) {
-    return Invalid("q8, k8 [batch, seq, heads, head_dim], vt8 [batch, heads_k, head_dim, seq_pad] and o "
+    return Invalid("q8 [batch, seq_q, heads, head_dim], k8 and v8 [batch, seq_k, heads_k, head_dim] and o "
                    "must be rank 4");
   }
-  auto qd = q8.dimensions(), kd = k8.dimensions(), td = vt8.dimensions();
-  Fp8FwdParams p{};
-  FillShapes(p, q8, k8, vt8);  // v: V^T, its strides are the vt_* ones below
-  p.dtype = DType::kFloat8E4M3;
-  p.seqlen_k_pad = static_cast<int>(td[3]);
-  if (kd[0] != qd[0] || kd[3] != qd[3] || td[0] != qd[0] || td[1] != kd[2] || td[2] != qd[3]) {
-    return Invalid("shapes disagree: q8 " + ShapeStr(q8) + ", k8 " + ShapeStr(k8) + ", vt8 " + ShapeStr(vt8));
+  auto qd = q8.dimensions(), kd = k8.dimensions(), vd = v8.dimensions();
+  if (kd[0] != qd[0] || kd[3] != qd[3]) {
+    return Invalid("shapes disagree: q8 " + ShapeStr(q8) + ", k8 " + ShapeStr(k8));
   }
+  for (int i = 0; i < 4; ++i) {
+    if (vd[i] != kd[i]) {
+      return Invalid("v8 must be [batch, seq_k, heads_k, head_dim] like k8 " + ShapeStr(k8) + "; got " +
+                     ShapeStr(v8));
+    }
+  }
+  Fp8FwdParams p{};
+  FillShapes(p, q8, k8, v8);  // v8: k8's shape and strides
+  p.dtype = DType::kFloat8E4M3;
   if (p.num_heads_k < 1 ? p.num_heads != 0 : p.num_heads % p.num_heads_k != 0) {
     return Invalid("q heads must be a multiple of kv heads");
   }
@@ -113,9 +153,6 @@ ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
     if (od[i] != qd[i]) return Invalid("o must have q8's shape");
   }
   const int64_t D = p.head_dim;
-  p.vt_dim_stride = p.seqlen_k_pad;
-  p.vt_head_stride = D * p.seqlen_k_pad;
-  p.vt_batch_stride = p.vt_head_stride * p.num_heads_k;
   const size_t qb = (static_cast<size_t>(p.seqlen_q) + 63) / 64, kb = (static_cast<size_t>(p.seqlen_k) + 127) / 128;
   if (q_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads * qb ||
       k_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads_k * kb ||
@@ -140,7 +177,7 @@ ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
   if (lse->element_count() == 0) return ffi::Error::Success();
   if (!sm90::fwd_fp8_supported(p)) {
     return Invalid("the sm90 FP8 forward cannot serve this call (needs an sm_90 GPU, head_dim 128 or 256, "
-                   "16-byte aligned rows, seq_pad a multiple of 32)");
+                   "16-byte aligned rows)");
   }
   Poison(p.o, o->size_bytes(), stream);
   Poison(p.lse, lse->size_bytes(), stream);
@@ -159,13 +196,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()            // k [B, S, H_kv, D]
         .Arg<ffi::AnyBuffer>()            // v [B, S, H_kv, D]
         .Arg<ffi::Buffer<ffi::F32>>()     // rotation signs [D]
-        .Ret<ffi::AnyBuffer>()            // q8
+        .Ret<ffi::AnyBuffer>()            // q8 [B, T, H, D] e4m3
         .Ret<ffi::Buffer<ffi::F32>>()     // q_descale [B, H, ceil(T/64)]
-        .Ret<ffi::AnyBuffer>()            // k8
+        .Ret<ffi::AnyBuffer>()            // k8 [B, S, H_kv, D] e4m3
         .Ret<ffi::Buffer<ffi::F32>>()     // k_descale [B, H_kv, ceil(S/128)]
-        .Ret<ffi::AnyBuffer>()            // vt8 [B, H_kv, D, S_pad]
+        .Ret<ffi::AnyBuffer>()            // v8 [B, S, H_kv, D]
         .Ret<ffi::Buffer<ffi::F32>>()     // v_descale [B, H_kv, D]
-        .Ret<ffi::Buffer<ffi::S32>>()     // v amax workspace [B * H_kv * D]
+        .Ret<ffi::Buffer<ffi::F32>>()     // v_partial workspace (fp8/quantize.h)
         .Attr<bool>("rotate"),
     {xla::ffi::Traits::kCmdBufferCompatible});
 
@@ -175,7 +212,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ctx<ffi::PlatformStream<cudaStream_t>>()
         .Arg<ffi::AnyBuffer>()            // q8 [B, T, H, D] e4m3
         .Arg<ffi::AnyBuffer>()            // k8 [B, S, H_kv, D] e4m3
-        .Arg<ffi::AnyBuffer>()            // vt8 [B, H_kv, D, S_pad] e4m3
+        .Arg<ffi::AnyBuffer>()            // v8 [B, S, H_kv, D] e4m3
         .Arg<ffi::Buffer<ffi::F32>>()     // q_descale
         .Arg<ffi::Buffer<ffi::F32>>()     // k_descale
         .Arg<ffi::Buffer<ffi::F32>>()     // v_descale

@@ -1,49 +1,68 @@
 // The FP8 attention's quantisation pre-pass (jax_flash/_src/fp8/scheme.py,
 // the same values as jax_flash/_src/fp8/quantize.py up to the rounding of the
-// rotation's sums): 16-bit Q, K, V in, e4m3 + float32 descales out.
+// rotation's sums): 16-bit Q, K, V [batch, seq, heads, head_dim] in, e4m3 in
+// the same layouts + float32 descales out.
 //   Q, K: optional rotation along head_dim (x * signs, fast Walsh-Hadamard
-//         transform, / sqrt(D)), one descale per `block` rows of a head;
-//   V:    one descale per (head, channel) over the sequence, written
-//         transposed [batch, heads, head_dim, seq_pad] with the keys of each
-//         group of 32 permuted (scheme.py v_key_permutation).
-// Each launcher reads its input once (V: twice, its amax pass first); all
-// are memory-bound and run on the caller's stream.
+//         transform, / sqrt(D)), one descale per 64 (Q) or 128 (K) rows of a
+//         head;
+//   V:    one descale per (batch, head, channel) over the whole sequence.
+// Two launches on the caller's stream, both memory-bound:
+//   1. one grid of three kinds of CTAs: V's partial channel maxima (one CTA
+//      per (chunk of keys, head, batch), written to the workspace), K's and
+//      Q's row blocks (one CTA per (block, head, batch): amax, scale, e4m3);
+//   2. V: one CTA per (256 keys, head, batch) reduces the partial maxima of
+//      its (batch, head), writes the descales (the CTA of the first keys) and
+//      the e4m3 values with 16-byte stores.
+// Q and K are read once, V twice; no memset, no atomics.
+//
+// Workspace (v_partial, float32): batch * heads_k * v_chunks(seqlen_k) *
+// head_dim elements, v_chunks(s) = min(ceil(s / 512), 32) (the chunks of keys
+// of one (batch, head); jax_flash/_src/fp8/cuda.py computes the same).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "jax_flash/params.h"
 
 namespace jax_flash::fp8 {
 
-// x [batch, n, heads, head_dim] (contiguous) -> x8 (same layout, e4m3) and
-// descale [batch, heads, ceil(n / block)]. signs: [head_dim] +-1 or nullptr
-// (no rotation). head_dim 64, 128 or 256; block 64 or 128.
-struct RowsArgs {
-  const void* x;
+constexpr int kVChunkKeys = 512;  // the fewest keys per chunk (unless s is smaller)
+constexpr int kVMaxChunks = 32;   // the most chunks per (batch, head)
+
+inline int v_chunks(int seqlen_k) {
+  const int c = (seqlen_k + kVChunkKeys - 1) / kVChunkKeys;
+  return c < kVMaxChunks ? c : kVMaxChunks;
+}
+
+inline size_t v_partial_elements(int batch, int heads_k, int seqlen_k, int head_dim) {
+  return size_t(batch) * size_t(heads_k) * size_t(v_chunks(seqlen_k)) * size_t(head_dim);
+}
+
+// q [batch, seqlen_q, heads, head_dim], k and v [batch, seqlen_k, heads_k,
+// head_dim] (contiguous, one dtype) -> q8, k8, v8 (the same shapes, e4m3) and
+// descales q [batch, heads, ceil(seqlen_q / 64)], k [batch, heads_k,
+// ceil(seqlen_k / 128)], v [batch, heads_k, head_dim]. signs: [head_dim] +-1
+// or nullptr (no rotation). head_dim 64, 128 or 256; every pointer 16-byte
+// aligned.
+struct PrepassArgs {
+  const void* q;
+  const void* k;
+  const void* v;
   DType dtype;  // kBFloat16 or kFloat16
   const float* signs;
-  void* x8;
-  float* descale;
-  int batch, n, heads, head_dim, block;
+  void* q8;
+  float* q_descale;
+  void* k8;
+  float* k_descale;
+  void* v8;
+  float* v_descale;
+  float* v_partial;  // workspace, v_partial_elements(...) floats
+  int batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
 };
-bool quantize_rows_supported(const RowsArgs& a);
-cudaError_t quantize_rows(const RowsArgs& a, cudaStream_t stream);
-
-// v [batch, s, heads, head_dim] -> vt8 [batch, heads, head_dim, s_pad] and
-// descale [batch, heads, head_dim]; amax: a [batch, heads, head_dim] uint32
-// workspace (zeroed here on the stream).
-struct ChannelsArgs {
-  const void* v;
-  DType dtype;
-  void* vt8;
-  float* descale;
-  uint32_t* amax;
-  int batch, s, s_pad, heads, head_dim;
-};
-bool quantize_v_supported(const ChannelsArgs& a);
-cudaError_t quantize_v(const ChannelsArgs& a, cudaStream_t stream);
+bool prepass_supported(const PrepassArgs& a);
+cudaError_t prepass(const PrepassArgs& a, cudaStream_t stream);
 
 }  // namespace jax_flash::fp8

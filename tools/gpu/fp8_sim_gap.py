@@ -53,7 +53,7 @@ def main() -> None:
                          num_heads=H, num_kv_heads=H, head_dim=D, dtype="bfloat16")
     q8, qd, k8, kd, v8, vd = quantize.quantize_qkv(q, k, v, seed=0)
     o_k, _ = jax.jit(lambda *a: cuda.forward(spec, *a, None, None, jnp.bfloat16))(
-        q8, qd, k8, kd, quantize.v_kernel_layout(v8), vd)
+        q8, qd, k8, kd, v8, vd)
     o_s, _ = jax.jit(lambda *a: reference.forward(spec, *a, None, None, jnp.float32))(
         q8, qd, k8, kd, v8, vd)
     exact = _dequantised(q8, qd, k8, kd, v8, vd, spec.scale, T, S)

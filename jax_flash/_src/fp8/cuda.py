@@ -57,10 +57,23 @@ def _pad_dim(x, axis: int, to: int):
   return jnp.pad(x, pad)
 
 
+# The pre-pass's workspace (cuda/fp8/quantize.h): per (batch, kv head) the
+# partial channel maxima of V over v_chunks(S) chunks of keys.
+V_CHUNK_KEYS = 512
+V_MAX_CHUNKS = 32
+
+
+def v_chunks(s: int) -> int:
+  """Chunks of keys per (batch, kv head) in the pre-pass's V maxima:
+  min(ceil(s / 512), 32)."""
+  return min(scheme.num_blocks(s, V_CHUNK_KEYS), V_MAX_CHUNKS)
+
+
 def quantize(q, k, v, *, seed):
-  """CUDA pre-pass: the values of quantize.quantize_qkv(q, k, v, seed=seed)
-  with V in v_kernel_layout: (q8, q_descale, k8, k_descale, vt8, v_descale).
-  q, k, v: bf16/fp16 [B, N, H, D] with D in scheme.HEAD_DIMS."""
+  """CUDA pre-pass: the values of quantize.quantize_qkv(q, k, v, seed=seed),
+  (q8, q_descale, k8, k_descale, v8, v_descale), every e4m3 array in its
+  input's layout. q, k, v: bf16/fp16 [B, N, H, D] with D in
+  scheme.HEAD_DIMS."""
   if not ffi.available() or "sm90" not in ffi.families():
     raise Unsupported("the CUDA FP8 pre-pass needs the sm90 build")
   if q.dtype not in (jnp.bfloat16, jnp.float16) or not (
@@ -72,7 +85,6 @@ def quantize(q, k, v, *, seed):
   if D not in scheme.HEAD_DIMS:
     raise Unsupported(f"the CUDA FP8 pre-pass takes head_dim in "
                       f"{scheme.HEAD_DIMS}; got {D}")
-  s_pad = scheme.v_padded_len(S)
   f32 = jnp.float32
   signs = jnp.asarray(scheme.rotation_signs(D, 0 if seed is None else seed))
   out_shapes = (
@@ -80,29 +92,28 @@ def quantize(q, k, v, *, seed):
       jax.ShapeDtypeStruct((B, H, scheme.num_blocks(T, scheme.Q_BLOCK)), f32),
       jax.ShapeDtypeStruct(k.shape, E4M3),
       jax.ShapeDtypeStruct((B, Hk, scheme.num_blocks(S, scheme.K_BLOCK)), f32),
-      jax.ShapeDtypeStruct((B, Hk, D, s_pad), E4M3),
+      jax.ShapeDtypeStruct(v.shape, E4M3),
       jax.ShapeDtypeStruct((B, Hk, D), f32),
-      jax.ShapeDtypeStruct((max(B * Hk * D, 1),), jnp.int32))
+      jax.ShapeDtypeStruct((max(B * Hk * v_chunks(S) * D, 1),), f32))
   *outs, _ = ffi.call(QUANTIZE, out_shapes, q, k, v, signs,
                       rotate=seed is not None)
   return tuple(outs)
 
 
-def forward(spec, q8, q_descale, k8, k_descale, vt8, v_descale, q_seg, kv_seg,
+def forward(spec, q8, q_descale, k8, k_descale, v8, v_descale, q_seg, kv_seg,
             out_dtype):
   """(o [B, T, H, Dp] out_dtype, lse [B, H, T] float32) from the kernel
-  inputs (scheme.py): q8 [B, T, H, Dp], k8 [B, S, H_kv, Dp] e4m3, vt8
-  [B, H_kv, Dp, S_pad] e4m3 (v_kernel_layout), descales float32 q [B, H,
-  ceil(T/64)], k [B, H_kv, ceil(S/128)], v [B, H_kv, Dp]. Dp = 64 runs
-  zero-padded to 128 (the kernel's smallest FP8 head dim)."""
+  inputs (scheme.py): q8 [B, T, H, Dp], k8 and v8 [B, S, H_kv, Dp] e4m3,
+  descales float32 q [B, H, ceil(T/64)], k [B, H_kv, ceil(S/128)], v [B,
+  H_kv, Dp]. Dp = 64 runs zero-padded to 128 (the kernel's smallest FP8
+  head dim)."""
   if jnp.dtype(out_dtype).name not in OUT_DTYPES:
     raise Unsupported(f"the CUDA FP8 kernel writes {', '.join(OUT_DTYPES)}; "
                       f"got {jnp.dtype(out_dtype).name}")
   B, T, H, D = q8.shape
   Dk = kernel_head_dim(D)
   if Dk != D:  # zero columns change neither the scores nor the descales
-    q8, k8 = _pad_dim(q8, 3, Dk), _pad_dim(k8, 3, Dk)
-    vt8 = _pad_dim(vt8, 2, Dk)
+    q8, k8, v8 = (_pad_dim(x, 3, Dk) for x in (q8, k8, v8))
     v_descale = jnp.pad(v_descale, ((0, 0), (0, 0), (0, Dk - D)),
                         constant_values=1.0)
   if spec.has_segment_ids:
@@ -112,7 +123,7 @@ def forward(spec, q8, q_descale, k8, k_descale, vt8, v_descale, q_seg, kv_seg,
   out_shapes = (jax.ShapeDtypeStruct((B, T, H, Dk), out_dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
                 jax.ShapeDtypeStruct((1,), jnp.int32))
-  o, lse, _ = ffi.call(FORWARD, out_shapes, q8, k8, vt8,
+  o, lse, _ = ffi.call(FORWARD, out_shapes, q8, k8, v8,
                        q_descale.astype(jnp.float32),
                        k_descale.astype(jnp.float32),
                        v_descale.astype(jnp.float32), *segs,

@@ -2,10 +2,10 @@
 
 Implementation "xla": quantize.py + `reference.forward`, all plain JAX (XLA
 partitions it like any computation). Implementation "cuda": the CUDA pre-pass
-`cuda.quantize` (three 16-bit inputs, where it serves; else quantize.py and
-quantize.v_kernel_layout) and the sm90 FP8 kernel `cuda.forward`; both opaque
-FFI calls, each wrapped in custom_partitioning over batch/heads, so sharded
-inputs run shard-locally.
+`cuda.quantize` (three 16-bit inputs, where it serves; else quantize.py) and
+the sm90 FP8 kernel `cuda.forward`, which takes Q, K and V in their natural
+layouts; both opaque FFI calls, each wrapped in custom_partitioning over
+batch/heads, so sharded inputs run shard-locally.
 
 What the cuda calls receive: batch-major arrays, head dim zero-padded to
 scheme.padded_head_dim, and an AttentionSpec whose batch/heads are the local
@@ -91,21 +91,20 @@ def _kernel_body(impl, local, *args):
     return reference.forward(local, *_quantize_inputs(parts, forms, seed),
                              q_seg, kv_seg, out_dtype)
   # cuda: the CUDA pre-pass for three 16-bit inputs where it serves, else
-  # quantize.py (plain JAX: XLA partitions it) and V into the kernel's
-  # layout; then the FP8 kernel. The opaque calls are partitioned.
+  # quantize.py (plain JAX: XLA partitions it); then the FP8 kernel. The
+  # opaque calls are partitioned.
   if not any(forms) and _cuda_prepass_serves(parts, seed):
     quantized = _cuda_call("quantize", local, ("q", "kv", "kv"),
                            _PREPASS_OUT, seed=seed)(*parts)
   else:
-    q8, qd, k8, kd, v8, vd = _quantize_inputs(parts, forms, seed)
-    quantized = (q8, qd, k8, kd, quantize.v_kernel_layout(v8), vd)
+    quantized = _quantize_inputs(parts, forms, seed)
   in_roles = _PREPASS_OUT + (("qseg", "kvseg") if segs else ())
   return _cuda_call("forward", local, in_roles, ("q", "lse"),
                     out_dtype=out_dtype.name)(*quantized, *segs)
 
 
 # The pre-pass results' roles in the sharding rule (sharding/rule.py).
-_PREPASS_OUT = ("q", "q_descale", "kv", "k_descale", "v_kernel", "v_descale")
+_PREPASS_OUT = ("q", "q_descale", "kv", "k_descale", "kv", "v_descale")
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,15 +116,15 @@ def _cuda_call(kind, spec, in_roles, out_roles, *, seed=None, out_dtype=None):
                                                           seed=seed))
 
   else:
-    def body(local, q8, qd, k8, kd, vt8, vd, *segs):
+    def body(local, q8, qd, k8, kd, v8, vd, *segs):
       q_seg, kv_seg = segs if segs else (None, None)
-      return tuple(fp8_cuda.forward(local, q8, qd, k8, kd, vt8, vd, q_seg,
+      return tuple(fp8_cuda.forward(local, q8, qd, k8, kd, v8, vd, q_seg,
                                     kv_seg, jnp.dtype(out_dtype)))
   ik = in_roles.index("kv")
 
   def local_body(*args):
-    # Under a jit so that array constants of the body (a rotation matrix,
-    # a permutation) stay inside it: custom_partitioning takes no consts.
+    # Under a jit so that array constants of the body (the rotation signs)
+    # stay inside it: custom_partitioning takes no consts.
     local = sharding.local_spec(spec, args[0].shape, args[ik].shape)
     return jax.jit(lambda *a: tuple(body(local, *a)))(*args)
 

@@ -2,7 +2,7 @@
 
 Arrays are batch-major [B, N, H, D] (N = T for queries, S for keys/values).
 Every backend's FP8 path starts from these arrays (the CUDA pre-pass computes
-the same values, cuda/fp8/quantize_kernel.cuh), so the simulated reference and
+the same values, cuda/fp8/quantize.cu), so the simulated reference and
 the kernel see the same e4m3 inputs.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jax_flash._src.fp8 import scheme
 
@@ -75,17 +74,6 @@ def quantize_v_blocks(x, block: int = scheme.K_BLOCK):
   """V with one scale per block of keys (the alternative to per-channel
   scales that the accuracy study compares): quantize_blocks."""
   return quantize_blocks(x, block)
-
-
-def v_kernel_layout(v8):
-  """[B, S, H_kv, D] e4m3 -> [B, H_kv, D, S_pad] with the keys of each group
-  of 32 permuted (scheme.v_key_permutation) and zero keys past S."""
-  B, S, H, D = v8.shape
-  s_pad = scheme.v_padded_len(S)
-  v = jnp.pad(v8, ((0, 0), (0, s_pad - S), (0, 0), (0, 0)))
-  perm = np.concatenate([g * scheme.V_GROUP + scheme.v_key_permutation()
-                         for g in range(s_pad // scheme.V_GROUP)])
-  return jnp.take(v, jnp.asarray(perm), axis=1).transpose(0, 2, 3, 1)
 
 
 def quantize_qkv(q, k, v, *, seed: int | None):

@@ -79,8 +79,8 @@ def forward(spec: AttentionSpec, q8, q_descale, k8, k_descale, v8, v_descale,
     q_descale: [B, H, ceil(T / Q_BLOCK)] float32.
     k8: [B, S, H_kv, Dp] float8_e4m3fn (rotated, scaled per K_BLOCK keys).
     k_descale: [B, H_kv, ceil(S / K_BLOCK)] float32.
-    v8: [B, S, H_kv, Dp] float8_e4m3fn in the NATURAL layout (not
-      quantize.v_kernel_layout), scaled per channel.
+    v8: [B, S, H_kv, Dp] float8_e4m3fn (the natural layout, as the kernel
+      takes it), scaled per channel.
     v_descale: [B, H_kv, Dp] float32.
     q_seg, kv_seg: [B, T], [B, S] int32, or None (no segment ids).
     out_dtype: dtype of o.

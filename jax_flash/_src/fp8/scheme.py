@@ -22,11 +22,10 @@ uses e4m3's range (up to 2^8 = 256 < 448); P8 = e4m3(P); the row sum l of the
 unrounded P; O = (sum P8 V8) * dv / l; LSE = ln2 * (m - P_OFFSET_LOG2 +
 log2 l).
 
-Kernel layout of V (v_kernel_layout): [B, H_kv, D, S_pad] with S_pad =
-round_up(S, 32), keys permuted within each group of 32 so that the fp32
-accumulator fragment of P is the FP8 A operand of O += P V without shuffles
-(cuda/sm90/ptx/wgmma.cuh, acc_to_a): logical key kappa of a group holds physical
-key v_key_permutation()[kappa].
+Kernel layouts: q8 [B, T, H, D], k8 and v8 [B, S, H_kv, D], e4m3 in the
+layouts of the 16-bit inputs (the CUDA pre-pass writes them so, and so does
+quantize.py). The kernel transposes V in shared memory for the PV product;
+the order of the keys there is its own business.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ Q_BLOCK = 64
 K_BLOCK = 128
 P_OFFSET_LOG2 = 8.0
 HEAD_DIMS = (64, 128, 256)  # Hadamard sizes; other head dims are zero-padded
-V_GROUP = 32  # keys per wgmma k-step of the FP8 PV GEMM
 
 
 def padded_head_dim(d: int) -> int:
@@ -52,20 +50,6 @@ def padded_head_dim(d: int) -> int:
 
 def num_blocks(n: int, block: int) -> int:
   return -(-n // block)
-
-
-def v_key_permutation() -> np.ndarray:
-  """perm[kappa] = physical key (within a group of 32) at logical position
-  kappa: kappa = 16 half + 4 t + i holds key 16 half + 8 (i // 2) + 2 t + i % 2
-  (thread t of a quad holds accumulator columns 2t, 2t+1, 2t+8, 2t+9 of each
-  16 and the FP8 A fragment wants them as k = 4t..4t+3)."""
-  kappa = np.arange(V_GROUP)
-  half, t, i = kappa // 16, (kappa % 16) // 4, kappa % 4
-  return 16 * half + 8 * (i // 2) + 2 * t + i % 2
-
-
-def v_padded_len(s: int) -> int:
-  return num_blocks(s, V_GROUP) * V_GROUP
 
 
 def hadamard(d: int) -> np.ndarray:

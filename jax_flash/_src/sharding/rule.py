@@ -15,8 +15,8 @@ from jax.sharding import PartitionSpec as P
 
 # Role -> dimensions (one letter per axis). b: batch; H: q heads; n: KV
 # heads; t, s: query and key positions (s also a cache's slots); d: head dim;
-# p: a page pool any sequence may read; x, y, z, m: block counts, the kernel
-# layout's last axis, page-table columns.
+# p: a page pool any sequence may read; x, y, m: block counts, page-table
+# columns.
 DIMS = {
     "q": "b t H d",             # query, output, dO, dQ
     "kv": "b s n d",            # key, value (a cache whose row b is sequence b)
@@ -25,7 +25,6 @@ DIMS = {
     "kvseg": "b s",             # key segment ids (and shifts)
     "q_descale": "b H x",       # FP8: per 64 query rows
     "k_descale": "b n y",       # FP8: per 128 keys
-    "v_kernel": "b n d z",      # FP8: V in the kernel's layout
     "v_descale": "b n d",       # FP8: per channel
     "pages": "p s n d",         # a K/V page pool
     "page_descale": "p n s",    # an FP8 page pool's scales
