@@ -14,8 +14,9 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             causal, through the packing pre-pass
   decode    attention_with_kvcache, one new token: a contiguous cache with
             ragged lengths split in three, and a paged one (shuffled pages)
-  fp8       fp8_attention (the quantisation pre-pass and the FP8 forward),
-            causal, T=200 S=333
+  fp8       fp8_attention (the quantisation pre-pass and the FP8 forward, its
+            V transpose in shared memory), T=200 S=333, D = 64 and 128
+            causal, D = 256 not
 Each case prints "== case NAME" before it and "== case NAME: ok|FAILED ..."
 after its results are ready (a pause then lets compute-sanitizer print that
 case's reports before the next marker). Exits non-zero if a result is not
@@ -132,11 +133,15 @@ def decode():
 
 
 def fp8():
-  B, T, S, H, D = 1, 200, 333, 2, 128
-  q, k, v = normal(B, T, H, D), normal(B, S, H, D), normal(B, S, H, D)
-  out = jax_flash.fp8_attention(q, k, v, causal=True, return_lse=True,
-                                implementation="cuda")
-  return [(f"B={B} T={T} S={S} H={H} D={D} causal", finite(out))]
+  B, T, S, H = 1, 200, 333, 2
+  results = []
+  for D, causal in ((64, True), (128, True), (256, False)):
+    q, k, v = normal(B, T, H, D), normal(B, S, H, D), normal(B, S, H, D)
+    out = jax_flash.fp8_attention(q, k, v, causal=causal, return_lse=True,
+                                  implementation="cuda")
+    results.append((f"B={B} T={T} S={S} H={H} D={D} causal={causal}",
+                    finite(out)))
+  return results
 
 
 CASES = dict(dense=dense, sm90_fwd=sm90_fwd, sm90_bwd=sm90_bwd, sm80=sm80,
