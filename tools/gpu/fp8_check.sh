@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The FP8 check, run on an H200 from the repo root in one command:
 #   tests      JAX_FLASH_POISON_OUTPUTS=1 pytest -q -m gpu tests/test_fp8.py tests/test_fp8_cuda.py
-#   sanitizer  compute-sanitizer memcheck on one small fp8_attention(implementation="cuda")
-#              call (B=1 T=200 S=333 H=2 D=128 causal: the quantisation pre-pass and the
-#              FP8 forward kernel), separate device allocations, outputs NaN-poisoned
+#   sanitizer  compute-sanitizer memcheck and racecheck on tools/gpu/sanitize_case.py fp8
+#              (fp8_attention(implementation="cuda") at T=200 S=333, D = 64, 128, 256: the
+#              quantisation pre-pass and the FP8 forward), separate device allocations,
+#              outputs NaN-poisoned
 #   accuracy   benchmarks/fp8_accuracy.py --out $OUT/fp8_accuracy.json
 #   bench      benchmarks/bench_fp8.py --out $OUT/h200_fp8.json
 #   gap        tools/gpu/fp8_sim_gap.py: kernel vs simulation as S grows (not in the default steps)
@@ -70,30 +71,21 @@ if has tests; then
 fi
 
 if has sanitizer; then
-  t0=$SECONDS
+  # tools/gpu/sanitize_case.py fp8: the pre-pass and the FP8 forward (V transposed
+  # in shared memory) at D = 64, 128, 256; memcheck and racecheck.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-  read -r -d '' CASE <<'EOF'
-import numpy as np, jax, jax.numpy as jnp, jax_flash
-rng = np.random.default_rng(3)
-B, T, S, H, D = 1, 200, 333, 2, 128
-q, k, v = (jnp.asarray(rng.standard_normal((B, n, H, D)), jnp.bfloat16) for n in (T, S, S))
-o, lse = jax_flash.fp8_attention(q, k, v, causal=True, return_lse=True, implementation="cuda")
-o, lse = jax.block_until_ready((o, lse))
-ok = bool(jnp.all(jnp.isfinite(o.astype(jnp.float32)))) and bool(jnp.all(jnp.isfinite(lse)))
-ref = jax_flash.attention(q, k, v, causal=True, implementation="xla")
-err = float(jnp.max(jnp.abs(o.astype(jnp.float32) - ref.astype(jnp.float32))))
-print(f"fp8_attention cuda B={B} T={T} S={S} H={H} D={D} causal: finite={ok} max|o - bf16 xla|={err:.3e}")
-raise SystemExit(0 if ok else 1)
-EOF
   if [[ -z $SAN ]]; then
     note "sanitizer: compute-sanitizer not found, skipped"
   else
-    # Platform allocator: every buffer its own cudaMalloc, so memcheck sees the edges.
-    XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 \
-      timeout -k 10 "$(limit ${SANITIZER_TIMEOUT:-150})" "$SAN" --tool memcheck --error-exitcode 1 \
-      $PY -c "$CASE" 2>&1 | tee "$OUT/sanitizer.log" | tail -15
-    rc=${PIPESTATUS[0]}
-    note "sanitizer (memcheck): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1) $(grep -E '^fp8_attention' "$OUT/sanitizer.log" | tail -1) ($((SECONDS - t0)) s)"
+    for tool in memcheck racecheck; do
+      t0=$SECONDS
+      # Platform allocator: every buffer its own cudaMalloc, so memcheck sees the edges.
+      XLA_PYTHON_CLIENT_ALLOCATOR=platform XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 \
+        timeout -k 10 "$(limit ${SANITIZER_TIMEOUT:-150})" "$SAN" --tool "$tool" --error-exitcode 1 \
+        $PY tools/gpu/sanitize_case.py fp8 2>&1 | tee "$OUT/sanitizer_$tool.log" | tail -8
+      rc=${PIPESTATUS[0]}
+      note "sanitizer ($tool): rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1) $(grep -cE '^== case fp8: ok' "$OUT/sanitizer_$tool.log") case ok ($((SECONDS - t0)) s)"
+    done
   fi
 fi
 
