@@ -17,14 +17,6 @@ OUT_DTYPES = ("bfloat16", "float16")
 E4M3 = jnp.float8_e4m3fn
 
 
-def kernel_head_dim(d: int) -> int:
-  """The head dim the kernel runs: its sm90_fp8 bucket (64 runs zero-padded to
-  128)."""
-  # check() refuses past the largest bucket; clamped so that this stays total.
-  largest = kernel_table.max_head_dim("sm90_fp8")
-  return kernel_table.bucket("sm90_fp8", min(d, largest))
-
-
 def check(spec, platform: str) -> None:
   """Raises Unsupported (saying why) unless the sm90 FP8 kernel serves `spec`."""
   if platform not in ("gpu", "cuda"):
@@ -47,26 +39,6 @@ def check(spec, platform: str) -> None:
   if not spec.bottom_right:
     raise Unsupported("the CUDA FP8 kernel takes the bottom-right alignment "
                       "only")
-
-
-def _pad_dim(x, axis: int, to: int):
-  if x.shape[axis] == to:
-    return x
-  pad = [(0, 0)] * x.ndim
-  pad[axis] = (0, to - x.shape[axis])
-  return jnp.pad(x, pad)
-
-
-# The pre-pass's workspace (cuda/fp8/quantize.h): per (batch, kv head) the
-# partial channel maxima of V over v_chunks(S) chunks of keys.
-V_CHUNK_KEYS = 512
-V_MAX_CHUNKS = 32
-
-
-def v_chunks(s: int) -> int:
-  """Chunks of keys per (batch, kv head) in the pre-pass's V maxima:
-  min(ceil(s / 512), 32)."""
-  return min(scheme.num_blocks(s, V_CHUNK_KEYS), V_MAX_CHUNKS)
 
 
 def quantize(q, k, v, *, seed):
@@ -105,22 +77,20 @@ def forward(spec, q8, q_descale, k8, k_descale, v8, v_descale, q_seg, kv_seg,
   """(o [B, T, H, Dp] out_dtype, lse [B, H, T] float32) from the kernel
   inputs (scheme.py): q8 [B, T, H, Dp], k8 and v8 [B, S, H_kv, Dp] e4m3,
   descales float32 q [B, H, ceil(T/64)], k [B, H_kv, ceil(S/128)], v [B,
-  H_kv, Dp]. Dp = 64 runs zero-padded to 128 (the kernel's smallest FP8
-  head dim)."""
+  H_kv, Dp]. Dp (scheme.padded_head_dim: 64, 128 or 256) is one of the
+  kernel's head dims (kernel_table "sm90_fp8")."""
   if jnp.dtype(out_dtype).name not in OUT_DTYPES:
     raise Unsupported(f"the CUDA FP8 kernel writes {', '.join(OUT_DTYPES)}; "
                       f"got {jnp.dtype(out_dtype).name}")
   B, T, H, D = q8.shape
-  Dk = kernel_head_dim(D)
-  if Dk != D:  # zero columns change neither the scores nor the descales
-    q8, k8, v8 = (_pad_dim(x, 3, Dk) for x in (q8, k8, v8))
-    v_descale = jnp.pad(v_descale, ((0, 0), (0, 0), (0, Dk - D)),
-                        constant_values=1.0)
+  if kernel_table.bucket("sm90_fp8", D) != D:
+    raise Unsupported(f"the CUDA FP8 kernel runs head dims "
+                      f"{kernel_table.HEAD_DIMS['sm90_fp8']}; got {D}")
   if spec.has_segment_ids:
     segs = (q_seg.astype(jnp.int32), kv_seg.astype(jnp.int32))
   else:
     segs = (jnp.zeros((1,), jnp.int32),) * 2
-  out_shapes = (jax.ShapeDtypeStruct((B, T, H, Dk), out_dtype),
+  out_shapes = (jax.ShapeDtypeStruct((B, T, H, D), out_dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
                 jax.ShapeDtypeStruct((1,), jnp.int32))
   o, lse, _ = ffi.call(FORWARD, out_shapes, q8, k8, v8,
@@ -128,5 +98,5 @@ def forward(spec, q8, q_descale, k8, k_descale, v8, v_descale, q_seg, kv_seg,
                        k_descale.astype(jnp.float32),
                        v_descale.astype(jnp.float32), *segs,
                        **ffi.mask_attrs(spec, shifts=False))
-  return o[..., :D], lse
+  return o, lse
 
