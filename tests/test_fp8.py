@@ -711,7 +711,7 @@ def test_cuda_plumbing(fake_cuda, pre_pass, rng):
 def test_cuda_ffi_operands(monkeypatch):
   """fp8/cuda.py's FFI calls with a stand-in for the extension: the pre-pass
   returns V and the forward takes it in the natural layout [B, S, H_kv, D]
-  like K (head dim 64 zero-padded to the kernel's 128), and the pre-pass's
+  like K (head dim 64 as it is: a kernel head dim), and the pre-pass's
   workspace follows cuda/fp8/quantize.h's rule."""
   seen = {}
 
@@ -747,11 +747,12 @@ def test_cuda_ffi_operands(monkeypatch):
       lambda *a: fp8_cuda.forward(c.spec(), *a, None, None, jnp.bfloat16),
       *out)
   assert o.shape == q.shape and lse.shape == (c.B, c.H, c.T)
-  args, _ = seen[fp8_cuda.FORWARD]
-  dk = 128
-  assert args[:6] == [((c.B, c.T, c.H, dk), E4M3), ((c.B, c.S, c.Hk, dk), E4M3),
-                      ((c.B, c.S, c.Hk, dk), E4M3), ((c.B, c.H, 2), F32),
-                      ((c.B, c.Hk, 9), F32), ((c.B, c.Hk, dk), F32)]
+  args, results = seen[fp8_cuda.FORWARD]
+  d = c.D
+  assert args[:6] == [((c.B, c.T, c.H, d), E4M3), ((c.B, c.S, c.Hk, d), E4M3),
+                      ((c.B, c.S, c.Hk, d), E4M3), ((c.B, c.H, 2), F32),
+                      ((c.B, c.Hk, 9), F32), ((c.B, c.Hk, d), F32)]
+  assert results[0] == ((c.B, c.T, c.H, d), jnp.dtype(jnp.bfloat16))
 
 
 # ---------------------------------------------------------------------------

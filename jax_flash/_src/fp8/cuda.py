@@ -41,6 +41,18 @@ def check(spec, platform: str) -> None:
                       "only")
 
 
+# The pre-pass's workspace (cuda/fp8/quantize.h): per (batch, kv head) the
+# partial channel maxima of V over v_chunks(S) chunks of keys.
+V_CHUNK_KEYS = 512
+V_MAX_CHUNKS = 32
+
+
+def v_chunks(s: int) -> int:
+  """Chunks of keys per (batch, kv head) in the pre-pass's V maxima:
+  min(ceil(s / 512), 32)."""
+  return min(scheme.num_blocks(s, V_CHUNK_KEYS), V_MAX_CHUNKS)
+
+
 def quantize(q, k, v, *, seed):
   """CUDA pre-pass: the values of quantize.quantize_qkv(q, k, v, seed=seed),
   (q8, q_descale, k8, k_descale, v8, v_descale), every e4m3 array in its
