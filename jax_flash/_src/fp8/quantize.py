@@ -38,7 +38,8 @@ def _scales(amax):
   On the GPU, XLA's code for 448 / amax is not correctly rounded (the CUDA
   pre-pass's __fdiv_rn is), so an inverse there can be one ulp off and move a value
   that sits on an e4m3 rounding tie by one step (about 0.1% of the values of
-  bf16 inputs); on the CPU both agree bit for bit."""
+  bf16 inputs); on the CPU the inverses agree bit for bit (the descales
+  within an ulp: XLA multiplies by 1 / 448)."""
   amax = amax.astype(jnp.float32)
   nz = amax > 0
   safe = jnp.where(nz, amax, 1.0)
