@@ -5,7 +5,8 @@
 // Producer (one thread of the producer warpgroup): per tile, K of the first
 // (highest) KV block, then Q (once the consumers released the previous Q),
 // then K[n-1] and V[n] for each block n going down (the order in which the
-// overlapped consumer uses them). Every load is a set of TMA boxes (one per
+// overlapped consumer uses them; 8-bit: V[n] first, which the transposers
+// need before the consumers do). Every load is a set of TMA boxes (one per
 // 128-byte column block of the head dim) completing on the slot's "full"
 // mbarrier; the slot is refilled only after its "empty" mbarrier saw every
 // consumer warp.
@@ -295,8 +296,13 @@ struct FwdMainloop {
       tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * kBlockM * kRowBytes, cb * kRowElems, m0, head, batch);
     if (has_keys) wait_o_free();
     for (int n = n_last - 1; n >= n_first; --n) {
-      if (n > n_first) load_k(n - 1);
-      load_v(n);
+      if constexpr (kVTransposed) {  // V first (FA3's FP8 order): the transposers work on it
+        load_v(n);                   // while K[n-1] loads
+        if (n > n_first) load_k(n - 1);
+      } else {
+        if (n > n_first) load_k(n - 1);
+        load_v(n);
+      }
     }
     return has_keys ? n_last - n_first : 0;
   }
