@@ -21,6 +21,9 @@ inputs, forward only:
                          row's `entry_ops` lists what XLA runs besides the
                          kernel, so one sees whether it adds work)
   jax_flash_fp8_e2e      fp8_attention from bf16: quantisation included
+  jax_flash_fp8_prepass  the quantisation alone (the CUDA pre-pass on a GPU,
+                         quantize.py elsewhere): rows carry `gbps` (bytes of
+                         the 16-bit q, k, v read) instead of TF/s
   cudnn_fp8              cuDNN FP8 flash attention (jax._src.cudnn.
                          fused_attention_stablehlo.dot_product_attention,
                          use_fp8=True) on e4m3 inputs cast before the timing
@@ -77,7 +80,8 @@ FP8_PARAM_NAMES = (
     "descale_dP", "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
 
 ALL_IMPLS = ("jax_flash_fp8", "jax_flash_fp8_tensors", "jax_flash_fp8_e2e",
-             "cudnn_fp8", "cudnn_fp8_e2e", "cudnn_bf16", "jax_flash_bf16")
+             "jax_flash_fp8_prepass", "cudnn_fp8", "cudnn_fp8_e2e",
+             "cudnn_bf16", "jax_flash_bf16")
 FP8_IMPLS = {"jax_flash_fp8", "jax_flash_fp8_tensors", "jax_flash_fp8_e2e",
              "cudnn_fp8", "cudnn_fp8_e2e"}
 E2E_IMPLS = {"jax_flash_fp8_e2e", "cudnn_fp8_e2e"}
@@ -280,6 +284,14 @@ def build(impl, shape, q, k, v, platform):
     step = jax.jit(lambda q, k, v: jax_flash.fp8_attention(
         q, k, v, causal=causal, implementation=ours))
     return step, (q, k, v), {"via": "fp8_attention(bf16)"}
+  if impl == "jax_flash_fp8_prepass":
+    if platform == "gpu":
+      fp8_cuda = _fp8_cuda()
+      step = jax.jit(lambda q, k, v: tuple(fp8_cuda.quantize(q, k, v, seed=0)))
+      return step, (q, k, v), {"via": "jax_flash._src.fp8.cuda.quantize"}
+    from jax_flash._src.fp8 import quantize as fp8_quantize
+    step = jax.jit(lambda q, k, v: fp8_quantize.quantize_qkv(q, k, v, seed=0))
+    return step, (q, k, v), {"via": "jax_flash._src.fp8.quantize.quantize_qkv"}
   if impl in ("cudnn_fp8", "cudnn_fp8_e2e"):
     (q8, dq), (k8, dk), (v8, dv) = jax.block_until_ready(jax.jit(
         lambda q, k, v: (per_tensor_e4m3(q), per_tensor_e4m3(k),
@@ -396,11 +408,18 @@ def run_shape(shape, impls, platform, *, iters, repeats, warmup, date,
     ms = timed.get(impl)
     if isinstance(ms, Exception):
       rec["error"] = _err(ms)
+    elif ms is not None and impl == "jax_flash_fp8_prepass":
+      rec["ms"] = float(f"{ms:.6g}")
+      read = 2 * shape.D * (shape.B * shape.T * shape.H
+                            + 2 * shape.B * shape.S * shape.H_kv)
+      rec["gbps"] = float(f"{read / (ms * 1e-3) / 1e9:.6g}")
     elif ms is not None:
       rec["ms"] = float(f"{ms:.6g}")
       rec["tflops"] = float(f"{shape.flops('fwd') / (ms * 1e-3) / 1e12:.6g}")
     rows.append(rec)
-    status = (f"{ba.format_ms(rec['ms'])}  {ba.format_rate(rec['tflops'])}"
+    rate = (f"{rec['gbps']:.0f} GB/s" if rec.get("gbps") is not None else
+            ba.format_rate(rec["tflops"]) if rec["tflops"] is not None else "")
+    status = (f"{ba.format_ms(rec['ms'])}  {rate}"
               if rec["ms"] is not None else rec.get("error", "?")[:150])
     print(f"  {shape.label():34s} {impl:22s} {status}", flush=True)
   by = {r["impl"]: r["tflops"] for r in rows}
@@ -409,6 +428,7 @@ def run_shape(shape, impls, platform, *, iters, repeats, warmup, date,
                   else "cudnn_fp8")
     r["cudnn_fp8_tflops"] = peer
     r["cudnn_bf16_tflops"] = by.get("cudnn_bf16")
+    r["bf16_tflops"] = by.get("jax_flash_bf16")
     r["speedup_vs_cudnn_fp8"] = (round(r["tflops"] / peer, 3)
                                  if peer and r["tflops"] else None)
     r["speedup_vs_cudnn_bf16"] = (round(r["tflops"] / by["cudnn_bf16"], 3)
@@ -449,6 +469,14 @@ def print_table(records):
           f" {ratio(g.get('jax_flash_fp8_e2e'), g.get('cudnn_fp8_e2e')):>8s}"
           f" {ratio(g.get('jax_flash_fp8'), g.get('jax_flash_bf16')):>7s}"
           f" {ratio(g.get('jax_flash_fp8'), g.get('cudnn_bf16')):>9s}")
+  prepass = [r for r in records
+             if r["impl"] == "jax_flash_fp8_prepass" and r.get("ms")]
+  if prepass:
+    print("\nQuantisation alone (jax_flash_fp8_prepass): ms, GB/s of 16-bit "
+          "q, k, v read")
+    for r in sorted(prepass, key=lambda r: (r["D"], r["T"], r["causal"])):
+      print(f"{r['D']:4d} {r['T']:6d} {str(r['causal']):>6s} "
+            f"{r['ms']:10.4f} {r['gbps']:10.4g}")
   errors = [r for r in records if r.get("error")]
   for r in errors:
     print(f"  error D={r['D']} T={r['T']} causal={r['causal']} "
