@@ -262,6 +262,42 @@ def test_pallas_draws_the_same_mask_as_xla(kw, rng, x64):
     np.testing.assert_allclose(a, b, atol=1e-10)
 
 
+def _kernel_primitives(jaxpr, out, inside=False):
+  """Names of the primitives inside every pallas_call of a jaxpr."""
+  for eqn in jaxpr.eqns:
+    if inside:
+      out.add(eqn.primitive.name)
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (list, tuple)) else [p]:
+        j = getattr(sub, "jaxpr", sub)
+        if hasattr(j, "eqns"):
+          _kernel_primitives(j, out, inside or eqn.primitive.name == "pallas_call")
+  return out
+
+
+def test_pallas_dropout_kernels_lower_to_triton():
+  """Every primitive of the Pallas kernels with dropout (forward and both
+  backward kernels) has a rule in Pallas's Triton lowering, so the GPU path
+  lowers (the kernel jaxprs are the same in interpret mode)."""
+  try:
+    from jax._src.pallas.triton import lowering as triton_lowering
+  except ImportError as e:  # the Triton lowering moved or is gone
+    pytest.skip(f"jax's Pallas Triton lowering is not importable: {e}")
+  rules = {getattr(p, "name", str(p))
+           for p in triton_lowering.triton_lowering_rules}
+  q = jnp.zeros((1, 200, 2, 64), jnp.bfloat16)
+  f = lambda q, k, v: jax_flash.attention(
+      q, k, v, implementation="pallas", dropout_rate=0.1,
+      dropout_rng=jax.random.key(0), causal=True)
+  g = jax.grad(lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(),
+               argnums=(0, 1, 2))
+  prims = set()
+  for fn in (f, g):
+    _kernel_primitives(jax.make_jaxpr(fn)(q, q, q).jaxpr, prims)
+  assert {"xor", "shift_right_logical"} <= prims  # the generator is in there
+  assert not prims - rules, sorted(prims - rules)
+
+
 def test_errors(rng):
   q, k, v = _qkv(rng, 1, 8, 8, 2, 2, 8, np.float32)
   with pytest.raises(ValueError, match="needs dropout_rng"):

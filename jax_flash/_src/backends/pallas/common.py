@@ -118,7 +118,9 @@ def dropout_key(refs, spec):
   """The kernel's (k0, k1) from its dropout input (with_dropout_key), or None."""
   if not spec.has_dropout:
     return None
-  words = refs[n_mask_refs(spec)][...]
+  # Scalar loads from the ref (a slice of a loaded array is not a primitive
+  # Triton lowers).
+  words = refs[n_mask_refs(spec)]
   return words[0], words[1]
 
 
