@@ -327,9 +327,10 @@ def test_errors(rng):
 
 
 def test_mask_does_not_depend_on_the_mesh(rng):
-  """Batch- and head-sharded inputs (the xla path is plain JAX; XLA
-  partitions it): the same result, bit for bit, as one device, because the
-  mask is drawn at global positions."""
+  """Batch- and head-sharded inputs, on Auto mesh axes (the xla path is
+  plain JAX; XLA partitions it) and on explicit ones (one call per shard):
+  the same result, bit for bit, as one device, because the mask is drawn at
+  global positions."""
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices (conftest asks XLA for 8 host devices)")
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -345,13 +346,28 @@ def test_mask_does_not_depend_on_the_mesh(rng):
       q, k, v, dropout_rate=0.4, dropout_rng=jax.random.key(2)).sum(), argnums=(0, 1, 2)))
   for a, b in zip(g(put(q), put(k), put(v)), g(q, k, v)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-  # Explicit mesh axes are refused for now (their per-shard call would see
-  # local positions).
+  # Explicit mesh axes run one call per shard (shard_map), each with the key
+  # words of its own origin: the same mask again, on every backend that
+  # serves the shard, forward and backward.
   explicit = jax.make_mesh((2, 4), ("b", "h"),
                            axis_types=(jax.sharding.AxisType.Explicit,) * 2)
   put_e = lambda x: jax.device_put(x, NamedSharding(explicit, P("b", None, "h")))
-  with pytest.raises(ValueError, match="explicit"):
-    f(put_e(q), put_e(k), put_e(v))
+  use_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+  with use_mesh(explicit):
+    got_e = f(put_e(q), put_e(k), put_e(v))
+    grads_e = g(put_e(q), put_e(k), put_e(v))
+  np.testing.assert_array_equal(np.asarray(got_e), np.asarray(want))
+  for a, b in zip(grads_e, g(q, k, v)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  # Batch alone on one axis, the other replicated; and the broadcast mask.
+  for spec, kw in ((P("b", None, None), {}), (P(None, None, "h"),
+                                             dict(dropout_broadcast=True))):
+    h = jax.jit(lambda q, k, v: jax_flash.attention(
+        q, k, v, dropout_rate=0.25, dropout_rng=jax.random.key(5), **kw))
+    put_s = lambda x: jax.device_put(x, NamedSharding(explicit, spec))
+    with use_mesh(explicit):
+      got_s = h(put_s(q), put_s(k), put_s(v))
+    np.testing.assert_array_equal(np.asarray(got_s), np.asarray(h(q, k, v)))
 
 
 @pytest.mark.parametrize("rate", [1e-4, 1 / 1024, 1 / 512])

@@ -116,13 +116,8 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
   branches = backends.choose_per_platform(spec, implementation, _platform(q))
   key = ()  # dropout's key words: operands after the segment ids
   if spec.has_dropout:
-    # Explicit mesh axes run the call per shard (sharding.call's shard_map),
-    # where a shard does not know its global (batch, head) positions.
-    if sharding.explicit_spec(q) is not None:
-      raise ValueError(
-          "dropout_rate with inputs sharded over explicit mesh axes is not "
-          "supported yet; shard over Auto axes (plain NamedSharding), where "
-          "the mask is the same as on one device")
+    # On explicit mesh axes sharding.call gives each shard the words of its
+    # own origin, so every mesh draws the mask of one device.
     key = dropout.key_words(dropout_rng)
   if no_rows(batch_shape + (H,)):
     return empty_result(q, return_lse)

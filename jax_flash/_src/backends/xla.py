@@ -147,8 +147,9 @@ def _block_keep(spec, dropout_key, i, j, bq, bk, batch):
 def forward(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
             shifts=None, dropout_key=None):
   """(o, lse). shifts: None, or (q_shift, kv_shift) with spec.has_shifts.
-  dropout_key: None, or (k0, k1) with spec.has_dropout: O = (P * Z /
-  (1 - rate)) V with the LSE of the undropped P."""
+  dropout_key: None, or the key words (core/dropout.py key_words) with
+  spec.has_dropout: O = (P * Z / (1 - rate)) V with the LSE of the undropped
+  P."""
   acc_t = softmax.accum_dtype(q.dtype)
   B = q.shape[0]
   rate = spec.dropout_rate

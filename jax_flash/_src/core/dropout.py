@@ -110,13 +110,19 @@ def tile_keep(spec, key, batch, head, rows, cols):
 
   spec: the request (its dropout_rate, and dropout_broadcast, which draws
   every batch element and head at (0, 0): one mask for all, as Flax's
-  broadcast_dropout); key: (k0, k1). batch, head, rows, cols:
-  broadcastable global positions."""
+  broadcast_dropout); key: the call's words (k0, k1, batch0, head0)
+  (key_words; batch0, head0: where the call's batch and heads start in the
+  whole request, nonzero in one shard of a sharded call). batch, head, rows,
+  cols: broadcastable positions in the call (rows and cols global)."""
   if key is None:
     return None
+  k0, k1, batch0, head0 = key
   if spec.dropout_broadcast:
     batch, head = 0, 0
-  return keep_mask(key, batch, head, rows, cols, spec.dropout_rate)
+  else:
+    batch = jnp.asarray(batch, jnp.uint32) + jnp.asarray(batch0, jnp.uint32)
+    head = jnp.asarray(head, jnp.uint32) + jnp.asarray(head0, jnp.uint32)
+  return keep_mask((k0, k1), batch, head, rows, cols, spec.dropout_rate)
 
 
 def apply(x, keep, rate: float):
@@ -135,8 +141,10 @@ def keep_mask_np(key, batch, head, rows, cols, rate: float) -> np.ndarray:
 
 
 def key_words(rng):
-  """The generator's key (k0, k1) from a user's `dropout_rng` (a typed
-  jax.random key or a raw uint32[2] PRNGKey), with the argument checked."""
+  """The words a call's kernels get: the generator's key (k0, k1) from a
+  user's `dropout_rng` (a typed jax.random key or a raw uint32[2] PRNGKey),
+  with the argument checked, and the call's origin (batch0, head0) = (0, 0)
+  (with_origin moves it for one shard)."""
   if not (isinstance(rng, jax.Array) or hasattr(rng, "dtype")):
     raise ValueError(f"dropout_rng must be a jax.random key; got {type(rng).__name__}")
   if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
@@ -148,4 +156,13 @@ def key_words(rng):
   if rng.shape != ():
     raise ValueError(f"dropout_rng must be one key (shape ()); got shape "
                      f"{rng.shape}; use vmap for one key per example")
-  return seed_words(rng)
+  zero = jnp.uint32(0)
+  return tuple(seed_words(rng)) + (zero, zero)
+
+
+def with_origin(key, batch0, head0):
+  """key_words with the origin (batch0, head0) added: the words of the shard
+  whose first batch element and head are those of the whole request."""
+  k0, k1, b0, h0 = key
+  return (k0, k1, jnp.asarray(b0, jnp.uint32) + jnp.asarray(batch0, jnp.uint32),
+          jnp.asarray(h0, jnp.uint32) + jnp.asarray(head0, jnp.uint32))

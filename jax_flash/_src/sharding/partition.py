@@ -44,6 +44,7 @@ from jax.sharding import NamedSharding
 
 from jax_flash._src.sharding.plan import (axis_size, explicit_spec,
                                           mesh_or_replica, plan, pspec)
+from jax_flash._src.core import dropout
 from jax_flash._src.sharding.rule import role_spec, sharding_rule
 
 
@@ -137,13 +138,16 @@ def partitioned(kind: str, spec, body):
 def call(fn_for_spec, spec, *args, roles=None):
   """fn_for_spec(local_spec)(*args) -> (o, lse), per shard if needed.
 
-  args: q, k, v, then segment ids (and shifts); q, k, v may be pytrees (an
-  Fp8Tensor). roles: per argument its role, or a pytree of roles matching
-  it (default: q, kv, kv, then segment ids).
+  args: q, k, v, then segment ids (and shifts), then with spec.has_dropout
+  dropout's four key words (core/dropout.py key_words: each shard gets the
+  words of its own origin, so it draws the request's mask); q, k, v may be
+  pytrees (an Fp8Tensor). roles: per argument its role, or a pytree of roles
+  matching it (default: q, kv, kv, segment ids, key words).
   """
+  n_key = 4 if spec.has_dropout else 0
   if roles is None:
-    roles = ("q", "kv", "kv") + ("qseg", "kvseg", "qseg", "kvseg")[
-        :len(args) - 3]
+    roles = (("q", "kv", "kv") + ("qseg", "kvseg", "qseg", "kvseg")[
+        :len(args) - 3 - n_key] + ("scalar",) * n_key)
   found = explicit_spec(jax.tree.leaves(args[0])[0])
   if found is None:
     return fn_for_spec(spec)(*args)
@@ -160,8 +164,17 @@ def call(fn_for_spec, spec, *args, roles=None):
   local = dataclasses.replace(spec, batch=spec.batch // n_batch,
                               num_heads=spec.num_heads // n_heads,
                               num_kv_heads=spec.num_kv_heads // n_heads)
+
+  def shard_fn(*a):
+    if n_key:  # this shard's first batch element and head in the request
+      index = lambda axes: 0 if axes is None else jax.lax.axis_index(axes)
+      a = a[:-n_key] + dropout.with_origin(
+          a[-n_key:], index(batch_axes) * local.batch,
+          index(head_axes) * local.num_heads)
+    return fn_for_spec(local)(*a)
+
   per_shard = jax.shard_map(
-      fn_for_spec(local), mesh=mesh, in_specs=in_specs,
+      shard_fn, mesh=mesh, in_specs=in_specs,
       out_specs=(role_spec("q", batch_axes, head_axes),
                  role_spec("lse", batch_axes, head_axes)),
       check_vma=False)

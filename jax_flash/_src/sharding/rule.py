@@ -31,6 +31,7 @@ DIMS = {
     "cache_descale": "b n s",   # an FP8 cache's scales, row b = sequence b
     "table": "b m",             # page table
     "lengths": "b",             # per-sequence lengths
+    "scalar": "",               # a replicated scalar (dropout's key words)
 }
 _SHARDED = ("b", "n", "h")
 

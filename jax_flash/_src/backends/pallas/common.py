@@ -104,24 +104,24 @@ def positions(start, size: int, axis: int):
 
 
 def with_dropout_key(args: list, in_specs: list, dropout_key):
-  """(args, in_specs) with the dropout key words (k0, k1) appended as one
-  uint32 [2] input after the segment ids (unchanged without dropout)."""
+  """(args, in_specs) with the dropout key words (k0, k1, batch0, head0,
+  dropout.key_words) appended as one uint32 [4] input after the segment ids
+  (unchanged without dropout)."""
   if dropout_key is None:
     return list(args), list(in_specs)
-  k0, k1 = dropout_key
-  words = jnp.stack([jnp.asarray(k0, jnp.uint32), jnp.asarray(k1, jnp.uint32)])
-  spec = pl.BlockSpec((2,), lambda *_: (0,))
+  words = jnp.stack([jnp.asarray(w, jnp.uint32) for w in dropout_key])
+  spec = pl.BlockSpec((4,), lambda *_: (0,))
   return list(args) + [words], list(in_specs) + [spec]
 
 
 def dropout_key(refs, spec):
-  """The kernel's (k0, k1) from its dropout input (with_dropout_key), or None."""
+  """The kernel's key words from its dropout input (with_dropout_key), or None."""
   if not spec.has_dropout:
     return None
   # Scalar loads from the ref (a slice of a loaded array is not a primitive
   # Triton lowers).
   words = refs[n_mask_refs(spec)]
-  return words[0], words[1]
+  return tuple(words[i] for i in range(4))
 
 
 def n_mask_refs(spec: AttentionSpec) -> int:
