@@ -262,6 +262,29 @@ def test_pallas_draws_the_same_mask_as_xla(kw, rng, x64):
     np.testing.assert_allclose(a, b, atol=1e-10)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu",
+                    reason="needs a GPU (Pallas lowered to Triton)")
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window=(9, 2))],
+                         ids=["causal", "window"])
+def test_pallas_dropout_on_the_gpu(kw, rng):
+  """The Pallas kernels with dropout compiled by Triton draw the xla path's
+  mask: float32 values and gradients agree to float32 rounding (a different
+  mask would differ by O(1))."""
+  B, T, S, H, Hk, D = 2, 45, 70, 4, 2, 64
+  q, k, v = _qkv(rng, B, T, S, H, Hk, D, np.float32)
+  do = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+  def run(impl):
+    f = lambda q, k, v: jax_flash.attention(
+        q, k, v, dropout_rate=0.3, dropout_rng=jax.random.key(11),
+        implementation=impl, **kw)
+    o, vjp = jax.vjp(f, q, k, v)
+    return (o,) + vjp(do)
+  for a, b in zip(run("pallas"), run("xla")):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-4,
+                               rtol=2e-4)
+
+
 def _kernel_primitives(jaxpr, out, inside=False):
   """Names of the primitives inside every pallas_call of a jaxpr."""
   for eqn in jaxpr.eqns:
