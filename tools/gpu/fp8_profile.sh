@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of the FP8 forward beside the 16-bit forward (same
 # shape, same process), from the repo root on an H100/H200:
-#   tools/gpu/fp8_profile.sh [DIMS]         (default "128 64")
+#   tools/gpu/fp8_profile.sh [DIMS]         (default "128 64 256")
 # For each head dim D in DIMS: B=2, T=S=8192, H=2048/D, not causal; one
 # fp8_attention call on pre-quantised Fp8Tensors and one attention call
 # (implementation="cuda"), each warmed up, profiled once. Sections: speed of
@@ -12,7 +12,7 @@
 # per kernel is printed last. Clocks are left alone (--clock-control none).
 DEFAULT_STAGES=""
 source "$(dirname "$0")/carried.sh"
-DIMS=${*:-128 64}
+DIMS=${*:-128 64 256}
 METRICS=(
   gpu__time_duration.sum
   sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
