@@ -82,6 +82,20 @@ def _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk):
   return masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
 
 
+def _seen_only(mask, i, bq, q_len, *blocks):
+  """The kv blocks [B, H_kv, 1, bk, D] with the keys that no query row of q
+  block i sees set to 0. Such keys (past a length, in a segment no query has,
+  outside every window) may hold anything, NaN included, and a product with
+  their probability 0 would still give NaN; a key some row sees holds the
+  caller's data. mask: _block_mask's [B or 1, 1, 1, bq, bk], None when every
+  pair is visible."""
+  if mask is None:
+    return blocks
+  real = (i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)) < q_len
+  seen = jnp.any(mask & real, axis=3)[:, :, :, :, None]  # [B|1, 1, 1, bk, 1]
+  return tuple(jnp.where(seen, x, jnp.zeros((), x.dtype)) for x in blocks)
+
+
 def q_seg_blocks(q_seg, shifts, block):
   """The q side's per-block mask data: ids, or (ids, shifts) with shifts."""
   if q_seg is None or shifts is None:
@@ -163,10 +177,10 @@ def forward(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
   def one_q_block(args):
     i, q_blk, qs_blk = args
     def body(j, state):
-      k_blk, v_blk = kb[j], vb[j]
       ks_blk = None if ksb is None else ksb[j]
-      s = softmax.scores(spec, _qk(q_blk, k_blk, acc_t))
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
+      k_blk, v_blk = _seen_only(mask, i, bq, spec.q_len, kb[j], vb[j])
+      s = softmax.scores(spec, _qk(q_blk, k_blk, acc_t))
       keep = _block_keep(spec, dropout_key, i, j, bq, bk, B)
       pv = lambda p: _einsum("bhgqk,bhkd->bhgqd",
                              dropout_rng.apply(p, keep, rate).astype(v.dtype),
@@ -219,16 +233,17 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg=None,
   deltab = rows_to_blocks(delta.astype(acc_t))
 
   def one_kv_block(dq_acc, args):
-    j, k_blk, v_blk, ks_blk = args
-    k2, v2 = k_blk[:, :, 0], v_blk[:, :, 0]
+    j, k_raw, v_raw, ks_blk = args
 
     def body(i, carry):
       dk, dv, dq_acc = carry
       q_blk, do_blk = qb[i], dob[i]
       qs_blk = None if qsb is None else jax.tree.map(lambda x: x[i], qsb)
+      mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
+      k_blk, v_blk = _seen_only(mask, i, bq, spec.q_len, k_raw, v_raw)
+      k2, v2 = k_blk[:, :, 0], v_blk[:, :, 0]
       qk = _qk(q_blk, k_blk, acc_t)
       s = softmax.scores(spec, qk)
-      mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
       p = softmax.probs_from_lse(s, lseb[i], mask)
       keep = _block_keep(spec, dropout_key, i, j, bq, bk, B)
       dv = dv + _einsum("bhgqk,bhgqd->bhkd",
@@ -245,7 +260,7 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg=None,
 
     first, last = masking.q_block_range(spec, j * bk, bk, bq, nq)
     first, last = span_block_range(spans, j, first, last, bq)
-    zeros = jnp.zeros_like(k2, dtype=acc_t)  # keeps k's sharding
+    zeros = jnp.zeros_like(k_raw[:, :, 0], dtype=acc_t)  # keeps k's sharding
     dk, dv, dq_acc = lax.fori_loop(first, last, body, (zeros, zeros, dq_acc))
     return dq_acc, (dk, dv)
 

@@ -56,14 +56,15 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
   def kv_block(j, dq, masked):
     k_start = common.block_start(j, block_k)
     rows = pl.ds(k_start, block_k)
-    k, v = k_ref[rows, :], v_ref[rows, :]
-    qk = common.dot(q, k, acc_dtype, trans_b=True)  # [block_q, block_k]
-    s = softmax.scores_base2(spec, qk)
     mask = None
     if masked:
       k_pos = common.positions(k_start, block_k, axis=1)
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
       mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
+    k, v = common.seen_only(mask, q_pos, spec.q_len, 0, k_ref[rows, :],
+                            v_ref[rows, :])
+    qk = common.dot(q, k, acc_dtype, trans_b=True)  # [block_q, block_k]
+    s = softmax.scores_base2(spec, qk)
     p = softmax.probs_from_lse(s, lse, mask, base2=True)
     keep = common.dropout_keep(spec, key, batch, head, q_pos,
                                common.positions(k_start, block_k, axis=1))
@@ -101,14 +102,16 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
     rows = pl.ds(q_start, block_q)
     q, do = q_ref[rows, g, :], do_ref[rows, g, :]  # [block_q, D]
     lse, delta = lse_ref[g, rows], delta_ref[g, rows]  # [block_q]
-    qk_t = common.dot(k, q, acc_dtype, trans_b=True)  # [block_k, block_q]
-    s_t = softmax.scores_base2(spec, qk_t)
     mask_t = None
+    k_b, v_b = k, v
     if masked:
       q_pos = common.positions(q_start, block_q, axis=1)
       q_seg = None if q_seg_ref is None else q_seg_ref[rows][None, :]
       q_shift = None if q_shift_ref is None else q_shift_ref[rows][None, :]
       mask_t = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
+      k_b, v_b = common.seen_only(mask_t, q_pos, spec.q_len, 1, k, v)
+    qk_t = common.dot(k_b, q, acc_dtype, trans_b=True)  # [block_k, block_q]
+    s_t = softmax.scores_base2(spec, qk_t)
     p_t = softmax.probs_from_lse(s_t, lse, mask_t, base2=True,
                                  transposed=True)
     # Transposed tiles: rows are keys, columns queries (q head h G + g).
@@ -117,7 +120,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                                  k_pos)
     dv = dv + common.dot(dropout_rng.apply(p_t, keep_t, rate).astype(do.dtype),
                          do, acc_dtype)
-    dp_t = dropout_rng.apply(common.dot(v, do, acc_dtype, trans_b=True),
+    dp_t = dropout_rng.apply(common.dot(v_b, do, acc_dtype, trans_b=True),
                              keep_t, rate)
     ds_t = softmax.scores_grad(spec, qk_t, p_t * (dp_t - delta[None, :]))
     dk = dk + common.dot(ds_t.astype(q.dtype), q, acc_dtype)

@@ -182,6 +182,20 @@ def dropout_keep(spec, key, batch, head, rows, cols):
   return dropout_rng.tile_keep(spec, key, batch, head, rows, cols)
 
 
+def seen_only(mask, q_pos, q_len, axis: int, *blocks):
+  """Key blocks [block_k, D] with the keys that no real query row of the tile
+  sees set to 0 (mask: the tile's visibility, queries along `axis`; None:
+  all visible). Such keys (past a length, in a segment no query has) may
+  hold anything, NaN included, which a product with their probability 0
+  would still carry into the output; a key some row sees holds the caller's
+  data."""
+  if mask is None:
+    return blocks
+  seen = jnp.max(jnp.where(mask & (q_pos < q_len), 1, 0), axis=axis) > 0
+  return tuple(jnp.where(seen[:, None], x, jnp.zeros((), x.dtype))
+               for x in blocks)
+
+
 def block_start(idx, block: int):
   # The hint lets Triton prove alignment and vectorise the tile loads.
   return pl.multiple_of(idx * block, block)

@@ -50,14 +50,14 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
   def kv_block(j, state, masked):
     k_start = common.block_start(j, block_k)
     rows = pl.ds(k_start, block_k)
-    k = k_ref[rows, :]
-    s = softmax.scores_base2(spec, common.dot(q, k, acc_dtype, trans_b=True))
     mask = None
     if masked:
       k_pos = common.positions(k_start, block_k, axis=1)
       k_seg = None if kv_seg_ref is None else kv_seg_ref[rows][None, :]
       mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
-    v = v_ref[rows, :]
+    k, v = common.seen_only(mask, q_pos, spec.q_len, 0, k_ref[rows, :],
+                            v_ref[rows, :])
+    s = softmax.scores_base2(spec, common.dot(q, k, acc_dtype, trans_b=True))
     keep = common.dropout_keep(spec, key, batch, head, q_pos,
                                common.positions(k_start, block_k, axis=1))
     rate = spec.dropout_rate
