@@ -1,5 +1,6 @@
 """Keys and values that no query may see (past `kv_seq_lengths`, in a
-segment no query has, past a cache's `cache_seqlens`) may hold anything,
+segment no query has, past a cache's `cache_seqlens`, before every query's
+window) may hold anything,
 NaN and Inf included: a preallocated or paged cache holds whatever was there
 before. On every backend such inputs must never reach an output or a
 gradient: with NaN/Inf there the results equal those with finite values."""
@@ -87,3 +88,23 @@ def test_unread_cache_slots(impl, rng):
   assert np.isfinite(np.asarray(poisoned)).all()
   np.testing.assert_allclose(np.asarray(poisoned), np.asarray(clean),
                              atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_keys_before_every_window(impl, rng):
+  """A sliding window (bottom-right aligned, T < S): the keys before the
+  first query's window are seen by no query."""
+  B, T, S, H, Hk, D = 1, 20, 100, 2, 2, 32
+  q, k, v = _qkv(rng, B, T, S, H, Hk, D)
+  left = 8
+  bad = jnp.broadcast_to(jnp.arange(S)[None, :] < S - T - left, (B, S))
+  f = lambda q, k, v: jax_flash.attention(q, k, v, window=(left, 0),
+                                          implementation=impl)
+  clean = _results(f, q, k, v)
+  poisoned = _results(f, q, _poison(k, bad), _poison(v, bad))
+  for name, a, b in zip(("o", "dq", "dk", "dv"), clean, poisoned):
+    a, b = np.asarray(a), np.asarray(b)
+    if name in ("dk", "dv"):
+      a = np.where(np.asarray(bad)[:, :, None, None], 0.0, a)
+    assert np.isfinite(b).all(), name
+    np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5, err_msg=name)

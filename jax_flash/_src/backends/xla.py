@@ -87,12 +87,12 @@ def _seen_only(mask, i, bq, q_len, *blocks):
   block i sees set to 0. Such keys (past a length, in a segment no query has,
   outside every window) may hold anything, NaN included, and a product with
   their probability 0 would still give NaN; a key some row sees holds the
-  caller's data. mask: _block_mask's [B or 1, 1, 1, bq, bk], None when every
-  pair is visible."""
+  caller's data. mask: _block_mask's [bq, bk] or [B or 1, 1, 1, bq, bk],
+  None when every pair is visible."""
   if mask is None:
     return blocks
   real = (i * bq + lax.broadcasted_iota(jnp.int32, (bq, 1), 0)) < q_len
-  seen = jnp.any(mask & real, axis=3)[:, :, :, :, None]  # [B|1, 1, 1, bk, 1]
+  seen = jnp.any(mask & real, axis=-2)[..., None]  # [bk, 1] or [B|1, 1, 1, bk, 1]
   return tuple(jnp.where(seen, x, jnp.zeros((), x.dtype)) for x in blocks)
 
 
