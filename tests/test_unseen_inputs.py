@@ -34,6 +34,19 @@ def _results(f, q, k, v):
   return (o,) + vjp(jnp.ones_like(o))
 
 
+def _check_unseen(f, q, k, v, bad):
+  """f's output and gradients with NaN/Inf in the keys and values at bad
+  [B, S] equal those with the finite inputs (the unseen keys' dK, dV: 0)."""
+  clean = _results(f, q, k, v)
+  poisoned = _results(f, q, _poison(k, bad), _poison(v, bad))
+  for name, a, b in zip(("o", "dq", "dk", "dv"), clean, poisoned):
+    a, b = np.asarray(a), np.asarray(b)
+    if name in ("dk", "dv"):
+      a = np.where(np.asarray(bad)[:, :, None, None], 0.0, a)
+    assert np.isfinite(b).all(), name
+    np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5, err_msg=name)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_keys_past_kv_seq_lengths(impl, causal, rng):
@@ -43,14 +56,7 @@ def test_keys_past_kv_seq_lengths(impl, causal, rng):
   bad = jnp.arange(S)[None, :] >= lengths[:, None]
   f = lambda q, k, v: jax_flash.attention(
       q, k, v, kv_seq_lengths=lengths, causal=causal, implementation=impl)
-  clean = _results(f, q, k, v)
-  poisoned = _results(f, q, _poison(k, bad), _poison(v, bad))
-  for name, a, b in zip(("o", "dq", "dk", "dv"), clean, poisoned):
-    a, b = np.asarray(a), np.asarray(b)
-    if name in ("dk", "dv"):  # the unseen keys' gradients are 0
-      a = np.where(np.asarray(bad)[:, :, None, None], 0.0, a)
-    assert np.isfinite(b).all(), name
-    np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5, err_msg=name)
+  _check_unseen(f, q, k, v, bad)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -65,14 +71,7 @@ def test_keys_of_a_segment_no_query_has(impl, rng):
   bad = kv_seg == -1
   f = lambda q, k, v: jax_flash.attention(
       q, k, v, segment_ids=(q_seg, kv_seg), implementation=impl)
-  clean = _results(f, q, k, v)
-  poisoned = _results(f, q, _poison(k, bad), _poison(v, bad))
-  for name, a, b in zip(("o", "dq", "dk", "dv"), clean, poisoned):
-    a, b = np.asarray(a), np.asarray(b)
-    if name in ("dk", "dv"):
-      a = np.where(np.asarray(bad)[:, :, None, None], 0.0, a)
-    assert np.isfinite(b).all(), name
-    np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5, err_msg=name)
+  _check_unseen(f, q, k, v, bad)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -100,11 +99,4 @@ def test_keys_before_every_window(impl, rng):
   bad = jnp.broadcast_to(jnp.arange(S)[None, :] < S - T - left, (B, S))
   f = lambda q, k, v: jax_flash.attention(q, k, v, window=(left, 0),
                                           implementation=impl)
-  clean = _results(f, q, k, v)
-  poisoned = _results(f, q, _poison(k, bad), _poison(v, bad))
-  for name, a, b in zip(("o", "dq", "dk", "dv"), clean, poisoned):
-    a, b = np.asarray(a), np.asarray(b)
-    if name in ("dk", "dv"):
-      a = np.where(np.asarray(bad)[:, :, None, None], 0.0, a)
-    assert np.isfinite(b).all(), name
-    np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5, err_msg=name)
+  _check_unseen(f, q, k, v, bad)
