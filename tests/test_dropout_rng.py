@@ -1,6 +1,6 @@
 """Attention dropout's generator (jax_flash/_src/core/dropout.py) and its CUDA
-twin (cuda/include/jax_flash/philox.h): Philox4x32-10 against the published
-known-answer vectors, the C++ header (compiled here with a host compiler)
+twin (cuda/include/jax_flash/philox.h): Philox4x32 (7 rounds, and 10) against
+the published known-answer vectors, the C++ header (compiled here with a host compiler)
 against the JAX code bit for bit on random positions, keys and rates, the keep
 rate within a binomial bound, and the positional contract (a pure function of
 key and position: different keys or positions give independent masks)."""
@@ -21,7 +21,14 @@ from jax_flash._src.core import dropout
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 INCLUDE = ROOT / "cuda" / "include"
 
-# Random123's kat_vectors for philox4x32_10.
+# Random123's kat_vectors for philox4x32_7 (the generator's) and _10.
+KAT7 = [
+    ((0, 0, 0, 0), (0, 0), (0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2,
+     (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A)),
+]
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
     ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2,
@@ -31,9 +38,16 @@ KAT = [
 ]
 
 
-@pytest.mark.parametrize("counter,key,want", KAT)
+@pytest.mark.parametrize("counter,key,want", KAT7)
 def test_philox_known_answers(counter, key, want):
+  assert dropout.ROUNDS == 7
   got = dropout.philox4x32(counter, key)
+  assert tuple(int(x) for x in got) == want
+
+
+@pytest.mark.parametrize("counter,key,want", KAT)
+def test_philox10_known_answers(counter, key, want):
+  got = dropout.philox4x32(counter, key, rounds=10)
   assert tuple(int(x) for x in got) == want
 
 
@@ -50,10 +64,14 @@ PROGRAM = r"""
 #include <cstdio>
 #include "jax_flash/philox.h"
 int main() {
-  unsigned k0, k1, thr, b, h, i, j;
-  while (std::scanf("%u %u %u %u %u %u %u", &k0, &k1, &thr, &b, &h, &i, &j) == 7) {
-    const jax_flash::DropoutParams d{k0, k1, thr, 256.f / (256 - thr)};
-    std::printf("%d\n", jax_flash::dropout_keep(d, b, h, i, j) ? 1 : 0);
+  unsigned k0, k1, thr, b0, h0, b, h, i, j;
+  while (std::scanf("%u %u %u %u %u %u %u %u %u", &k0, &k1, &thr, &b0, &h0, &b, &h, &i, &j) == 9) {
+    const unsigned words[4] = {k0, k1, b0, h0};
+    jax_flash::DropoutArgs a;
+    a.words = words;
+    a.threshold = thr;
+    const jax_flash::Dropout d(a);
+    std::printf("%d\n", d.keep(b, h, i, j) ? 1 : 0);
   }
   return 0;
 }
@@ -83,15 +101,18 @@ def test_cuda_header_equals_jax(cpp_keep, rng):
   k0, k1 = (rng.integers(0, 2**32, n, dtype=np.uint64) for _ in range(2))
   rates = rng.choice([0.0, 0.1, 0.25, 0.5, 0.9, 0.999], n)
   b, h = rng.integers(0, 64, n), rng.integers(0, 128, n)
+  # The call's origin in the request (a shard's first batch element, head).
+  b0, h0 = rng.integers(0, 64, n), rng.integers(0, 128, n)
   i, j = rng.integers(0, 1 << 20, n), rng.integers(0, 1 << 20, n)
   thr = np.array([dropout.threshold(r) for r in rates])
-  want = cpp_keep(zip(k0, k1, thr, b, h, i, j))
+  want = cpp_keep(zip(k0, k1, thr, b0, h0, b, h, i, j))
   got = np.zeros(n, bool)
   u32 = lambda x: jnp.asarray(x.astype(np.uint32))
   for r in np.unique(rates):  # one vectorised call per rate
     sel = rates == r
     got[sel] = np.asarray(dropout.keep_mask(
-        (u32(k0[sel]), u32(k1[sel])), u32(b[sel]), u32(h[sel]), u32(i[sel]),
+        (u32(k0[sel]), u32(k1[sel])), u32(b[sel] + b0[sel]),
+        u32(h[sel] + h0[sel]), u32(i[sel]),
         u32(j[sel]), float(r)))
   np.testing.assert_array_equal(got, want)
 

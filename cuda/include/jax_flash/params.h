@@ -10,6 +10,17 @@ namespace jax_flash {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat8E4M3 = 2 };
 
+// Attention dropout on P (jax_flash/_src/core/dropout.py; the kernels' side
+// is philox.h's Dropout): element (b, h, i, j) is kept iff its Philox byte is
+// >= threshold, kept elements are scaled by 256 / (256 - threshold). The key
+// comes from a traced jax.random key, so it is device data.
+struct DropoutArgs {
+  const uint32_t* words = nullptr;  // device [4]: key0, key1, batch0, head0
+  uint32_t threshold = 0;           // round(rate * 256); 0 = no dropout
+  bool broadcast = false;           // one mask for every (batch, head)
+  constexpr bool enabled() const { return threshold != 0; }
+};
+
 // Forward: O = softmax(scale * Q K^T + mask) V, LSE = logsumexp (natural log).
 // Layout [batch, seq, heads, head_dim], head_dim contiguous. Strides are in
 // elements. Masking convention (bottom-right aligned, see spec.py):
@@ -61,6 +72,10 @@ struct FwdParams {
 
   DType dtype;
   int num_sms;  // filled by the handler (for persistent schedulers)
+
+  // O = (P * Z / (1 - rate)) V with the LSE of the undropped P; the backward
+  // draws the same Z (BwdParams inherits it).
+  DropoutArgs dropout;
 
   // sm90 dynamic tile scheduler workspace (jax_flash::sm90 only): device
   // pointer to ONE int32 (4 bytes, 4-byte aligned), contents undefined on
