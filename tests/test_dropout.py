@@ -335,9 +335,6 @@ def test_errors(rng):
   with pytest.raises(ValueError, match="one key"):
     jax_flash.attention(q, k, v, dropout_rate=0.1,
                         dropout_rng=jax.random.split(jax.random.key(0), 2))
-  with pytest.raises(jax_flash.Unsupported, match="no attention dropout"):
-    jax_flash.attention(q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0),
-                        implementation="cuda")
   with pytest.raises(ValueError, match="kv_seq_lengths"):
     jax_flash.attention(q, k, v, dropout_rate=0.1, dropout_rng=jax.random.key(0),
                         kv_seq_lengths=jnp.array([4]))

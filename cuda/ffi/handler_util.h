@@ -117,6 +117,27 @@ inline ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
   return ffi::Error::Success();
 }
 
+// Attention dropout: the key words (uint32 [4]: key0, key1, batch0, head0,
+// device data from a traced jax.random key; a dummy without dropout) and the
+// byte threshold round(rate * 256) in [0, 255] (0 = no dropout).
+inline ffi::Error FillDropout(FwdParams& p, const ffi::Buffer<ffi::U32>& words, int32_t threshold,
+                              bool broadcast) {
+  if (threshold < 0 || threshold > 255) {
+    return Invalid("dropout_threshold must be in 0..255 (round(rate * 256)); got " +
+                   std::to_string(threshold));
+  }
+  p.dropout = DropoutArgs{};
+  if (threshold == 0) return ffi::Error::Success();
+  if (words.element_count() != 4) {
+    return Invalid("dropout key words must be uint32 [4] (key0, key1, batch0, head0); got " +
+                   std::to_string(words.element_count()) + " elements");
+  }
+  p.dropout.words = words.typed_data();
+  p.dropout.threshold = static_cast<uint32_t>(threshold);
+  p.dropout.broadcast = broadcast;
+  return ffi::Error::Success();
+}
+
 // The packing buffer (int32, jax_flash/packing_layout.h), written by the
 // tile-span pre-pass (PackingImpl). Only with segment ids; else ignored.
 inline ffi::Error FillPacking(FwdParams& p, const ffi::AnyBuffer& packing, bool has_shifts) {

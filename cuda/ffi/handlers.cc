@@ -97,14 +97,17 @@ ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t strea
 
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
-                   ffi::AnyBuffer packing, ffi::Result<ffi::AnyBuffer> o,
-                   ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                   ffi::AnyBuffer packing, ffi::Buffer<ffi::U32> dropout_words,
+                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
                    ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool has_segment_ids, bool has_shifts, int32_t kernel_family) {
+                   bool has_segment_ids, bool has_shifts, int32_t dropout_threshold,
+                   bool dropout_broadcast, int32_t kernel_family) {
   FwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
+  if (auto err = FillDropout(p, dropout_words, dropout_threshold, dropout_broadcast); err.failure())
+    return err;
   if (!SameShape(q, *o)) return Invalid("o must have q's shape and dtype");
   if (lse->element_count() != static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q) {
     return Invalid("lse must be [batch, heads, seqlen_q] float32");
@@ -137,6 +140,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
                    ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> delta,
                    ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg, ffi::AnyBuffer packing,
+                   ffi::Buffer<ffi::U32> dropout_words,
                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                    ffi::Result<ffi::AnyBuffer> dv,
                    ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
@@ -144,11 +148,13 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::Result<ffi::Buffer<ffi::F32>> dv_accum,
                    ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
-                   bool has_segment_ids, bool has_shifts, bool deterministic,
-                   int32_t kernel_family) {
+                   bool has_segment_ids, bool has_shifts, int32_t dropout_threshold,
+                   bool dropout_broadcast, bool deterministic, int32_t kernel_family) {
   BwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
+  if (auto err = FillDropout(p, dropout_words, dropout_threshold, dropout_broadcast); err.failure())
+    return err;
   if (!SameShape(q, o) || !SameShape(q, dout) || !SameShape(q, *dq)) {
     return Invalid("o, dout and dq must have q's shape and dtype");
   }
@@ -259,6 +265,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // q_segment (1-element dummy when absent)
         .Arg<ffi::AnyBuffer>()  // kv_segment
         .Arg<ffi::AnyBuffer>()  // packing: tile spans (+ shifts), FillPacking
+        .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [4] (FillDropout)
         .Ret<ffi::AnyBuffer>()  // o
         .Ret<ffi::Buffer<ffi::F32>>()  // lse
         .Ret<ffi::Buffer<ffi::S32>>()  // tile_counter workspace (sm90 dynamic scheduler)
@@ -268,6 +275,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("window_right")
         .Attr<bool>("has_segment_ids")
         .Attr<bool>("has_shifts")
+        .Attr<int32_t>("dropout_threshold")
+        .Attr<bool>("dropout_broadcast")
         .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});
 
@@ -285,6 +294,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // q_segment
         .Arg<ffi::AnyBuffer>()  // kv_segment
         .Arg<ffi::AnyBuffer>()  // packing
+        .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [4]
         .Ret<ffi::AnyBuffer>()  // dq
         .Ret<ffi::AnyBuffer>()  // dk
         .Ret<ffi::AnyBuffer>()  // dv
@@ -298,6 +308,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("window_right")
         .Attr<bool>("has_segment_ids")
         .Attr<bool>("has_shifts")
+        .Attr<int32_t>("dropout_threshold")
+        .Attr<bool>("dropout_broadcast")
         .Attr<bool>("deterministic")
         .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -4,7 +4,8 @@
 - cuda/instantiations/*.cu: one explicit instantiation of one launcher per
   file, so a build compiles the kernels in parallel and can leave any of them
   out: <dir>_<dtype>_hdim<d>_sm80.cu (sm80 forward / backward),
-  fwd_<dtype>_hdim<d>_sm90.cu, fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
+  fwd_<dtype>_hdim<d>_sm90.cu, fwd_dropout_<dtype>_hdim<d>_sm90.cu (attention
+  dropout), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
   <dtype> output), bwd_<dtype>_hdim<d>_sm90.cu;
 - cuda/instantiations/sources.cmake: JAX_FLASH_SM80_SOURCES and
   JAX_FLASH_SM90_SOURCES (each family's dispatchers plus its instantiations,
@@ -61,6 +62,9 @@ LAUNCHERS = (
              "jax_flash::sm80", "run_bwd_hdim<{ctype}, {hdim}>(const BwdParams&, cudaStream_t)"),
     Launcher("sm90_fwd", "SM90", "fwd", "fwd_{dtype}_hdim{hdim}_sm90.cu", "sm90/fwd/launch_templates.cuh",
              "jax_flash::sm90", "run_fwd_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
+    Launcher("sm90_fwd", "SM90", "fwd", "fwd_dropout_{dtype}_hdim{hdim}_sm90.cu",
+             "sm90/fwd/launch_templates.cuh", "jax_flash::sm90",
+             "run_fwd_dropout_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
     Launcher("sm90_fp8", "SM90", "fwd", "fwd_e4m3_{dtype}_hdim{hdim}_sm90.cu",
              "sm90/fwd/launch_templates.cuh", "jax_flash::sm90",
              "run_fwd_fp8_hdim<{ctype}, {hdim}>(const Fp8FwdParams&, cudaStream_t)"),

@@ -47,6 +47,8 @@ cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
 bool bwd_supported(const BwdParams&) { return false; }
 #else
 bool bwd_supported(const BwdParams& p) {
+  // Dropout: the sm80 backward serves it.
+  if (p.dropout.enabled()) return false;
   // Deterministic (fixed dQ order through semaphores, bwd_dq.cuh): needs
   // the semaphore workspace (and runs the bucket's tile, bwd_default_tile).
   if (p.deterministic &&

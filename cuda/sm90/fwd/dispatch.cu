@@ -35,7 +35,11 @@ bool bucket_compiled_and_ok(const FwdParams& p, const DeviceInfo& dev) {
 template <typename Element>
 cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
   return dispatch_head_dim(Sm90FwdHeadDims{}, Sm90FwdHeadDims::bucket(p.head_dim), cudaErrorNotSupported,
-                           [&](auto d) { return run_fwd_hdim<Element, decltype(d)::value>(p, stream); });
+                           [&](auto d) {
+                             constexpr int kD = decltype(d)::value;
+                             return p.dropout.enabled() ? run_fwd_dropout_hdim<Element, kD>(p, stream)
+                                                        : run_fwd_hdim<Element, kD>(p, stream);
+                           });
 }
 
 // The FP8 buckets are served exactly (fwd_fp8_supported).

@@ -77,6 +77,7 @@ struct FwdEpilogue {
     float scale_eff;                   // SoftmaxScale::scale_eff (the LSE of a raw max)
     const float* v_descale = nullptr;  // kVDescale: [batch, heads_k, kHeadDim]
     int heads_per_kv = 1;
+    float o_scale = 1.f;  // Mainloop::kDropout: the keep scale 1 / (1 - rate), times 1 / l
   };
   struct Params {
     CUtensorMap tm_o;  // box {kRowElems, 64, 1, 1} (one consumer warpgroup's rows)
@@ -86,12 +87,14 @@ struct FwdEpilogue {
     int heads_per_kv;
     int seqlen_q;
     float scale_eff;
+    float o_scale;
   };
   static bool to_params(const Arguments& a, Params& p) {
     if (!encode_bshd(&p.tm_o, tma_element<Element>(), a.o, 64)) return false;
     p.lse = a.lse;
     p.v_descale = a.v_descale;
     p.scale_eff = a.scale_eff;
+    p.o_scale = a.o_scale;
     p.num_heads = a.o.heads;
     p.heads_per_kv = a.heads_per_kv;
     p.seqlen_q = a.o.seqlen;
@@ -110,6 +113,10 @@ struct FwdEpilogue {
     const int tid_wg = warp * 32 + lane;
     float inv[2], lse[2];
     smx.finalize(a.scale_eff, inv, lse);
+    if constexpr (Mainloop::kDropout) {  // the LSE stays the undropped one
+      inv[0] *= a.o_scale;
+      inv[1] *= a.o_scale;
+    }
     const int r_local = 64 * wg + 16 * warp + lane / 4;  // row of h = 0 within the CTA tile
     if (lane % 4 == 0) {
       float* lse_bh = a.lse + (int64_t(batch) * a.num_heads + head) * a.seqlen_q;

@@ -97,16 +97,16 @@ struct FwdKernel {
     const typename Mainloop::Smem sm = ss.mainloop();
     const typename Scheduler::Smem sched = ss.scheduler();
     ptx::PipeState<Mainloop::kStages> kst, vst;
-    uint32_t it = 0, v_loads = 0;
+    uint32_t it = 0;
     for (WorkTile work = Scheduler::initial_work(p.scheduler, sched); Scheduler::valid(p.scheduler, work);
          ++it) {
       const WorkTile next = Scheduler::prefetch_next(p.scheduler, work);  // used after the loads
       const TileCoord c = Scheduler::coord(p.scheduler, work);
-      v_loads += Mainloop::load(p.mainloop, sm, kst, vst, c, it);
+      Mainloop::load(p.mainloop, sm, kst, vst, c, it);
       Scheduler::publish_next(sched, it, next);
       work = next;
     }
-    Mainloop::finish_loads(sm, vst, v_loads);
+    Mainloop::finish_loads(sm, vst);
   }
 
   JF_DEVICE static void consumer(const Params& p, const SharedStorage& ss, int wg) {

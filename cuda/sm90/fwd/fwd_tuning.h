@@ -48,6 +48,9 @@ struct FwdTuning {
   // and the packed tile order. A kernel of its own, so that the code and the
   // registers of the other kernels stay as they are.
   bool packed;
+  // Also the kind of call: attention dropout on P (jax_flash/philox.h), drawn
+  // per block while its GEMMs run.
+  bool dropout;
 
   constexpr int block_m() const { return 64 * consumer_wgs; }
 };
@@ -73,10 +76,16 @@ struct FwdTuning {
 // (FA3's FP8 rule), no Q in registers (16-bit fragments only); O
 // staged in the V ring at hdim 256 (the V^T ring leaves no room for an O tile
 // of its own, and O is 16-bit: twice Q's tile); the 16-bit choices otherwise.
+//
+// Dropout: Q not in registers (the block's Philox output, 4 words per 64
+// keys and row, is live across the GEMMs instead), and whole 64-key chunks
+// per KV block (one Philox call covers a row's 64 keys): 128 x 64 tiles at
+// hdim 256.
 constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int element_bytes = 2,
-                                       bool packed = false) {
+                                       bool packed = false, bool dropout = false) {
   FwdTuning t{};
   t.packed = packed;
+  t.dropout = dropout;
   t.block_n = head_dim == 256 ? 80 : 128;
   t.consumer_wgs = head_dim == 64 ? 3 : 2;
   t.stages = 2;
@@ -93,15 +102,20 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int eleme
     t.q_in_regs = false;
     t.o_in_v = head_dim == 256;
   }
+  if (dropout) {
+    t.q_in_regs = false;
+    if (head_dim == 256) t.block_n = 64;
+  }
   return t;
 }
 
 // A configuration as a type (the kernel's template parameter; C++17 has no
 // class-type template parameters): any struct with a `static constexpr
 // FwdTuning value`.
-template <int kHeadDim, bool kCausalLike, int kElementBytes = 2, bool kPacked = false>
+template <int kHeadDim, bool kCausalLike, int kElementBytes = 2, bool kPacked = false, bool kDropout = false>
 struct DefaultFwdTuning {
-  static constexpr FwdTuning value = fwd_default_tuning(kHeadDim, kCausalLike, kElementBytes, kPacked);
+  static constexpr FwdTuning value =
+      fwd_default_tuning(kHeadDim, kCausalLike, kElementBytes, kPacked, kDropout);
 };
 
 // Which masks count as causal-like for the policy (a right bound without a

@@ -16,6 +16,10 @@ namespace jax_flash::sm90 {
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream);
 
+// With attention dropout: fwd_dropout_<dtype>_hdim<d>_sm90.cu.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream);
+
 // The FP8 forward (e4m3 inputs) writing O as OutElement (bf16 / fp16):
 // fwd_e4m3_<out>_hdim<d>_sm90.cu.
 template <typename OutElement, int kHeadDim>

@@ -70,9 +70,11 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const SoftmaxScale sm = make_softmax_scale(p.scale, p.softcap);
   const int heads_per_kv = p.num_heads / p.num_heads_k;
   cudaError_t err;
+  constexpr bool kDropout = Kernel::Mainloop::kDropout;
+  const float o_scale = kDropout ? Dropout(DropoutArgs{nullptr, p.dropout.threshold}).keep_scale() : 1.f;
   const typename Kernel::Arguments args{
-      {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv, {}},
-      {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv},
+      {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv, {}, kDropout ? p.dropout : DropoutArgs{}},
+      {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv, o_scale},
       fwd_scheduler_args<Kernel>(p, mask, stream, err)};
   if (err != cudaSuccess) return err;
   return launch_kernel<Kernel>(args, p.num_sms, p.sm90_tile_counter, stream);
@@ -113,6 +115,20 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   }
   if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true>>(p, stream);
   return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false>>(p, stream);
+}
+
+// The production forward with attention dropout of one (dtype, bucket): a
+// launcher (and translation unit) of its own, fwd_dropout_<dtype>_hdim<d>_sm90.cu.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream) {
+  const MaskInfo mi = make_mask_info(p);
+  const bool causal = fwd_causal_like(mi.wl, mi.wr);
+  if (mi.q_span != nullptr) {  // packed sequences
+    if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true, 2, true, true>>(p, stream);
+    return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false, 2, true, true>>(p, stream);
+  }
+  if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true, 2, false, true>>(p, stream);
+  return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false, 2, false, true>>(p, stream);
 }
 
 // The production FP8 forward of one (output dtype, bucket).

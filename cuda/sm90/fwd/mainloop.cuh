@@ -25,8 +25,8 @@
 //   TMA -> full_v -> transposer -> empty_v (V stage free) and full_vt -> consumers
 //   consumers -> empty_vt -> transposer (V^T stage free)
 // The transposers walk the V stages in load order and stop at a stage the
-// producer completes without data after its last load (finish_loads), whose
-// count of V loads tells them it is the end. Q and K carry per-block descales
+// producer completes without data after its last load (finish_loads), which
+// it marks in that slot's end word first. Q and K carry per-block descales
 // (Q per warpgroup's 64 rows, K per KV block) folded into each block's softmax
 // scale, V per-channel descales are applied by the epilogue; O is written in
 // OutElement.
@@ -47,6 +47,13 @@
 //   overlap: QK0 outside, [QK1 PV0] ... [QK(nb-1) PV(nb-2)], PV(nb-1) outside
 //            -> nb - 1 turns
 // The first consumer WG gives itself the initial turn (Consumer::start).
+// Dropout (FwdTuning::dropout): the Philox output of a block (one call per
+// 64-key chunk and row, philox.h) is drawn right after its QK^T (and the
+// previous PV) are issued, so the integer work runs under the GEMMs (where
+// registers allow, kDrawEarly; else just before use); after the block's
+// softmax (whose row sums stay undropped: the LSE is the
+// undropped one) the dropped elements of P are zeroed before acc_to_a, and
+// the epilogue scales O by 1 / (1 - rate).
 // Softmax: OnlineSoftmax::update_lazy; O is rescaled only when some row of the
 // warp raised its max (a warp-uniform branch around rescale_rows), see
 // softmax.cuh; lazy_rescale = false rescales after every block (update).
@@ -56,6 +63,7 @@
 
 #include "fwd_named_barriers.h"
 #include "fwd_tuning.h"
+#include "jax_flash/philox.h"
 #include "sm90/common/mask.cuh"
 #include "sm90/ptx/barrier.cuh"
 #include "sm90/ptx/element_traits.cuh"
@@ -92,6 +100,11 @@ struct FwdMainloop {
   static constexpr bool kQInRegs = kTuning.q_in_regs;
   static constexpr bool kLazy = kTuning.lazy_rescale;
   static constexpr bool kOInV = kTuning.o_in_v;
+  static constexpr bool kDropout = kTuning.dropout;
+  // Dropout's Philox output drawn under the block's GEMMs (live across the
+  // wait: 2 kBlockN / 16 registers) where the registers allow it (two
+  // consumer warpgroups, head dim <= 128); else right before it is applied.
+  static constexpr bool kDrawEarly = kDropout && kConsumerWGs == 2 && kHeadDim <= 128;
   // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128,
   // not in its FP8 path.
   static constexpr bool kRescaleBeforePV = kHeadDim > 128 && !kVTransposed;
@@ -118,6 +131,8 @@ struct FwdMainloop {
                 "8-bit: one 128-byte swizzle row of keys per V^T row, one K descale per KV block of "
                 "128 keys (scheme.py K_BLOCK)");
   static_assert(!kBlockScaled || !kQInRegs, "q_in_regs reads 16-bit A fragments (load_a_sw128)");
+  static_assert(!kDropout || (kBlockN % 64 == 0 && !kBlockScaled),
+                "dropout: whole 64-key chunks per KV block (one Philox call per chunk and row), 16-bit");
   static_assert(!kBlockScaled || kBlockM % 64 == 0, "one Q descale per warpgroup (scheme.py Q_BLOCK)");
   // ptxas 13.0 miscompiles Q in registers in the serial schedule: it hands the
   // loop-invariant Q fragments' registers to P inside the loop (the PTX is
@@ -128,8 +143,8 @@ struct FwdMainloop {
   // ---------------------------------------------------------------- storage
   // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (each 1 KB
   // aligned); barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S],
-  // empty_v[S], 8-bit: full_vt[S], empty_vt[S] and a word for the count of V
-  // loads (finish_loads).
+  // empty_v[S], 8-bit: full_vt[S], empty_vt[S] and an end word per V slot
+  // (finish_loads).
   static constexpr int kQBytes = kBlockM * kHeadDim * Traits::kBytes;
   static constexpr int kKVBytes = kBlockN * kHeadDim * Traits::kBytes;  // one stage of K (or V)
   static constexpr int kOffQ = 0;
@@ -137,7 +152,7 @@ struct FwdMainloop {
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kOffVt = kOffV + kStages * kKVBytes;
   static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kKVBytes : 0);
-  static constexpr int kNumBarriers = 2 + 4 * kStages + (kVTransposed ? 2 * kStages + 1 : 0);
+  static constexpr int kNumBarriers = 2 + 4 * kStages + (kVTransposed ? 3 * kStages : 0);
   static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKVBytes % 1024 == 0 && kQBytes % 1024 == 0,
                 "128B-swizzled tiles must start 1 KB aligned");
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
@@ -160,7 +175,8 @@ struct FwdMainloop {
     JF_DEVICE uint32_t empty_v(int s) const { return bar(2 + 3 * kStages + s); }
     JF_DEVICE uint32_t full_vt(int s) const { return bar(2 + 4 * kStages + s); }
     JF_DEVICE uint32_t empty_vt(int s) const { return bar(2 + 5 * kStages + s); }
-    JF_DEVICE uint32_t v_loads() const { return bar(2 + 6 * kStages); }  // a word, not a barrier
+    // A word per V slot, not a barrier: 1 once the slot holds the end (finish_loads).
+    JF_DEVICE uint32_t v_end(int s) const { return bar(2 + 6 * kStages + s); }
     // The V operand of the PV GEMM and its barriers: the V ring, or 8-bit the V^T ring.
     JF_DEVICE uint32_t pv(int s) const { return kVTransposed ? vt(s) : v(s); }
     JF_DEVICE uint32_t full_pv(int s) const { return kVTransposed ? full_vt(s) : full_v(s); }
@@ -184,7 +200,10 @@ struct FwdMainloop {
         ptx::mbar_init(sm.empty_vt(s), kKVEmptyArrivals);
       }
     }
-    if constexpr (kVTransposed) ptx::st_shared_b32(sm.v_loads(), 0xFFFFFFFFu);  // not known yet
+    if constexpr (kVTransposed) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) ptx::st_shared_b32(sm.v_end(s), 0u);
+    }
   }
 
   // ---------------------------------------------------------------- host -> device
@@ -201,6 +220,7 @@ struct FwdMainloop {
     SoftmaxScale sm;   // make_softmax_scale (softmax.cuh)
     int heads_per_kv;
     Descales descale;
+    DropoutArgs dropout = {};
   };
   struct Params {
     CUtensorMap tm_q;  // box {kRowElems, kBlockM, 1, 1} (one swizzle row of kRowBytes)
@@ -211,6 +231,7 @@ struct FwdMainloop {
     int heads_per_kv;  // num_heads / num_heads_k
     int num_heads;
     Descales descale;
+    DropoutArgs dropout;
   };
   // False when a tensor map cannot be encoded (the call is then unsupported).
   static bool to_params(const Arguments& a, Params& p) {
@@ -224,6 +245,7 @@ struct FwdMainloop {
     p.heads_per_kv = a.heads_per_kv;
     p.num_heads = a.q.heads;
     p.descale = a.descale;
+    p.dropout = a.dropout;
     return true;
   }
   JF_DEVICE static void prefetch_descriptors(const Params& p) {
@@ -243,8 +265,7 @@ struct FwdMainloop {
 
   // ---------------------------------------------------------------- producer
   // The loads of the it-th tile of this CTA (one thread: lane 0 of warp 0).
-  // Returns the number of V stages it loaded.
-  JF_DEVICE static int load(const Params& a, const Smem& sm, ptx::PipeState<kStages>& kst,
+  JF_DEVICE static void load(const Params& a, const Smem& sm, ptx::PipeState<kStages>& kst,
                              ptx::PipeState<kStages>& vst, const TileCoord& c, uint32_t it) {
     using namespace ptx;
     const int batch = c.batch, head = c.head;
@@ -304,18 +325,18 @@ struct FwdMainloop {
         load_v(n);
       }
     }
-    return has_keys ? n_last - n_first : 0;
   }
 
-  // 8-bit, after the last tile: completes the next V stage without data,
-  // `v_loads` (the number of V stages loaded) published in shared memory
-  // first, so that the transposers, which wait for every stage in order,
-  // find the end there (transpose_loop).
-  JF_DEVICE static void finish_loads(const Smem& sm, ptx::PipeState<kStages>& vst, uint32_t v_loads) {
+  // 8-bit, after the last tile: completes the next V stage without data, its
+  // end word set first, so that the transposers, which wait for every stage
+  // in order, find the end there (transpose_loop). The word is written only
+  // once the slot's last transpose has been released (empty_v), so no
+  // transposer reads it meanwhile, and only once: the kernel ends after it.
+  JF_DEVICE static void finish_loads(const Smem& sm, ptx::PipeState<kStages>& vst) {
     if constexpr (kVTransposed) {
       ptx::mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
-      ptx::st_shared_b32(sm.v_loads(), v_loads);
-      ptx::mbar_arrive(sm.full_v(vst.index));  // release: the count is visible to the waiters
+      ptx::st_shared_b32(sm.v_end(vst.index), 1u);
+      ptx::mbar_arrive(sm.full_v(vst.index));  // release: the end word is visible to the waiters
     }
   }
 
@@ -327,9 +348,9 @@ struct FwdMainloop {
     if constexpr (kVTransposed) {
       using namespace ptx;
       PipeState<kStages> src, dst;
-      for (uint32_t done = 0;; ++done) {
+      for (;;) {
         mbar_wait(sm.full_v(src.index), src.phase);
-        if (ld_shared_b32(sm.v_loads()) == done) break;  // the end (finish_loads)
+        if (ld_shared_b32(sm.v_end(src.index)) != 0u) break;  // the end (finish_loads)
         mbar_wait(sm.empty_vt(dst.index), dst.phase ^ 1u);
         VTranspose<kHeadDim, kTransposeWarps>::run(sm.v(src.index), sm.vt(dst.index), w, lane);
         fence_proxy_async_smem();  // the stores, before the consumers' wgmma reads them
@@ -499,6 +520,43 @@ struct FwdMainloop {
       }
     }
 
+    // Dropout: the Philox output of the thread's elements of block n, one call
+    // per 64-key chunk and row half (rows row0 and row0 + 8, columns
+    // 64 c + 8 m + 2 t + e: byte 2 m + e; philox.h). Drawn while the block's
+    // GEMMs run, applied to P by drop().
+    struct BlockBits {
+      Philox4x32 w[kBlockN / 64][2];
+    };
+    JF_DEVICE void draw(BlockBits& bits, const Dropout& d, int m0_wg, int n, int head, int batch) const {
+      const uint32_t row0 = m0_wg + 16 * warp + lane / 4, t = lane % 4;
+#pragma unroll
+      for (int c = 0; c < kBlockN / 64; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          bits.w[c][h] = d.bytes(batch, head, row0 + 8 * h, n * (kBlockN / 64) + c, t);
+    }
+    // Zeroes P's dropped elements (accumulator register 4 j + 2 h + e is row
+    // half h, column 8 j + 2 t + e); !kDrawEarly: draws each call here.
+    JF_DEVICE void drop(float (&s)[kSR], const BlockBits& bits, const Dropout& d, int m0_wg, int n,
+                        int head, int batch) const {
+      const uint32_t row0 = m0_wg + 16 * warp + lane / 4, t = lane % 4;
+#pragma unroll
+      for (int c = 0; c < kBlockN / 64; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const KeepBits keep(
+              kDrawEarly ? bits.w[c][h] : d.bytes(batch, head, row0 + 8 * h, n * (kBlockN / 64) + c, t),
+              d.threshold);
+#pragma unroll
+          for (int m = 0; m < 8; ++m)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = s[4 * (8 * c + m) + 2 * h + e];
+              x = keep.keep(2 * m + e) ? x : 0.f;
+            }
+        }
+    }
+
     // The softmax of one block: update_lazy() (returns true only when some row
     // of the warp raised its max; the same value on every lane) or, without
     // lazy rescaling, update() (true: O must always be rescaled).
@@ -551,6 +609,10 @@ struct FwdMainloop {
       float s[kSR];
       uint32_t p[kPSteps][4];
       float alpha[2];
+      // Dropout: the generator (key words read once per tile) and a block's bits.
+      Dropout drop_gen;
+      if constexpr (kDropout) drop_gen = Dropout(a.dropout);
+      BlockBits bits;
 
       if constexpr (kOverlap) {
         int n = n_last - 1;
@@ -559,6 +621,7 @@ struct FwdMainloop {
         wgmma_fence();
         issue_s(s, q, sm.k(kst.index));
         wgmma_commit();
+        if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
         wgmma_wait<0>();
         fence_regs(s);
         release(sm.empty_k(kst.index));
@@ -566,6 +629,7 @@ struct FwdMainloop {
         if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
         score_mod(s, m0_wg, n, batch, softcap_pre, plan);
         softmax<true>(smx, s, scale_log2, alpha);
+        if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
         acc_to_a<Element>(s, p);
         float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
         bool rescale_pending = false;         // kRescaleBeforePV: whether to apply it
@@ -586,6 +650,7 @@ struct FwdMainloop {
           issue_pv(o, p, sm.pv(vst.index));
           wgmma_commit();
           sched_arrive();
+          if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
           wgmma_wait<1>();  // S ready (the PV may still run)
           fence_regs(s);
           release(sm.empty_k(kst.index));
@@ -593,6 +658,7 @@ struct FwdMainloop {
           if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
           score_mod(s, m0_wg, n, batch, softcap_pre, plan);
           const bool rescale = softmax<false>(smx, s, scale_log2, alpha);
+          if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
           wgmma_wait<0>();  // PV done: O and P are ours again
           fence_regs(o);
           fence_regs(p);
@@ -630,6 +696,7 @@ struct FwdMainloop {
           issue_s(s, q, sm.k(kst.index));
           wgmma_commit();
           sched_arrive();
+          if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
           wgmma_wait<0>();
           fence_regs(s);
           release(sm.empty_k(kst.index));
@@ -641,6 +708,7 @@ struct FwdMainloop {
           } else if (softmax<false>(smx, s, scale_log2, alpha)) {
             rescale_rows(o, alpha);
           }
+          if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
           acc_to_a<Element>(s, p);
           fence_regs(o);
           fence_regs(p);

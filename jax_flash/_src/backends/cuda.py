@@ -9,11 +9,14 @@ blocks) run on prefixes through `bottom_right.py`.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_flash._src.core import bottom_right
+from jax_flash._src.core import dropout as dropout_rng
 from jax_flash._src.backends import ffi, kernel_table
 from jax_flash._src.core import tile_spans
 from jax_flash._src.backends.registry import (Unsupported, refuse_unserved,
@@ -92,10 +95,6 @@ class CudaBackend:
   name = "cuda"
 
   def check(self, spec: AttentionSpec, platform: str) -> None:
-    if spec.has_dropout:
-      raise Unsupported(
-          "implementation='cuda' has no attention dropout yet; dropout runs "
-          "on the xla and pallas backends (implementation=None picks xla)")
     if spec.fp8 is not None:
       # The FP8 requests (fp8_attention) have a kernel of their own.
       # (imported here: fp8/cuda.py imports this module)
@@ -126,20 +125,36 @@ class CudaBackend:
 
   def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
               *, shifts=None, dropout_key=None):
-    assert dropout_key is None, "check() refuses dropout"
-    return bottom_right.forward(_forward, spec, q, k, v, q_seg, kv_seg,
-                                shifts)
+    # Prefixes (bottom_right) keep row and column positions: the same mask.
+    kernel = functools.partial(_forward, dropout_key=dropout_key)
+    return bottom_right.forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts)
 
   def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta,
                q_seg=None, kv_seg=None, *, shifts=None, dropout_key=None):
-    assert dropout_key is None, "check() refuses dropout"
-    return bottom_right.backward(_backward, spec, q, k, v, o, lse, do, delta,
+    kernel = functools.partial(_backward, dropout_key=dropout_key)
+    return bottom_right.backward(kernel, spec, q, k, v, o, lse, do, delta,
                                  q_seg, kv_seg, shifts)
 
 
-def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None):
+def _dropout(spec: AttentionSpec, dropout_key):
+  """(words, attributes) of the handlers' dropout operand: the key words
+  (k0, k1, batch0, head0) as uint32 [4] (core/dropout.py key_words) and the
+  byte threshold; a dummy operand and threshold 0 without dropout."""
+  if not spec.has_dropout:
+    words = jnp.zeros((4,), jnp.uint32)
+    return words, dict(dropout_threshold=np.int32(0), dropout_broadcast=False)
+  assert dropout_key is not None and len(dropout_key) == 4, dropout_key
+  words = jnp.stack([jnp.asarray(w, jnp.uint32).reshape(()) for w in dropout_key])
+  return words, dict(
+      dropout_threshold=np.int32(dropout_rng.threshold(spec.dropout_rate)),
+      dropout_broadcast=bool(spec.dropout_broadcast))
+
+
+def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
+             dropout_key=None):
   B, T, H, _ = q.shape
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
+  words, dropout_attrs = _dropout(spec, dropout_key)
   # The third result is a workspace: the sm90 dynamic tile scheduler's
   # counter (a per-call buffer, so concurrent calls never share one) and,
   # with segment ids, the packed tile order [B, ceil(T / 64)] after it.
@@ -148,16 +163,17 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None):
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
                 jax.ShapeDtypeStruct((1 + order,), jnp.int32))
   o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg, packing,
-                    kernel_family=ffi.kernel_family(),
-                    **ffi.mask_attrs(spec))
+                       words, kernel_family=ffi.kernel_family(),
+                       **dropout_attrs, **ffi.mask_attrs(spec))
   return o, lse
 
 
 def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
-              kv_seg, shifts=None):
+              kv_seg, shifts=None, dropout_key=None):
   B, T, H, D = q.shape
   S, H_kv = k.shape[1], k.shape[2]
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
+  words, dropout_attrs = _dropout(spec, dropout_key)
   d_round = rounded_head_dim(D)
   f32 = jnp.float32
   dq_accum = (B * H * _round_up(T, 128) * d_round,)
@@ -178,9 +194,10 @@ def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
                 jax.ShapeDtypeStruct(dq_semaphore, jnp.int32))
   dq, dk, dv, *_ = ffi.call(ffi.BWD, out_shapes, q, k, v, o,
                             lse.astype(f32), do, delta.astype(f32), q_seg,
-                            kv_seg, packing, deterministic=bool(spec.deterministic),
+                            kv_seg, packing, words,
+                            deterministic=bool(spec.deterministic),
                             kernel_family=ffi.kernel_family(),
-                            **ffi.mask_attrs(spec))
+                            **dropout_attrs, **ffi.mask_attrs(spec))
   return dq, dk, dv
 
 

@@ -2,8 +2,8 @@
 
 Order of preference for `implementation=None`: on GPU cuda -> pallas -> xla;
 elsewhere xla (Pallas on CPU is interpret mode: right, but slow). Requests
-with dropout pick xla on every platform (`attention`'s documented default;
-pallas serves them when asked for); FP8 requests the CUDA FP8 kernel where
+with dropout pick the CUDA kernels on a GPU where they are built, else xla
+(pallas serves them when asked for); FP8 requests the CUDA FP8 kernel where
 its check passes, else xla's simulated kernel. A backend
 that cannot serve a request raises `Unsupported` (a NotImplementedError) from
 `check`, with a message naming the argument and what is supported; automatic
@@ -78,7 +78,7 @@ _REGISTRY: dict[str, Callable[[], Backend]] = {}
 GPU_ORDER = ("cuda", "pallas", "xla")
 PREFERENCE = {"gpu": GPU_ORDER, "cuda": GPU_ORDER}
 DEFAULT_PREFERENCE = ("xla",)
-DROPOUT_PREFERENCE = ("xla",)
+DROPOUT_PREFERENCE = ("cuda", "xla")
 FP8_PREFERENCE = ("cuda", "xla")  # (the FP8 kernel's check knows platforms)
 ALL_KNOWN = ("cuda", "pallas", "xla")
 
