@@ -5,7 +5,7 @@
   file, so a build compiles the kernels in parallel and can leave any of them
   out: <dir>_<dtype>_hdim<d>_sm80.cu (sm80 forward / backward),
   fwd_<dtype>_hdim<d>_sm90.cu, fwd_dropout_<dtype>_hdim<d>_sm90.cu (attention
-  dropout), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
+  dropout; bwd_dropout_* likewise), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
   <dtype> output), bwd_<dtype>_hdim<d>_sm90.cu;
 - cuda/instantiations/sources.cmake: JAX_FLASH_SM80_SOURCES and
   JAX_FLASH_SM90_SOURCES (each family's dispatchers plus its instantiations,
@@ -71,6 +71,9 @@ LAUNCHERS = (
     Launcher("sm90_bwd", "SM90", "bwd", "bwd_{dtype}_hdim{hdim}_sm90.cu",
              "sm90/bwd/bwd_launch_templates.cuh", "jax_flash::sm90",
              "run_bwd_hdim<{ctype}, {hdim}>(const BwdParams&, cudaStream_t)"),
+    Launcher("sm90_bwd_dropout", "SM90", "bwd", "bwd_dropout_{dtype}_hdim{hdim}_sm90.cu",
+             "sm90/bwd/bwd_launch_templates.cuh", "jax_flash::sm90",
+             "run_bwd_dropout_hdim<{ctype}, {hdim}>(const BwdParams&, cudaStream_t)"),
 )
 
 # Each CMake source list: its dispatchers (relative to cuda/) and a comment.
@@ -84,7 +87,7 @@ SOURCE_LISTS = {
 
 # The C++ name of each family's bucket list (kernel_table.h).
 MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIMS"
-          for family in ("sm80", "sm90_fwd", "sm90_bwd", "sm90_fp8")}
+          for family in ("sm80", "sm90_fwd", "sm90_bwd", "sm90_bwd_dropout", "sm90_fp8")}
 
 INSTANTIATION = """\
 // {banner}

@@ -31,6 +31,7 @@ struct HeadDimBuckets {
 using Sm80HeadDims = HeadDimBuckets<JAX_FLASH_SM80_HEAD_DIMS>;
 using Sm90FwdHeadDims = HeadDimBuckets<JAX_FLASH_SM90_FWD_HEAD_DIMS>;
 using Sm90BwdHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_HEAD_DIMS>;
+using Sm90BwdDropoutHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_DROPOUT_HEAD_DIMS>;
 using Sm90Fp8HeadDims = HeadDimBuckets<JAX_FLASH_SM90_FP8_HEAD_DIMS>;
 
 // The sm80 kernels' bucket (callers check the maximum head dim first; past it

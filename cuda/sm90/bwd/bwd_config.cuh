@@ -163,6 +163,27 @@ struct BwdConfig {
   // ordered too, but compute-sanitizer racecheck does not follow that chain:
   // it reported 896 hazards per step and stage; cuda/tests/racecheck_probe.cu.)
   static constexpr int kEmptyArrivals = 128 * kConsumerWGs;
+
+  // Attention dropout: the kernels of BwdDropoutConfig<...> (below).
+  static constexpr bool kDropout = false;
+};
+
+// A config with attention dropout (the key split only: its S^T rows are keys,
+// so the keep mask, drawn by query rows, goes through shared memory,
+// bwd_key_split.cuh): the base plan plus, per consumer WG and step parity,
+// the mask of the WG's 64 keys x kBlockM queries, [2 words][kBlockM + 8]
+// (word w of query q: the generator's calls t = 2w, 2w + 1; +8 words per row
+// of words keeps the transposed reads conflict-free).
+template <typename Base>
+struct BwdDropoutConfig : Base {
+  static_assert(Base::kSdpSwapAB, "dropout: the key split (hdim 64, 128)");
+  static constexpr bool kDropout = true;
+  static constexpr int kDropRowWords = Base::kBlockM + 8;
+  static constexpr int kDropWGBytes = 2 * kDropRowWords * 4;
+  static constexpr int kOffDrop = Base::kSmemBytes;  // 8-byte aligned
+  static constexpr int kSmemBytes = kOffDrop + 2 * Base::kConsumerWGs * kDropWGBytes;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;
+  static_assert(kSmemBytes % 8 == 0 && kSmemAlloc <= 227 * 1024, "shared memory plan too large");
 };
 
 template <int kHeadDim>
@@ -186,6 +207,7 @@ constexpr int kBwdBarDqEmpty = 3;  // + WG: the writer has read the WG's tile ou
 constexpr int kBwdBarPdS = 5;      // both consumer WGs wrote their dS (256 threads)
 constexpr int kBwdBarEpi = 6;      // both consumer WGs are done with K and V (256 threads)
 constexpr int kBwdBarEpiWG = 7;    // + WG: the WG's dK/dV tile is staged (128 threads)
+constexpr int kBwdBarDrop = 9;     // + WG: the WG's dropout mask of the step is drawn (128 threads)
 constexpr int kBwdDqBarThreads = 128 + 32;
 
 // The tile order and scheduler (tile_scheduler.cuh): one CTA per (KV block,
@@ -219,6 +241,7 @@ struct BwdKernelArgs {
   // into that dQ tile last (0: none yet), zeroed by the launcher.
   int* dq_sem;
   int sem_m_blocks;        // ceil(seqlen_q / kBlockM)
+  DropoutArgs dropout;     // the dropout kernels only (BwdDropoutConfig)
 };
 
 // The kernel's parameters: the backward's own and its scheduler's.
@@ -240,6 +263,14 @@ struct BwdSmem {
   JF_DEVICE uint32_t dq(int wg) const { return base + Cfg::kOffdQ + wg * Cfg::kDqWGBytes; }
   JF_DEVICE uint32_t lse(int s) const { return base + Cfg::kOffLse + s * Cfg::kStatBytes; }
   JF_DEVICE uint32_t delta(int s) const { return base + Cfg::kOffDelta + s * Cfg::kStatBytes; }
+  // Cfg::kDropout: WG wg's keep mask of the steps of parity b.
+  JF_DEVICE uint32_t drop(int b, int wg) const {
+    if constexpr (Cfg::kDropout) {
+      return base + Cfg::kOffDrop + (2 * b + wg) * Cfg::kDropWGBytes;
+    } else {
+      return 0;
+    }
+  }
   JF_DEVICE uint32_t bar(int i) const { return base + Cfg::kOffBar + 8 * i; }
   JF_DEVICE uint32_t full_kv() const { return bar(0); }
   JF_DEVICE uint32_t full_q(int s) const { return bar(1 + s); }

@@ -36,6 +36,11 @@ int bwd_block_n(int bucket) {
 
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
+  if (p.dropout.enabled()) {
+    return dispatch_head_dim(Sm90BwdDropoutHeadDims{}, Sm90BwdDropoutHeadDims::bucket(p.head_dim),
+                             cudaErrorNotSupported,
+                             [&](auto d) { return run_bwd_dropout_hdim<Element, decltype(d)::value>(p, stream); });
+  }
   return dispatch_head_dim(Sm90BwdHeadDims{}, Sm90BwdHeadDims::bucket(p.head_dim), cudaErrorNotSupported,
                            [&](auto d) { return run_bwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
@@ -47,8 +52,11 @@ cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
 bool bwd_supported(const BwdParams&) { return false; }
 #else
 bool bwd_supported(const BwdParams& p) {
-  // Dropout: the sm80 backward serves it.
-  if (p.dropout.enabled()) return false;
+  // Dropout: the key-split buckets (hdim <= 128) without softcap; the sm80
+  // backward serves the rest. Its tile is the bucket's (not kBlockM 80).
+  if (p.dropout.enabled() &&
+      (p.softcap > 0.f || Sm90BwdDropoutHeadDims::bucket(p.head_dim) == 0))
+    return false;
   // Deterministic (fixed dQ order through semaphores, bwd_dq.cuh): needs
   // the semaphore workspace (and runs the bucket's tile, bwd_default_tile).
   if (p.deterministic &&
@@ -65,7 +73,9 @@ bool bwd_supported(const BwdParams& p) {
   if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
 #endif
   const int bucket = Sm90BwdHeadDims::bucket(p.head_dim);
-  const BwdTileChoice tile = bwd_default_tile(bucket, make_mask_info(p).bounded(), p.deterministic);
+  const BwdTileChoice tile = p.dropout.enabled()
+                                 ? BwdTileChoice::kBucket
+                                 : bwd_default_tile(bucket, make_mask_info(p).bounded(), p.deterministic);
   // A bucket this build serves, and its grid (KV blocks x kv heads x batch) fits.
   const int64_t block_n = bwd_block_n(bucket);
   if (block_n == 0) return false;

@@ -13,10 +13,17 @@
 //   dK  += dS^T Q          wgmma RS  (Q MN-major)
 //   dQ -> staging tile (BwdDqAccumulator::stage)
 // Releases: dO (empty_do) once dV is done, Q (empty_q) once dK is done.
+// Dropout (Cfg::kDropout): with the keep mask Z and k = 1 / (1 - rate),
+//   dS^T = P^T (k Z dP^T - delta),  dV += (Z P^T) dO  (k applied to dV once,
+// at the end: BwdMainloop::consume). The generator draws a query row's keys
+// (philox.h), S^T holds keys in rows: draw_dropout writes the WG's mask by
+// query rows to shared memory while the step's GEMMs run, the dS loop reads
+// it back transposed.
 #pragma once
 
 #include "bwd_dq.cuh"
 #include "bwd_tile.cuh"
+#include "jax_flash/philox.h"
 #include "sm90/ptx/wgmma.cuh"
 
 namespace jax_flash::sm90 {
@@ -129,6 +136,47 @@ struct BwdKeySplit {
   // The registers of a step besides S^T and dP^T (BwdMainloop::consume
   // declares them, step fills them): dQ, P^T (unless in place: softcap), the
   // 16-bit P^T and dS^T fragments.
+  // ---- dropout (Cfg::kDropout)
+  // The WG's keep mask of step `it` (keys n0 + 64 wg + [0, 64), one 64-key
+  // chunk; queries m0 + [0, kBM)) into its shared buffer: word w of query q
+  // holds the generator's calls t = 2w (bits 0..15) and 2w + 1 (16..31),
+  // bit 16 (t % 2) + c for byte c (key 8 (c / 2) + 2 t + c % 2). Each
+  // thread draws whole words (2 calls); the mainloop calls this after
+  // issuing the step's S^T and dP^T GEMMs.
+  JF_DEVICE void draw_dropout(int it, const BwdTile& w, int n0, int m0, int head) const {
+    if constexpr (Cfg::kDropout) {
+      const Dropout d(a.dropout);
+      const uint32_t buf = sm.drop(it & 1, wg);
+      const uint32_t chunk = uint32_t(n0 + 64 * wg) / 64u;
+      const int tid = 32 * warp + lane;
+#pragma unroll
+      for (int u0 = 0; u0 < 2 * kBM; u0 += 128) {
+        const int u = u0 + tid;
+        if (2 * kBM % 128 == 0 || u < 2 * kBM) {
+          const int word = u / kBM, q = u % kBM;
+          uint32_t bits = 0;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const KeepBits k = d.keep_bits(w.batch, head, m0 + q, chunk, 2 * word + half);
+#pragma unroll
+            for (int c = 0; c < 16; ++c) bits |= uint32_t(k.keep(c)) << (16 * half + c);
+          }
+          ptx::st_shared_b32(buf + 4 * (word * Cfg::kDropRowWords + q), bits);
+        }
+      }
+    }
+  }
+  // This thread's view of the step's mask (after the WG's barrier): the
+  // address of its word row (query 0 of word (g / 2) / 2, g = lane / 4 its
+  // key row in the warp) and the shift of key row g (h = 0; + 2 for g + 8).
+  JF_DEVICE uint32_t drop_row(int it) const {
+    return sm.drop(it & 1, wg) + 4 * (((lane / 4) / 4) * Cfg::kDropRowWords + 2 * (lane % 4));
+  }
+  JF_DEVICE int drop_shift() const {
+    const int g = lane / 4;
+    return 16 * ((g / 2) % 2) + 4 * warp + g % 2;
+  }
+
   struct StepRegs {
     float dq[kQR];
     float pr_own[kSoftcap ? 1 : kSR];
@@ -195,7 +243,30 @@ struct BwdKeySplit {
         pr[i0 + 1] = exp2_approx(fmaf(sc[i0 + 1], scale_log2, -l2.y));
       }
     }
-    if constexpr (!kSoftcap) {
+    if constexpr (Cfg::kDropout) {
+      static_assert(!kSoftcap, "dropout kernels: no softcap (the sm80 backward serves it)");
+      fence_regs(pr);
+      named_bar_sync(kBwdBarDrop + wg, 128);  // the WG's mask of the step is drawn
+      wgmma_wait<0>();  // dP^T ready
+      fence_regs(dp);
+      const float keep_scale = Dropout(a.dropout).keep_scale();
+      const uint32_t z_addr = drop_row(it);
+      const int sh = drop_shift();
+#pragma unroll
+      for (int j = 0; j < kSR / 4; ++j) {
+        const float2 d2 = ld_shared_v2_f32(dl_addr + 32 * j);
+        const uint2 z = ld_shared_v2_u32(z_addr + 32 * j);  // queries 8j + 2t, 8j + 2t + 1
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i0 = 4 * j + 2 * h;
+          const bool k0 = (z.x >> (sh + 2 * h)) & 1u, k1 = (z.y >> (sh + 2 * h)) & 1u;
+          dp[i0] = pr[i0] * (k0 ? fmaf(dp[i0], keep_scale, -d2.x) : -d2.x);
+          dp[i0 + 1] = pr[i0 + 1] * (k1 ? fmaf(dp[i0 + 1], keep_scale, -d2.y) : -d2.y);
+          pr[i0] = k0 ? pr[i0] : 0.f;
+          pr[i0 + 1] = k1 ? pr[i0 + 1] : 0.f;
+        }
+      }
+    } else if constexpr (!kSoftcap) {
       fence_regs(pr);   // P^T computed while the dP^T GEMM runs (not sunk below the wait)
       wgmma_wait<0>();  // dP^T ready
       fence_regs(dp);

@@ -52,7 +52,8 @@ typename Kernel::Arguments bwd_arguments(const BwdParams& p, const MaskInfo& mas
   return {{fwd_q(p), fwd_k(p), fwd_v(p), dout, mask, make_softmax_scale(p.scale, p.softcap), p.lse, p.delta,
            group,
            {p.dq_accum, p.head_dim, p.seqlen_q, p.seqlen_q_rounded, p.head_dim_rounded, p.num_heads, p.batch,
-            sem, sem_m_blocks}},
+            sem, sem_m_blocks},
+           Cfg::kDropout ? p.dropout : DropoutArgs{}},
           {dk, dv, p.scale},
           {order, kDet ? p.sm90_dq_semaphore : nullptr}};
 }
@@ -89,10 +90,14 @@ cudaError_t launch_bwd_kernels(const BwdParams& p, const MaskInfo& mask, cudaStr
     err = Scheduler::prepare(params.scheduler, stream);
     if (err != cudaSuccess) return err;
     const bool packed = mask.q_span != nullptr;  // packed sequences: their own kernels
-    auto kernel = p.softcap > 0.f ? (packed ? bwd_kernel<Element, Cfg, true, kDqTensor, kDet, true>
-                                            : bwd_kernel<Element, Cfg, true, kDqTensor, kDet, false>)
-                                  : (packed ? bwd_kernel<Element, Cfg, false, kDqTensor, kDet, true>
-                                            : bwd_kernel<Element, Cfg, false, kDqTensor, kDet, false>);
+    // (Dropout configs: no softcap kernels; bwd_supported sends softcap with
+    // dropout to the sm80 backward.)
+    constexpr bool kSoftcapKernels = !Cfg::kDropout;
+    auto kernel = kSoftcapKernels && p.softcap > 0.f
+                      ? (packed ? bwd_kernel<Element, Cfg, kSoftcapKernels, kDqTensor, kDet, true>
+                                : bwd_kernel<Element, Cfg, kSoftcapKernels, kDqTensor, kDet, false>)
+                      : (packed ? bwd_kernel<Element, Cfg, false, kDqTensor, kDet, true>
+                                : bwd_kernel<Element, Cfg, false, kDqTensor, kDet, false>);
     err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                cudaFuncAttributeMaxDynamicSharedMemorySize, Plain::kSmemAlloc);
     if (err != cudaSuccess) return err;
@@ -134,6 +139,18 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     if (p.deterministic) return launch_bwd_kernels<Element, Cfg, true, true>(p, mask, stream);
   }
   return launch_bwd_kernels<Element, Cfg, kDqTensor, false>(p, mask, stream);
+}
+
+// With attention dropout (hdim 64, 128: the key split): the bucket's tile
+// with the mask's buffers (BwdDropoutConfig), in translation units of its
+// own (bwd_dropout_<dtype>_hdim<d>_sm90.cu).
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream) {
+  if constexpr (kHeadDim <= 128) {
+    return launch_bwd<Element, BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type>>(p, stream);
+  } else {
+    return cudaErrorNotSupported;
+  }
 }
 
 template <typename Element, int kHeadDim>

@@ -63,6 +63,7 @@ struct BwdMainloop {
     const float* delta;  // [batch, heads, seqlen_q]
     int heads_per_kv;
     typename Dq::Arguments dq;
+    DropoutArgs dropout = {};  // Cfg::kDropout
   };
   static bool to_params(const Arguments& a, BwdKernelArgs& p) {
     constexpr TmaElement elem = tma_element<Element>();
@@ -76,6 +77,7 @@ struct BwdMainloop {
     p.delta = a.delta;
     p.num_heads = a.q.heads;
     p.heads_per_kv = a.heads_per_kv;
+    p.dropout = a.dropout;
     return true;
   }
 
@@ -231,6 +233,7 @@ struct BwdMainloop {
         wgmma_fence();  // (after the wait loop's branch: ptxas wants it adjacent)
         split.issue_dp(dp, sm.dout(sd));
         wgmma_commit();
+        if constexpr (Cfg::kDropout) split.draw_dropout(it, w, n0, m0, walk.hq);  // under the GEMMs
         wgmma_wait<1>();  // S ready (dP may still run)
         fence_regs(sc);
 
@@ -242,6 +245,11 @@ struct BwdMainloop {
         if constexpr (!kSameStages) st_do.advance();
         walk.advance();
       }
+    }
+    if constexpr (Cfg::kDropout) {  // dV summed (Z P)^T dO: the keep scale, once
+      const float keep_scale = Dropout(a.dropout).keep_scale();
+#pragma unroll
+      for (int i = 0; i < kKR; ++i) dv[i] *= keep_scale;
     }
     Epilogue::store(split, w, dk, dv);
   }
