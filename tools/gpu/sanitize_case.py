@@ -14,6 +14,9 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             causal, through the packing pre-pass
   decode    attention_with_kvcache, one new token: a contiguous cache with
             ragged lengths split in three, and a paged one (shuffled pages)
+  dropout   forward + backward with attention dropout (rate 0.1): D = 64 and
+            128 causal, D = 64 window + segment ids (the sm90 kernels), and
+            D = 256 (forward sm90, backward sm80)
   fp8       fp8_attention (the quantisation pre-pass and the FP8 forward, its
             V transpose in shared memory), T=200 S=333, D = 64 and 128
             causal, D = 256 not
@@ -47,7 +50,7 @@ def finite(*xs) -> bool:
              for x in jax.tree_util.tree_leaves(xs))
 
 
-def dense_calls(dims, masks_of, grad: bool):
+def dense_calls(dims, masks_of, grad: bool, **common):
   """(name, ok) for every D in dims and masking of masks_of(T, S)."""
   B, T, S, H, Hk = 1, 77, 131, 4, 2
   results = []
@@ -55,7 +58,8 @@ def dense_calls(dims, masks_of, grad: bool):
     q, k, v = normal(B, T, H, D), normal(B, S, Hk, D), normal(B, S, Hk, D)
     for kw in masks_of(T, S):
       def f(q, k, v, kw=kw):
-        return jax_flash.attention(q, k, v, implementation="cuda", **kw)
+        return jax_flash.attention(q, k, v, implementation="cuda", **common,
+                                   **kw)
       if grad:
         loss = lambda q, k, v, f=f: jnp.sum(f(q, k, v).astype(jnp.float32))
         out = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
@@ -97,6 +101,14 @@ def sm90_bwd():
 def sm80():
   os.environ["JAX_FLASH_CUDA_FAMILY"] = "sm80"
   return sm90_bwd()
+
+
+def dropout():
+  drop = dict(dropout_rate=0.1, dropout_rng=jax.random.key(3))
+  window_segments = lambda T, S: (dict(both_masks(T, S)[1], softcap=None),)
+  return (dense_calls((64, 128), causal_only, grad=True, **drop)
+          + dense_calls((64,), window_segments, grad=True, **drop)
+          + dense_calls((256,), causal_only, grad=True, **drop))
 
 
 def varlen():
@@ -145,7 +157,7 @@ def fp8():
 
 
 CASES = dict(dense=dense, sm90_fwd=sm90_fwd, sm90_bwd=sm90_bwd, sm80=sm80,
-             varlen=varlen, decode=decode, fp8=fp8)
+             dropout=dropout, varlen=varlen, decode=decode, fp8=fp8)
 
 
 def main(names):
