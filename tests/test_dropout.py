@@ -405,3 +405,315 @@ def test_smallest_step_is_accepted(rng):
   o = jax_flash.attention(q, k, v, dropout_rate=1 / 256,
                           dropout_rng=jax.random.key(0))
   assert o.shape == q.shape
+
+
+# ---------------------------------------------------------------------------
+# implementation="cuda" with dropout: the kernels draw the mask of the xla
+# path (GPU; skipped without a GPU or without the compiled extension).
+# ---------------------------------------------------------------------------
+
+import dataclasses  # noqa: E402
+import re  # noqa: E402
+import zlib  # noqa: E402
+
+from jax_flash._src.backends import ffi  # noqa: E402
+from jax_flash._src.backends import registry as backends  # noqa: E402
+from jax_flash._src.core.spec import AttentionSpec  # noqa: E402
+from reference import assert_close_to_reference, enable_x64  # noqa: E402
+
+ON_GPU = jax.default_backend() == "gpu"
+CUDA_MARKS = (
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (ON_GPU and ffi.available()),
+        reason="needs a CUDA GPU" if not ON_GPU else
+        f"CUDA extension not built: {ffi.unavailable_reason()}"),
+)
+
+
+def cuda_only(f):
+  for mark in CUDA_MARKS:
+    f = mark(f)
+  return f
+
+
+# Each case: B=2; (T, S, H, H_kv), dtype, rate, and attention's options.
+# Lengths are not multiples of 64/128 and T != S (bottom-right alignment)
+# except for the packed documents; every head dim runs every case.
+# segs: "packed" (T == S, documents of different lengths per row), "cross"
+# (T != S, contiguous ids; the queries' last id has no key: empty rows).
+CUDA_CASES = {
+    "plain_77x131": dict(shape=(77, 131, 4, 4), dtype="bfloat16", rate=0.1),
+    "gqa_causal_200x333": dict(shape=(200, 333, 4, 2), dtype="bfloat16",
+                               rate=0.5, causal=True),
+    "mqa_77x131_fp16": dict(shape=(77, 131, 4, 1), dtype="float16",
+                            rate=0.1),
+    "mqa_causal_200x333_fp16": dict(shape=(200, 333, 4, 1), dtype="float16",
+                                    rate=0.5, causal=True),
+    "window_200x333": dict(shape=(200, 333, 4, 2), dtype="bfloat16",
+                           rate=0.1, window=(61, 17)),
+    "causal_window_200x333_fp16": dict(shape=(200, 333, 4, 2),
+                                       dtype="float16", rate=0.5,
+                                       causal=True, window=(90, -1)),
+    "packed_causal_300": dict(shape=(300, 300, 4, 2), dtype="bfloat16",
+                              rate=0.1, causal=True, segs="packed"),
+    "segments_77x131_fp16": dict(shape=(77, 131, 4, 2), dtype="float16",
+                                 rate=0.5, segs="cross"),
+    "broadcast_causal_200x333": dict(shape=(200, 333, 4, 2),
+                                     dtype="bfloat16", rate=0.1, causal=True,
+                                     dropout_broadcast=True),
+    "broadcast_mqa_77x131_fp16": dict(shape=(77, 131, 4, 1), dtype="float16",
+                                      rate=0.5, dropout_broadcast=True),
+    "softcap_200x333": dict(shape=(200, 333, 4, 2), dtype="bfloat16",
+                            rate=0.1, softcap=20.0),
+}
+CUDA_HEAD_DIMS = (64, 96, 128, 256)
+_FAMILY_CODES = {"auto": 0, "sm80": 80}
+
+
+def _segment_ids(kind, B, T, S):
+  if kind == "packed":
+    assert T == S
+    rows = [[0] * 100 + [1] * 120 + [2] * (T - 220),
+            [0] * 37 + [1] * 200 + [2] * (T - 237)]
+    q = np.asarray(rows, np.int32)[:B]
+    return jnp.asarray(q), jnp.asarray(q)
+  q = np.asarray([[0] * 30 + [1] * 40 + [5] * (T - 70)] * B, np.int32)
+  kv = np.asarray([[0] * 50 + [1] * (S - 50)] * B, np.int32)
+  return jnp.asarray(q), jnp.asarray(kv)
+
+
+def _case_inputs(name, head_dim):
+  """(q, k, v, do, attention kwargs, dropout key): inputs in the case's
+  dtype, fixed per (case, head dim)."""
+  c = dict(CUDA_CASES[name])
+  T, S, H, Hk = c.pop("shape")
+  dtype = jnp.dtype(c.pop("dtype"))
+  B, D = 2, head_dim
+  rng = np.random.default_rng(zlib.crc32(f"{name}/{head_dim}".encode()))
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)
+  q, k, v, do = mk(B, T, H, D), mk(B, S, Hk, D), mk(B, S, Hk, D), mk(B, T, H, D)
+  segs = c.pop("segs", None)
+  rate = c.pop("rate")
+  kw = dict(c, dropout_rate=rate)  # causal, window, softcap, broadcast
+  if segs is not None:
+    kw["segment_ids"] = _segment_ids(segs, B, T, S)
+  key = jax.random.key(zlib.crc32(name.encode()) % 2**31)
+  return q, k, v, do, kw, key
+
+
+def _attention_results(impl, q, k, v, do, kw, key):
+  """(jitted fn, (o, lse, dq, dk, dv)): the call and its VJP applied to do."""
+  def run(q, k, v, do):
+    f = lambda q, k, v: jax_flash.attention(
+        q, k, v, dropout_rng=key, return_lse=True, implementation=impl, **kw)
+    (o, lse), vjp = jax.vjp(f, q, k, v)
+    return (o, lse) + tuple(vjp((do, jnp.zeros_like(lse))))
+  g = jax.jit(run)
+  return g, g(q, k, v, do)
+
+
+_XLA_REFS = {}
+
+
+def _xla_references(name, head_dim):
+  """(inputs, float64 xla results, same-dtype xla results) of a case; the
+  float64 run takes the same (already rounded) inputs and the same key."""
+  if (name, head_dim) not in _XLA_REFS:
+    q, k, v, do, kw, key = _case_inputs(name, head_dim)
+    _, base = _attention_results("xla", q, k, v, do, kw, key)
+    base = tuple(np.asarray(x, np.float64) for x in base)
+    with enable_x64():
+      up = lambda x: jnp.asarray(np.asarray(x, np.float64))
+      _, ref = _attention_results("xla", up(q), up(k), up(v), up(do), kw,
+                                  key)
+      ref = tuple(np.asarray(x, np.float64) for x in ref)
+    _XLA_REFS[(name, head_dim)] = ((q, k, v, do, kw, key), ref, base)
+  return _XLA_REFS[(name, head_dim)]
+
+
+def _check_against_xla(impl, name, head_dim):
+  """impl's outputs, LSE and gradients vs the float64 xla result with the
+  same dropout key: error <= 2x that of xla in the same dtype (+ 1e-5), so
+  a different mask (O(1) differences) fails. Returns impl's jitted call and
+  its arguments."""
+  (q, k, v, do, kw, key), ref, base = _xla_references(name, head_dim)
+  g, got = _attention_results(impl, q, k, v, do, kw, key)
+  for what, a, r, b in zip(("o", "lse", "dq", "dk", "dv"), got, ref, base):
+    assert a.dtype == (jnp.float32 if what == "lse" else q.dtype), what
+    assert_close_to_reference(f"{name} D={head_dim} {what}", a, r, b)
+  return g, (q, k, v, do)
+
+
+def _kernel_families(g, args):
+  """The kernel_family attributes of the jax_flash custom calls of a jitted
+  call (in the lowered module, else in the compiled HLO)."""
+  lowered = g.lower(*args)
+  found = re.findall(r"kernel_family\s*=\s*(\d+)", lowered.as_text())
+  if not found:
+    found = re.findall(r"kernel_family\s*=\s*(\d+)",
+                       lowered.compile().as_text())
+  return {int(x) for x in found}
+
+
+@pytest.fixture(params=["auto", "sm80"])
+def cuda_family(request, monkeypatch):
+  """JAX_FLASH_CUDA_FAMILY for the test's traces: "auto" (sm90 on Hopper
+  where it serves the call, else sm80) and "sm80" (the portable kernels, on
+  an H200 too). jax's trace caches are cleared around it, and each test
+  checks that its calls carry the family (_kernel_families)."""
+  if request.param != "auto":
+    assert request.param in ffi.families(), ffi.families()
+  monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", request.param)
+  jax.clear_caches()
+  yield request.param
+  jax.clear_caches()
+
+
+@cuda_only
+@pytest.mark.parametrize("head_dim", CUDA_HEAD_DIMS)
+@pytest.mark.parametrize("case", list(CUDA_CASES))
+def test_cuda_dropout_matches_xla(case, head_dim, cuda_family):
+  """implementation="cuda" draws the xla path's mask: outputs, LSE and
+  gradients (jax.vjp, random cotangent) against the float64 xla result."""
+  g, args = _check_against_xla("cuda", case, head_dim)
+  assert _kernel_families(g, args) == {_FAMILY_CODES[cuda_family]}
+
+
+def test_cuda_harness_with_pallas_standing_in():
+  """The check above, run here with the Pallas kernels (interpret mode on
+  CPU) in the place of the CUDA ones: the harness itself (inputs, empty
+  rows, fp16, the criterion) accepts a backend that draws the same mask."""
+  for name, head_dim in (("segments_77x131_fp16", 64),
+                         ("broadcast_mqa_77x131_fp16", 96)):
+    _check_against_xla("pallas", name, head_dim)
+
+
+@pytest.mark.parametrize("case", ["plain_77x131", "gqa_causal_200x333"])
+def test_cuda_criterion_rejects_another_mask(case):
+  """The criterion of test_cuda_dropout_matches_xla fails for results drawn
+  with another key (xla in the same dtype standing in for a kernel whose
+  mask is wrong), for the output and for every gradient."""
+  (q, k, v, do, kw, key), ref, base = _xla_references(case, 64)
+  _, other = _attention_results("xla", q, k, v, do, kw,
+                                jax.random.fold_in(key, 1))
+  for what, a, r, b in zip(("o", "lse", "dq", "dk", "dv"), other, ref, base):
+    if what == "lse":  # the LSE is that of the undropped P: the same
+      assert_close_to_reference(what, a, r, b)
+      continue
+    with pytest.raises(AssertionError, match="max abs err"):
+      assert_close_to_reference(what, a, r, b)
+
+
+@cuda_only
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cuda_dropout_deterministic_is_bitwise_reproducible(head_dim,
+                                                            cuda_family):
+  B, T, S, H, Hk = 2, 291, 403, 8, 2
+  rng = np.random.default_rng(head_dim)
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+  q, k, v = mk(B, T, H, head_dim), mk(B, S, Hk, head_dim), mk(B, S, Hk, head_dim)
+  do = mk(B, T, H, head_dim)
+
+  @jax.jit
+  def grads(q, k, v, do):
+    _, vjp = jax.vjp(lambda q, k, v: jax_flash.attention(
+        q, k, v, causal=True, implementation="cuda", deterministic=True,
+        dropout_rate=0.1, dropout_rng=jax.random.key(3)), q, k, v)
+    return vjp(do)
+
+  assert _kernel_families(grads, (q, k, v, do)) == {
+      _FAMILY_CODES[cuda_family]}
+  first = [np.asarray(x) for x in grads(q, k, v, do)]
+  for _ in range(3):
+    for name, a, b in zip(("dq", "dk", "dv"), first, grads(q, k, v, do)):
+      np.testing.assert_array_equal(a.view(np.uint16),
+                                    np.asarray(b).view(np.uint16),
+                                    err_msg=f"{name} not bitwise reproducible")
+
+
+def _poison(x, bad):
+  """x with NaN in the even and Inf in the odd positions where bad [B, S]."""
+  S = x.shape[1]
+  nan_or_inf = jnp.where(jnp.arange(S) % 2 == 0, jnp.nan,
+                         jnp.inf)[None, :, None, None]
+  return jnp.where(bad[:, :, None, None], nan_or_inf.astype(x.dtype), x)
+
+
+UNSEEN_CASES = ("segment_padding", "before_window")
+
+
+def _unseen_inputs(case):
+  rng = np.random.default_rng(zlib.crc32(case.encode()))
+  mk = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
+  if case == "segment_padding":  # tail keys with an id no query has
+    B, T, S, H, Hk, D = 2, 77, 131, 4, 2, 64
+    q_seg = jnp.asarray(np.repeat([[0] * 30 + [1] * 47], B, 0), jnp.int32)
+    kv_seg = np.repeat([[0] * 50 + [1] * 60 + [-1] * 21], B, 0)
+    kv_seg[1, 90:] = -1
+    kv_seg = jnp.asarray(kv_seg, jnp.int32)
+    kw = dict(segment_ids=(q_seg, kv_seg), causal=True)
+    bad = kv_seg == -1
+  else:  # a sliding window, T < S: keys before the first query's window
+    B, T, S, H, Hk, D = 2, 70, 333, 4, 2, 128
+    left = 40
+    kw = dict(window=(left, 0))
+    bad = jnp.broadcast_to(jnp.arange(S)[None, :] < S - T - left, (B, S))
+  q, k, v, do = mk(B, T, H, D), mk(B, S, Hk, D), mk(B, S, Hk, D), mk(B, T, H, D)
+  return q, k, v, do, kw, bad
+
+
+def _check_unseen_with_dropout(impl, case):
+  q, k, v, do, kw, bad = _unseen_inputs(case)
+  key = jax.random.key(17)
+  kw = dict(kw, dropout_rate=0.25)
+  g, clean = _attention_results(impl, q, k, v, do, kw, key)
+  _, poisoned = _attention_results(impl, q, _poison(k, bad), _poison(v, bad),
+                                   do, kw, key)
+  for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), clean, poisoned):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if name in ("dk", "dv"):
+      assert not np.any(a[np.asarray(bad)]), name  # no query sees them
+    assert np.isfinite(b[np.isfinite(a)]).all(), name
+    # (the dQ sums of atomics may add in another order: bf16 rounding)
+    np.testing.assert_allclose(b, a, rtol=1e-2, atol=1e-2, err_msg=name)
+  return g, (q, k, v, do)
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("case", UNSEEN_CASES)
+def test_unseen_keys_never_reach_results_with_dropout(impl, case):
+  """Keys and values no query may see (padding ids, before every window)
+  hold NaN/Inf: with dropout on, outputs and gradients equal the finite
+  inputs' ones (tests/test_unseen_inputs.py without dropout)."""
+  _check_unseen_with_dropout(impl, case)
+
+
+@cuda_only
+@pytest.mark.parametrize("case", UNSEEN_CASES)
+def test_cuda_unseen_keys_never_reach_results_with_dropout(case, cuda_family):
+  g, args = _check_unseen_with_dropout("cuda", case)
+  assert _kernel_families(g, args) == {_FAMILY_CODES[cuda_family]}
+
+
+@cuda_only
+def test_default_implementation_picks_cuda_for_dropout():
+  """implementation=None runs dropout on the CUDA kernels on a GPU: the
+  registry's choice, and the same bits as implementation="cuda"."""
+  spec = AttentionSpec(scale=0.125, batch=2, q_len=77, kv_len=131,
+                       num_heads=4, num_kv_heads=2, head_dim=64,
+                       dtype="bfloat16", dropout_rate=0.1)
+  assert backends.choose(spec, None, "gpu").name == "cuda"
+  for changes in (dict(causal=True, window_right=0),
+                  dict(dropout_broadcast=True), dict(dtype="float16")):
+    assert backends.choose(dataclasses.replace(spec, **changes), None,
+                           "gpu").name == "cuda", changes
+  # float32 is not the kernels': another backend serves it.
+  assert backends.choose(dataclasses.replace(spec, dtype="float32"), None,
+                         "gpu").name != "cuda"
+  q, k, v, do, kw, key = _case_inputs("gqa_causal_200x333", 64)
+  run = lambda impl: jax.jit(lambda q, k, v: jax_flash.attention(
+      q, k, v, dropout_rng=key, implementation=impl, **kw))(q, k, v)
+  auto, cuda, xla = (np.asarray(run(i)) for i in (None, "cuda", "xla"))
+  np.testing.assert_array_equal(auto.view(np.uint16), cuda.view(np.uint16))
+  assert not np.array_equal(cuda.view(np.uint16), xla.view(np.uint16))
