@@ -500,3 +500,60 @@ def test_example_implementation_flag(example, monkeypatch):
   assert mod.implementation_arg("xla") == "xla"
   with pytest.raises(argparse.ArgumentTypeError, match="--implementation"):
     mod.implementation_arg("cudaa")
+
+
+def _load_example(name, monkeypatch):
+  import importlib.util
+  import pathlib
+  path = pathlib.Path(__file__).resolve().parents[1] / "examples" / name
+  spec = importlib.util.spec_from_file_location("example_" + path.stem, path)
+  mod = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, "example_" + path.stem, mod)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.mark.slow
+def test_flax_lm_compare_dropout_xla_pallas(monkeypatch, capsys):
+  """examples/flax_lm.py --compare-dropout xla pallas: the same training
+  (init, batches, dropout keys) on both backends follows one loss curve,
+  and the control run (other dropout keys) is told apart."""
+  if "pallas" not in jax_flash.available_implementations():
+    pytest.skip("pallas backend not registered")
+  lm = _load_example("flax_lm.py", monkeypatch)
+  assert lm.main(["--compare-dropout", "xla", "pallas", "--steps", "3",
+                  "--batch", "2", "--log-every", "1"]) == 0
+  out = capsys.readouterr().out
+  assert "OK: xla and pallas follow the same loss curve" in out
+  assert "control: xla with other dropout keys differs by up to" in out
+
+
+def test_flax_lm_compare_dropout_fails_on_another_mask(monkeypatch, capsys):
+  """The comparison fails (exit 1) when the second run draws other masks:
+  here xla against xla with its dropout keys changed."""
+  lm = _load_example("flax_lm.py", monkeypatch)
+  train = lm.train
+  calls = []
+
+  def second_run_other_keys(args, implementation, rate, dropout_seed, **kw):
+    calls.append(dropout_seed)
+    if len(calls) == 2:  # the IMPL_B run
+      dropout_seed += 10
+    return train(args, implementation, rate, dropout_seed, **kw)
+
+  monkeypatch.setattr(lm, "train", second_run_other_keys)
+  assert lm.main(["--compare-dropout", "xla", "xla", "--steps", "3",
+                  "--batch", "2", "--no-control"]) == 1
+  assert calls == [1, 1]
+  assert "FAILED: xla and xla diverge" in capsys.readouterr().out
+
+
+def test_flax_lm_trains_with_attention_dropout(monkeypatch, capsys):
+  """examples/flax_lm.py --dropout: training with attention dropout on, the
+  loss falls; a dropout rate outside [0, 1) is an argparse error."""
+  lm = _load_example("flax_lm.py", monkeypatch)
+  assert lm.main(["--dropout", "0.1", "--steps", "12", "--batch", "4",
+                  "--implementation", IMPL]) == 0
+  assert "attention dropout 0.1" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    lm.main(["--dropout", "1.0"])
