@@ -4,7 +4,10 @@ mask explicitly (dropout.keep_mask at global positions), at odd sizes with
 GQA, causal, windows, segment ids, softcap and return_lse; the keep rate;
 reproducibility per key; vmap (a batched key: each element its own mask; a
 shared key: the same one, as jax.random); check_grads; fully masked rows;
-the Flax drop-in's dropout (broadcast_dropout included); argument errors."""
+the Flax drop-in's dropout (broadcast_dropout included); argument errors.
+The CUDA kernels' dropout (GPU): outputs and gradients against the float64
+xla result with the same key, both kernel families, deterministic mode,
+keys no query sees holding NaN/Inf, the default dispatch."""
 
 from __future__ import annotations
 
