@@ -350,7 +350,13 @@ struct FwdMainloop {
       PipeState<kStages> src, dst;
       for (;;) {
         mbar_wait(sm.full_v(src.index), src.phase);
-        if (ld_shared_b32(sm.v_end(src.index)) != 0u) break;  // the end (finish_loads)
+        // The end (finish_loads)? Lane 0 reads the word and arrives on
+        // empty_v for the warp, so its read is ordered before the producer's
+        // write directly (compute-sanitizer does not follow __syncwarp from
+        // the other lanes to lane 0's arrive).
+        uint32_t end = 0;
+        if (lane == 0) end = ld_shared_b32(sm.v_end(src.index));
+        if (__shfl_sync(0xFFFFFFFFu, end, 0) != 0u) break;
         mbar_wait(sm.empty_vt(dst.index), dst.phase ^ 1u);
         VTranspose<kHeadDim, kTransposeWarps>::run(sm.v(src.index), sm.vt(dst.index), w, lane);
         fence_proxy_async_smem();  // the stores, before the consumers' wgmma reads them
