@@ -13,8 +13,16 @@
 //   O += P V                                (P reused as the A operand)
 //
 // so one K tile and one V tile of shared memory give a two-stage pipeline.
+//
+// Dropout (kDropout): the keep bits of a block are drawn one block ahead,
+// next to the previous block's O += P V (integer work that overlaps the
+// tensor cores, where S is dead and registers are free); the softmax
+// statistics stay those of the undropped P (so LSE is the undropped one),
+// dropped P is zeroed before P V, and the final normalisation multiplies by
+// keep_scale: O = (sum of dropped-P V) * keep_scale / rowsum.
 #pragma once
 
+#include "dropout.cuh"
 #include "fwd_epilogue.cuh"
 #include "kernel_traits.cuh"
 #include "mask.cuh"
@@ -37,7 +45,9 @@ struct FwdKernelArgs {
 // kPacked: packed sequences (segment ids with tile spans, mask_info.h): KV
 // ranges and masks from the spans, in kernels of their own so that the code
 // does not weigh on the others' registers.
-template <typename Element, typename Cfg, bool kSoftcap, bool kPacked = false>
+// kDropout: attention dropout (p.dropout), also kernels of their own.
+template <typename Element, typename Cfg, bool kSoftcap, bool kPacked = false,
+          bool kDropout = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ FwdKernelArgs args) {
   JF_SMEM(smem);
   check_smem_alignment(smem);
@@ -109,6 +119,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   softmax.init();
   const float softcap_pre = args.sm.softcap_pre;
   const float scale_log2 = args.sm.scale_log2;
+  // Dropout: the keep bits of the block to come, drawn one block ahead
+  // (during the previous P V) and kept in shared memory until the softmax is
+  // done (registers are short in between: S and O); the key words from
+  // device memory for the first draw, then from their shared-memory slot
+  // (dropout.cuh). Smem past the tiles: the key words, then the bits.
+  using Keep = FragKeep<Cfg::kMT, Cfg::kNT_S>;
+  auto draw_keep = [&](const Dropout& d, int n) {
+    const int t = opaque_tid();
+    Keep keep;
+    keep.draw(d, launder(batch), launder(head), m0 + (t / 32) * Cfg::kMT * 16, n * Cfg::kBlockN,
+              t % 32);
+    keep.template store<Cfg::kThreads>(smem + Cfg::kSmemBytes + kDropoutSmemBytes, t);
+  };
+  if constexpr (kDropout) {
+    const Dropout d(p.dropout);
+    stash_dropout_words(smem + Cfg::kSmemBytes, d, tid);
+    draw_keep(d, n_last - 1);
+  }
 
   for (int n = n_last - 1; n >= n_first; --n) {
     const int n0 = n * Cfg::kBlockN;
@@ -154,15 +182,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       softmax.template update<true>(acc_s, acc_o, scale_log2);
     else
       softmax.template update<false>(acc_s, acc_o, scale_log2);
+    if constexpr (kDropout) {  // dropped P = 0 (the row sums keep it)
+      Keep keep;
+      keep.template load<Cfg::kThreads>(smem + Cfg::kSmemBytes + kDropoutSmemBytes, opaque_tid());
+      keep.apply(acc_s);
+    }
 
     uint32_t p_frag[Cfg::kMT][Cfg::kNT_S / 2][4];
     pack_c_to_a<Element>(p_frag, acc_s);
+    // The next block's bits (unconditionally, past the first block too, so
+    // the integer work stays in one block with the P V products).
+    if constexpr (kDropout) draw_keep(stashed_dropout(smem + Cfg::kSmemBytes, p.dropout), n - 1);
     gemm_rs<Element, Cfg::kMT, Cfg::kNT_O, Cfg::kBlockN, true, KTile, true>(
         acc_o, p_frag, sV, 0, LdsmLane{opaque_tid() % 32});
   }
 
   float lse_rows[Cfg::kMT][2];
   softmax.finalize(acc_o, args.sm.scale_eff, lse_rows);
+  if constexpr (kDropout) {  // O = (sum of dropped-P V) * keep_scale / rowsum
+    const float keep_scale = dropout_keep_scale(p.dropout);
+#pragma unroll
+    for (int i = 0; i < Cfg::kMT; ++i)
+#pragma unroll
+      for (int n = 0; n < Cfg::kNT_O; ++n)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc_o[i][n][j] *= keep_scale;
+  }
   // The last iteration's second barrier ordered every warp's reads of Q before
   // this point, so the Q tile can hold the output.
   const int b = launder(batch), h = launder(head);
