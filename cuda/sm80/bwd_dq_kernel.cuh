@@ -6,6 +6,11 @@
 // recomputes S and dP, forms dS in registers and feeds it straight into
 // dQ += dS K as the A operand (the C -> A fragment identity, like P V in the
 // forward). dQ is written once, in the input dtype: dq_accum is not used.
+//
+// Dropout (kDropout): rows = queries, as the generator's layout
+// (dropout.cuh); the keep bits are drawn before the S and dP products, and
+// dP <- Z dP with delta scaled by 1 / keep_scale, so that keep_scale times
+// the result is dS = P (Z keep_scale dP - delta) (applied to dQ at the end).
 #pragma once
 
 #include "bwd_kernel.cuh"  // BwdKernelArgs
@@ -16,8 +21,8 @@
 
 namespace jax_flash::sm80 {
 
-// kPacked: packed sequences (see fwd_kernel.cuh).
-template <typename Element, typename Cfg, bool kPacked = false>
+// kPacked: packed sequences, kDropout: attention dropout (see fwd_kernel.cuh).
+template <typename Element, typename Cfg, bool kPacked = false, bool kDropout = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_constant__ BwdKernelArgs args) {
   JF_SMEM(smem);
   check_smem_alignment(smem);
@@ -79,8 +84,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
   const int64_t row_stat = (int64_t(batch) * p.num_heads + head) * p.seqlen_q + m0;
   float lse_log2[Cfg::kMT][2], delta[Cfg::kMT][2];
   load_row_stats(lse_log2, delta, p.lse + row_stat, p.delta + row_stat, wrow, rows_valid, lane);
+  if constexpr (kDropout) scale_rows(delta, dropout_keep_rate(p.dropout));
   const float softcap_pre = args.sm.softcap_pre;
   const float scale_log2 = args.sm.scale_log2;
+  // The key words, read once (device memory); unused without dropout.
+  const Dropout drop = kDropout ? Dropout(p.dropout) : Dropout();
 
   for (int n = n_first; n < n_last; ++n) {
     const int stage = (n - n_first) & 1;
@@ -93,6 +101,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
       cp_async_commit();
     }
 
+    [[maybe_unused]] FragKeep<Cfg::kMT, Cfg::kNT_S> keep;
+    if constexpr (kDropout) keep.draw(drop, batch, head, m0 + wrow, n * Cfg::kBlockN, lane);
     float acc_s[Cfg::kMT][Cfg::kNT_S][4];
     float acc_dp[Cfg::kMT][Cfg::kNT_S][4];
     zero(acc_s);
@@ -101,6 +111,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
         acc_s, sQ, wrow, sK, 0, ldsm);
     gemm_ss<Element, Cfg::kMT, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
         acc_dp, sdO, wrow, sV, 0, ldsm);
+    if constexpr (kDropout) keep.apply(acc_dp);
     dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
     const int n0 = n * Cfg::kBlockN;
     if constexpr (kPacked) {
@@ -126,6 +137,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
     for (int n = 0; n < Cfg::kNT_O; ++n)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc_dq[i][n][j] *= scale;
+  if constexpr (kDropout) scale_frags(acc_dq, dropout_keep_scale(p.dropout));
   __syncthreads();  // every warp is done reading Q
   store_c<Element, Cfg::kMT, Cfg::kNT_O, QTile>(smem + Cfg::kSmemQ, acc_dq, wrow, 0, lane);
   __syncthreads();

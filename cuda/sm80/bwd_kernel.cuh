@@ -19,8 +19,20 @@
 // barrier so that it overlaps that iteration's S/dP products.
 //
 // Deterministic mode skips the dQ part; bwd_dq_kernel.cuh computes dQ.
+//
+// Dropout (kDropout): the S warp tiles hold rows = queries, columns = keys,
+// the layout the generator is defined on (dropout.cuh), so each thread draws
+// the keep bits of its own S / dP elements directly, before the two products
+// (integer work next to the tensor cores), and uses them twice. With Z the
+// mask and ks = keep_scale, the gradients are
+//   dV = ks (P Z)^T dO,  dS = P (Z ks dP - delta) = ks P (Z dP - delta / ks),
+// so the loop only zeroes: dP <- Z dP (before dP - delta, with delta scaled
+// by 1 / ks) and P <- Z P (after dS is formed); the factor ks of dV, dK and
+// dQ is applied once, in the epilogue and in the dQ conversion (delta =
+// rowsum(dO * O) - dLSE comes from the caller, from the dropped O).
 #pragma once
 
+#include "dropout.cuh"
 #include "kernel_traits.cuh"
 #include "mask.cuh"
 #include "softmax.cuh"
@@ -63,8 +75,9 @@ JF_DEVICE void issue_dq_rows(float* dq, uint32_t sdQ, int rows_valid, int tid) {
   }
 }
 
-// kPacked: packed sequences (see fwd_kernel.cuh).
-template <typename Element, typename Cfg, bool kBulkDq, bool kPacked = false>
+// kPacked: packed sequences, kDropout: attention dropout (see fwd_kernel.cuh).
+template <typename Element, typename Cfg, bool kBulkDq, bool kPacked = false,
+          bool kDropout = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_constant__ BwdKernelArgs args) {
   JF_SMEM(smem);
   check_smem_alignment(smem);
@@ -132,6 +145,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const float softcap_pre = args.sm.softcap_pre;
   const float scale_log2 = args.sm.scale_log2;
   const bool fused_dq = !p.deterministic;
+  // The key words, read once (device memory); unused without dropout.
+  const Dropout drop = kDropout ? Dropout(p.dropout) : Dropout();
   // dQ rows of the staged tile (kBulkDq): of dq_accum row block (hq, m0).
   const uint32_t sdQ = smem_addr(smem + Cfg::kSmemdQ);
   auto dq_accum_ptr = [&](int hq, int m0) {
@@ -181,12 +196,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       float lse_log2[Cfg::kMT_S][2], delta[Cfg::kMT_S][2];
       load_row_stats(lse_log2, delta, p.lse + row_stat, p.delta + row_stat, c.s_row, rows_valid,
                      c.lane);
+      [[maybe_unused]] FragKeep<Cfg::kMT_S, Cfg::kNT_S> keep;
+      if constexpr (kDropout) {
+        keep.draw(drop, launder(batch), hq, m0 + c.s_row, n0 + c.s_col, c.lane);
+        scale_rows(delta, dropout_keep_rate(p.dropout));
+      }
       zero(acc_s);
       zero(acc_dp);
       gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
           acc_s, sQ, c.s_row, sK, c.s_col, ldsm);
       gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
           acc_dp, sdO, c.s_row, sV, c.s_col, ldsm);
+      if constexpr (kDropout) keep.apply(acc_dp);
       dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
       if constexpr (kPacked) {
         if (mi.block_needs_mask(batch, m0, Cfg::kBlockM, n0, Cfg::kBlockN))
@@ -197,6 +218,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
           apply_mask<false>(acc_s, mi, batch, m0 + c.s_row, n0 + c.s_col, c.lane, false);
       }
       probs_and_dscores(acc_s, acc_dp, lse_log2, scale_log2);
+      if constexpr (kDropout) keep.apply(acc_s, dropout_opaque_zero(p.dropout));
     }
     {
       const BwdCoords<Cfg> c(opaque_tid());
@@ -278,6 +300,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     for (int n = 0; n < Cfg::kNT_KV; ++n)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc_dk[i][n][j] *= scale;
+  if constexpr (kDropout) {
+    const float keep_scale = dropout_keep_scale(p.dropout);
+    scale_frags(acc_dk, keep_scale);
+    scale_frags(acc_dv, keep_scale);
+  }
   {
     const BwdCoords<Cfg> c(tid);
     store_c<Element, Cfg::kMT_KV, Cfg::kNT_KV, KTile>(smem + Cfg::kSmemK, acc_dk, c.kv_row,
