@@ -19,6 +19,22 @@ set(JAX_FLASH_SM80_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim64_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim96_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim128_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim64_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim96_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim128_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim64_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim96_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim128_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim64_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim96_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim128_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim256_sm80.cu
 )
 # sm90 kernel family (Hopper forward and backward; compile with sm_90a only).
 set(JAX_FLASH_SM90_SOURCES

@@ -19,6 +19,8 @@ bool strides_ok(int64_t b, int64_t r, int64_t h) { return b % 8 == 0 && r % 8 ==
 
 cudaError_t validate(const FwdParams& p) {
   if (!problem_ok(p)) return cudaErrorInvalidValue;
+  if (p.dropout.enabled() && (p.dropout.words == nullptr || p.dropout.threshold > 255))
+    return cudaErrorInvalidValue;
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o))
     return cudaErrorInvalidValue;
   if (!strides_ok(p.q_batch_stride, p.q_row_stride, p.q_head_stride) ||
@@ -33,14 +35,22 @@ cudaError_t validate(const FwdParams& p) {
 template <typename Element>
 cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
   return dispatch_head_dim(Sm80HeadDims{}, rounded_head_dim(p.head_dim), cudaErrorNotSupported,
-                           [&](auto d) { return run_fwd_hdim<Element, decltype(d)::value>(p, stream); });
+                           [&](auto d) {
+                             constexpr int kD = decltype(d)::value;
+                             return p.dropout.enabled() ? run_fwd_dropout_hdim<Element, kD>(p, stream)
+                                                        : run_fwd_hdim<Element, kD>(p, stream);
+                           });
 }
 
 #ifndef JAX_FLASH_DISABLE_BACKWARD
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
   return dispatch_head_dim(Sm80HeadDims{}, p.head_dim_rounded, cudaErrorNotSupported,
-                           [&](auto d) { return run_bwd_hdim<Element, decltype(d)::value>(p, stream); });
+                           [&](auto d) {
+                             constexpr int kD = decltype(d)::value;
+                             return p.dropout.enabled() ? run_bwd_dropout_hdim<Element, kD>(p, stream)
+                                                        : run_bwd_hdim<Element, kD>(p, stream);
+                           });
 }
 #endif
 

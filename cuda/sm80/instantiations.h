@@ -19,4 +19,12 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream);
 
+// The same with attention dropout (p.dropout.enabled()): kernels of their own,
+// in files of their own.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream);
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::sm80

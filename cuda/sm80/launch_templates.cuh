@@ -29,35 +29,60 @@ inline int max_smem_optin() {
   return device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024);
 }
 
-template <typename Element, typename Cfg>
+// Dynamic shared memory of the forward (dropout: the key words and each
+// thread's keep bits, fwd_kernel.cuh).
+template <typename Cfg, bool kDropout>
+constexpr int fwd_smem_bytes() {
+  using Keep = FragKeep<Cfg::kMT, Cfg::kNT_S>;
+  constexpr int kDropoutBytes = kDropoutSmemBytes + Cfg::kThreads * Keep::kBytesPerThread;
+  return Cfg::kSmemBytes + (kDropout ? kDropoutBytes : 0);
+}
+
+// kDropout: the dropout kernels (instantiated in files of their own,
+// run_*_dropout_hdim; dispatch.cu picks them when p.dropout.enabled()).
+template <typename Element, typename Cfg, bool kDropout = false>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const FwdKernelArgs args{p, make_mask_info(p), make_softmax_scale(p.scale, p.softcap)};
   const bool packed = args.mask.q_span != nullptr;  // packed sequences: their own kernels
-  auto kernel = p.softcap > 0.f ? (packed ? fwd_kernel<Element, Cfg, true, true> : fwd_kernel<Element, Cfg, true>)
-                                : (packed ? fwd_kernel<Element, Cfg, false, true> : fwd_kernel<Element, Cfg, false>);
-  cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
+  auto kernel = p.softcap > 0.f ? (packed ? fwd_kernel<Element, Cfg, true, true, kDropout>
+                                          : fwd_kernel<Element, Cfg, true, false, kDropout>)
+                                : (packed ? fwd_kernel<Element, Cfg, false, true, kDropout>
+                                          : fwd_kernel<Element, Cfg, false, false, kDropout>);
+  constexpr int kSmem = fwd_smem_bytes<Cfg, kDropout>();
+  cudaError_t err = set_smem(kernel, kSmem);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM, p.num_heads, p.batch);
-  JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(args);
+  JF_LAUNCH(kernel, grid, Cfg::kThreads, kSmem, stream)(args);
   return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim, bool kDropout>
+cudaError_t run_fwd_impl(const FwdParams& p, cudaStream_t stream) {
+  using Pref = typename FwdConfigFor<kHeadDim>::type;
+  using Small = typename FwdConfigSmallFor<kHeadDim>::type;
+  const int optin = max_smem_optin();
+  if (fwd_smem_bytes<Pref, kDropout>() <= optin)
+    return launch_fwd<Element, Pref, kDropout>(p, stream);
+  if (fwd_smem_bytes<Small, kDropout>() <= optin)
+    return launch_fwd<Element, Small, kDropout>(p, stream);
+  return cudaErrorNotSupported;  // not enough shared memory on this GPU
 }
 
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
-  using Pref = typename FwdConfigFor<kHeadDim>::type;
-  using Small = typename FwdConfigSmallFor<kHeadDim>::type;
-  const int optin = max_smem_optin();
-  if (Pref::kSmemBytes <= optin) return launch_fwd<Element, Pref>(p, stream);
-  if (Small::kSmemBytes <= optin) return launch_fwd<Element, Small>(p, stream);
-  return cudaErrorNotSupported;  // not enough shared memory on this GPU
+  return run_fwd_impl<Element, kHeadDim, false>(p, stream);
+}
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream) {
+  return run_fwd_impl<Element, kHeadDim, true>(p, stream);
 }
 
-template <typename Element, typename Cfg, bool kBulkDq>
+template <typename Element, typename Cfg, bool kBulkDq, bool kDropout>
 cudaError_t launch_bwd_main(const BwdKernelArgs& args, cudaStream_t stream) {
   const BwdParams& p = args.p;
   constexpr int kSmem = kBulkDq ? Cfg::kSmemBytesBulkDq : Cfg::kSmemBytes;
-  auto kernel = args.mask.q_span != nullptr ? bwd_kernel<Element, Cfg, kBulkDq, true>
-                                            : bwd_kernel<Element, Cfg, kBulkDq, false>;
+  auto kernel = args.mask.q_span != nullptr ? bwd_kernel<Element, Cfg, kBulkDq, true, kDropout>
+                                            : bwd_kernel<Element, Cfg, kBulkDq, false, kDropout>;
   cudaError_t err = set_smem(kernel, kSmem);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.seqlen_k + Cfg::kBlockN - 1) / Cfg::kBlockN, p.num_heads_k, p.batch);
@@ -65,7 +90,10 @@ cudaError_t launch_bwd_main(const BwdKernelArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim, typename Cfg, typename DqCfg>
+// The dropout kernels always take the float2 atomics for dQ (half the
+// variants; the bulk reductions are an sm90 refinement of a family that sm90
+// serves with its own kernels).
+template <typename Element, int kHeadDim, typename Cfg, typename DqCfg, bool kDropout>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const BwdKernelArgs args{p, make_mask_info(p), make_softmax_scale(p.scale, p.softcap)};
   cudaError_t err;
@@ -78,41 +106,56 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 
   if (p.seqlen_k > 0) {  // dK, dV (and dQ in fast mode)
     // sm90: dQ by bulk reductions from shared memory where the staging tile fits.
-    const bool bulk_dq = !p.deterministic &&
-                         device_attribute<cudaDevAttrComputeCapabilityMajor>(0) >= 9 &&
-                         Cfg::kSmemBytesBulkDq <= max_smem_optin();
-    err = bulk_dq ? launch_bwd_main<Element, Cfg, true>(args, stream)
-                  : launch_bwd_main<Element, Cfg, false>(args, stream);
+    if constexpr (kDropout) {
+      err = launch_bwd_main<Element, Cfg, false, true>(args, stream);
+    } else {
+      const bool bulk_dq = !p.deterministic &&
+                           device_attribute<cudaDevAttrComputeCapabilityMajor>(0) >= 9 &&
+                           Cfg::kSmemBytesBulkDq <= max_smem_optin();
+      err = bulk_dq ? launch_bwd_main<Element, Cfg, true, false>(args, stream)
+                    : launch_bwd_main<Element, Cfg, false, false>(args, stream);
+    }
     if (err != cudaSuccess) return err;
   }
 
   if (p.seqlen_q == 0) return cudaSuccess;  // no dQ rows
   if (p.deterministic) {  // dQ by its own sweep over KV blocks
-    auto kernel = args.mask.q_span != nullptr ? bwd_dq_kernel<Element, DqCfg, true>
-                                              : bwd_dq_kernel<Element, DqCfg, false>;
+    auto kernel = args.mask.q_span != nullptr ? bwd_dq_kernel<Element, DqCfg, true, kDropout>
+                                              : bwd_dq_kernel<Element, DqCfg, false, kDropout>;
     err = set_smem(kernel, DqCfg::kSmemBytes);
     if (err != cudaSuccess) return err;
     const dim3 grid((p.seqlen_q + DqCfg::kBlockM - 1) / DqCfg::kBlockM, p.num_heads, p.batch);
     JF_LAUNCH(kernel, grid, DqCfg::kThreads, DqCfg::kSmemBytes, stream)(args);
-  } else {  // dq = scale * dq_accum
+  } else {  // dq = scale * dq_accum (dropout: times keep_scale, see bwd_kernel.cuh)
     auto kernel = dq_convert_kernel<Element, kHeadDim>;
-    JF_LAUNCH(kernel, dq_convert_grid(p, kHeadDim), kDqConvertThreads, 0, stream)(DqConvertArgs{p});
+    DqConvertArgs conv{p};
+    if constexpr (kDropout) conv.p.scale *= dropout_keep_scale(p.dropout);
+    JF_LAUNCH(kernel, dq_convert_grid(p, kHeadDim), kDqConvertThreads, 0, stream)(conv);
   }
   return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim>
-cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
+template <typename Element, int kHeadDim, bool kDropout>
+cudaError_t run_bwd_impl(const BwdParams& p, cudaStream_t stream) {
   using Pref = typename BwdConfigFor<kHeadDim>::type;
   using Small = typename BwdConfigSmallFor<kHeadDim>::type;
   using DqPref = typename DqConfigFor<kHeadDim>::type;
   using DqSmall = typename DqConfigSmallFor<kHeadDim>::type;
   const int optin = max_smem_optin();
   if (Pref::kSmemBytes <= optin && DqPref::kSmemBytes <= optin)
-    return launch_bwd<Element, kHeadDim, Pref, DqPref>(p, stream);
+    return launch_bwd<Element, kHeadDim, Pref, DqPref, kDropout>(p, stream);
   if (Small::kSmemBytes <= optin && DqSmall::kSmemBytes <= optin)
-    return launch_bwd<Element, kHeadDim, Small, DqSmall>(p, stream);
+    return launch_bwd<Element, kHeadDim, Small, DqSmall, kDropout>(p, stream);
   return cudaErrorNotSupported;  // not enough shared memory on this GPU
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
+  return run_bwd_impl<Element, kHeadDim, false>(p, stream);
+}
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream) {
+  return run_bwd_impl<Element, kHeadDim, true>(p, stream);
 }
 
 }  // namespace jax_flash::sm80

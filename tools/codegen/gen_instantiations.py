@@ -4,6 +4,7 @@
 - cuda/instantiations/*.cu: one explicit instantiation of one launcher per
   file, so a build compiles the kernels in parallel and can leave any of them
   out: <dir>_<dtype>_hdim<d>_sm80.cu (sm80 forward / backward),
+  <dir>_dropout_<dtype>_hdim<d>_sm80.cu (their attention-dropout kernels),
   fwd_<dtype>_hdim<d>_sm90.cu, fwd_dropout_<dtype>_hdim<d>_sm90.cu (attention
   dropout; bwd_dropout_* likewise), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
   <dtype> output), bwd_<dtype>_hdim<d>_sm90.cu;
@@ -60,6 +61,12 @@ LAUNCHERS = (
              "jax_flash::sm80", "run_fwd_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
     Launcher("sm80", "SM80", "bwd", "bwd_{dtype}_hdim{hdim}_sm80.cu", "sm80/launch_templates.cuh",
              "jax_flash::sm80", "run_bwd_hdim<{ctype}, {hdim}>(const BwdParams&, cudaStream_t)"),
+    Launcher("sm80", "SM80", "fwd", "fwd_dropout_{dtype}_hdim{hdim}_sm80.cu",
+             "sm80/launch_templates.cuh", "jax_flash::sm80",
+             "run_fwd_dropout_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
+    Launcher("sm80", "SM80", "bwd", "bwd_dropout_{dtype}_hdim{hdim}_sm80.cu",
+             "sm80/launch_templates.cuh", "jax_flash::sm80",
+             "run_bwd_dropout_hdim<{ctype}, {hdim}>(const BwdParams&, cudaStream_t)"),
     Launcher("sm90_fwd", "SM90", "fwd", "fwd_{dtype}_hdim{hdim}_sm90.cu", "sm90/fwd/launch_templates.cuh",
              "jax_flash::sm90", "run_fwd_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
     Launcher("sm90_fwd", "SM90", "fwd", "fwd_dropout_{dtype}_hdim{hdim}_sm90.cu",
