@@ -57,7 +57,6 @@ cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (p.dropout.enabled()) return cudaErrorNotSupported;  // no dropout kernels in this family yet
   cudaError_t err = validate(p);
   if (err != cudaSuccess) return err;
   if (p.lse == nullptr) return cudaErrorInvalidValue;
@@ -69,7 +68,6 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 cudaError_t run_bwd(const BwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
 #else
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
-  if (p.dropout.enabled()) return cudaErrorNotSupported;  // no dropout kernels in this family yet
   cudaError_t err = validate(p);
   if (err != cudaSuccess) return err;
   if (!bwd_buffers_ok(p)) return cudaErrorInvalidValue;
