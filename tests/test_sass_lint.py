@@ -70,6 +70,12 @@ def test_lint_without_ldsm_checks_nothing():
   assert _check(_PV, "FADD.FTZ R152, R152, 1") is None
 
 
+def test_lint_ignores_transposed_ldsm():
+  # The FP8 forward's V transposer (ldmatrix .trans); FP8 kernels keep no Q in registers.
+  assert _check("LDSM.16.MT88.4 R4, [R2+UR4+0x1000]", "PRMT R8, R4, R0, R5",
+                "STSM.16.M88.4 [R3], R8", _PV, "EXIT") is None
+
+
 def test_extension_sm90_forward_keeps_q_registers(capsys):
   ext = sorted(pathlib.Path(jax_flash.__file__).parent.glob("_jax_flash_cuda*.so"))
   if not ext:

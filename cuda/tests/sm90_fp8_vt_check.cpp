@@ -1,11 +1,19 @@
 // CPU check of the FP8 forward's V transpose (sm90/fwd/v_transpose.h), run by
-// tools/build/build_sm90_tests.sh: for each head dim and a warp count, every
-// transposer lane's units run on the host exactly as the device loop runs
-// them (same offsets, same byte permutes); then
+// tools/build/build_sm90_tests.sh and tests/test_fp8_v_transpose.py. For each
+// head dim and transposer warp count, every step of every warp runs on the
+// host as the device runs it (VTranspose in v_transpose.cuh): the same
+// addresses (VTransposeLayout::load_addr / store_addr from the same lane
+// bases, with stage bases that are 1 KB aligned but not otherwise round), an
+// emulation of ldmatrix.x4.trans and stmatrix.x4 (the PTX ISA's fragment
+// layouts, below) and the same byte permutes (transpose_pairs). Then:
 // - every byte of the V^T stage is written exactly once, with the byte of V
-//   at (physical key vt_key(kappa), d);
-// - every 32-bit load and store instruction of a warp touches 32 distinct
-//   banks (no conflicts).
+//   at (physical key vt_key(kappa), d), and nothing outside it is written;
+// - every load reads inside the V stage, and the address forms equal
+//   src_offset / dst_offset of the key, head-dim byte and V^T row they stand
+//   for;
+// - each 8x8 matrix of every ldmatrix / stmatrix instruction has 16-byte
+//   aligned rows in 8 distinct 16-byte bank groups: one shared-memory
+//   wavefront per matrix, four per x4 instruction (512 bytes), the minimum.
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -16,15 +24,15 @@
 using namespace jax_flash::sm90;
 
 static int failures = 0;
-#define CHECK(cond, ...)                         \
-  do {                                           \
-    if (!(cond)) {                               \
-      if (failures++ < 10) {                     \
+#define CHECK(cond, ...)                                 \
+  do {                                                   \
+    if (!(cond)) {                                       \
+      if (failures++ < 10) {                             \
         std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-        std::printf(__VA_ARGS__);                \
-        std::printf("\n");                       \
-      }                                          \
-    }                                            \
+        std::printf(__VA_ARGS__);                        \
+        std::printf("\n");                               \
+      }                                                  \
+    }                                                    \
   } while (0)
 
 // __byte_perm on the host.
@@ -35,55 +43,88 @@ static uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
   return r;
 }
 
+static uint16_t load16(const std::vector<uint8_t>& m, uint32_t a) { return uint16_t(m[a] | (m[a + 1] << 8)); }
+
+// One x4 instruction's addresses (lane 8 i + r: row r of matrix i): 16-byte
+// aligned rows, each matrix's 8 rows in distinct 16-byte bank groups.
+static void check_banks(const uint32_t (&addr)[32], const char* what, int D, int warps, int s) {
+  for (int i = 0; i < 4; ++i) {
+    std::set<uint32_t> groups;
+    for (int r = 0; r < 8; ++r) {
+      const uint32_t a = addr[8 * i + r];
+      CHECK(a % 16 == 0, "D=%d warps=%d step %d %s: row address %u not 16-byte aligned", D, warps, s, what, a);
+      groups.insert(a / 16 % 8);
+    }
+    CHECK(groups.size() == 8, "D=%d warps=%d step %d %s matrix %d: %zu bank groups (wavefronts > 1)", D, warps,
+          s, what, i, groups.size());
+  }
+}
+
 template <int D>
 static void check(int warps) {
   using L = VTransposeLayout<D>;
-  // V natural [128 keys][D bytes]: a byte pattern that identifies (k, d) mod 256
-  // in two planes, checked separately below.
-  std::vector<uint8_t> src(L::kStageBytes), dst(L::kStageBytes, 0);
-  std::vector<int> writes(L::kStageBytes, 0);
+  // Shared memory: [V stage at kSrc][V^T stage at kDst], both 1 KB aligned.
+  const uint32_t kSrc = 3 * 1024, kDst = kSrc + L::kStageBytes + 5 * 1024;
+  std::vector<uint8_t> mem(kDst + L::kStageBytes + 1024);
+  std::vector<int> writes(mem.size());
   auto value = [](int k, int d, int plane) { return uint8_t(plane ? (k * 7 + d) : (k + 131 * d)); };
-  for (int plane = 0; plane < 2; ++plane) {
-    for (int k = 0; k < L::kBlockN; ++k)
-      for (int d = 0; d < D; ++d) src[L::src_offset(k, d)] = value(k, d, plane);
+  for (int plane = 0; plane < 2; ++plane) {  // a byte pattern per plane; together they identify (k, d)
+    std::fill(mem.begin(), mem.end(), 0);
     std::fill(writes.begin(), writes.end(), 0);
+    for (int k = 0; k < L::kBlockN; ++k)
+      for (int d = 0; d < D; ++d) mem[kSrc + L::src_offset(k, d)] = value(k, d, plane);
     for (int w = 0; w < warps; ++w) {
-      for (int s = w; s < L::kSteps; s += warps) {
-        std::set<int> load_banks[4], store_banks[4];
-        for (int lane = 0; lane < 32; ++lane) {
-          const int q = L::quad(lane, s);
-          uint32_t in[4], out[4];
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t a = L::src_offset(L::load_key(lane, j), 4 * q);
-            CHECK(a % 4 == 0, "unaligned load");
-            std::memcpy(&in[j], &src[a], 4);
-            load_banks[j].insert(int(a / 4 % 32));
-          }
-          L::key_order(in, lane);
-          transpose_4x4_bytes(in, out, byte_perm);
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t a = L::dst_offset(4 * q + j, 4 * lane);
-            CHECK(a % 4 == 0, "unaligned store");
-            std::memcpy(&dst[a], &out[j], 4);
-            for (int b = 0; b < 4; ++b) ++writes[a + b];
-            store_banks[j].insert(int(a / 4 % 32));
-          }
+      for (int s = L::first_step(w, warps); s < L::first_step(w + 1, warps); ++s) {
+        const int c = L::chunk(s), g = L::group(s);
+        // ldmatrix.x4.trans: lane 8 i + r gives the address of row r of
+        // matrix i; lane t receives in register i column t / 4 of matrix i,
+        // rows 2 (t % 4) (low 16 bits) and 2 (t % 4) + 1 (high 16 bits).
+        uint32_t la[32], reg[32][4];
+        for (int l = 0; l < 32; ++l) {
+          la[l] = L::load_addr(kSrc, L::src_lane(l), s);
+          CHECK(la[l] == kSrc + L::src_offset(32 * g + l, 16 * c), "D=%d step %d lane %d: load address", D, s, l);
+          CHECK(la[l] >= kSrc && la[l] + 16 <= kSrc + L::kStageBytes, "D=%d step %d lane %d: load outside V", D,
+                s, l);
         }
-        for (int j = 0; j < 4; ++j) {
-          CHECK(load_banks[j].size() == 32, "D=%d warps=%d s=%d j=%d: loads hit %zu banks", D, warps, s, j,
-                load_banks[j].size());
-          CHECK(store_banks[j].size() == 32, "D=%d warps=%d s=%d j=%d: stores hit %zu banks", D, warps, s,
-                j, store_banks[j].size());
+        check_banks(la, "ldmatrix", D, warps, s);
+        for (int t = 0; t < 32; ++t)
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t lo = load16(mem, la[8 * i + 2 * (t % 4)] + 2 * (t / 4));
+            const uint32_t hi = load16(mem, la[8 * i + 2 * (t % 4) + 1] + 2 * (t / 4));
+            reg[t][i] = lo | (hi << 16);
+          }
+        // stmatrix.x4: register j of lane t is row t / 4 of matrix j,
+        // 16-bit columns 2 (t % 4), 2 (t % 4) + 1; lane 8 j + r gives the
+        // address of row r of matrix j.
+        uint32_t sa[32];
+        for (int l = 0; l < 32; ++l) {
+          sa[l] = L::store_addr(kDst, L::dst_lane(l), s);
+          CHECK(sa[l] == kDst + L::dst_offset(16 * c + L::dst_row(l), 16 * (2 * g + l / 16)),
+                "D=%d step %d lane %d: store address", D, s, l);
+        }
+        check_banks(sa, "stmatrix", D, warps, s);
+        for (int t = 0; t < 32; ++t) {
+          uint32_t out[4];
+          transpose_pairs(reg[t], out, L::sel(t), byte_perm);
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t a = sa[8 * j + t / 4] + 4 * (t % 4);
+            std::memcpy(&mem[a], &out[j], 4);
+            for (int b = 0; b < 4; ++b) ++writes[a + b];
+          }
         }
       }
     }
     for (int d = 0; d < D; ++d)
       for (int kappa = 0; kappa < L::kBlockN; ++kappa) {
-        const uint32_t a = L::dst_offset(d, kappa);
-        CHECK(writes[a] == 1, "D=%d (d=%d, kappa=%d) written %d times", D, d, kappa, writes[a]);
-        CHECK(dst[a] == value(L::vt_key(kappa), d, plane), "D=%d (d=%d, kappa=%d): %d, want %d", D, d,
-              kappa, dst[a], value(L::vt_key(kappa), d, plane));
+        const uint32_t a = kDst + L::dst_offset(d, kappa);
+        CHECK(writes[a] == 1, "D=%d warps=%d (d=%d, kappa=%d) written %d times", D, warps, d, kappa, writes[a]);
+        CHECK(mem[a] == value(L::vt_key(kappa), d, plane), "D=%d warps=%d (d=%d, kappa=%d): %d, want %d", D,
+              warps, d, kappa, mem[a], value(L::vt_key(kappa), d, plane));
       }
+    int total = 0;
+    for (size_t a = 0; a < writes.size(); ++a) total += writes[a];
+    CHECK(total == L::kStageBytes, "D=%d warps=%d: %d bytes written, want %d (writes outside V^T)", D, warps,
+          total, L::kStageBytes);
   }
   // vt_key is a permutation of each group of 32 keys.
   std::set<int> keys;

@@ -94,6 +94,11 @@ struct FwdMainloop {
   static constexpr int kBlockN = kTuning.block_n;
   static constexpr int kConsumerWGs = kTuning.consumer_wgs;
   static constexpr int kStages = kTuning.stages;
+  // ldmatrix results of a transposer warp live at once (VTranspose): 3, but 2
+  // for the 21-22 steps per warp of head dim 256 under the producer
+  // warpgroup's 24 registers (two consumer warpgroups, fwd_kernel.cuh), where
+  // ptxas 13.0 spills the stage loop's phase at 3.
+  static constexpr int kTransposeDepth = kConsumerWGs == 2 && kHeadDim > 128 ? 2 : 3;
   static constexpr int kBlockM = kTuning.block_m();
   static constexpr bool kPingpong = kTuning.pingpong;
   static constexpr bool kOverlap = kTuning.overlap;
@@ -343,30 +348,33 @@ struct FwdMainloop {
   // ---------------------------------------------------------------- V transposer
   // 8-bit: warp w (0..kTransposeWarps-1) of the transposer warps, for the
   // whole kernel: each V stage the producer loaded, in order, into the V^T
-  // stage of the same sequence number.
+  // stage of the same sequence number (both rings have kStages slots, so one
+  // pipeline state walks both). The lane's address terms are recomputed per
+  // stage from a fresh %tid.x (VTranspose::run): kept live across the loop
+  // they would take registers the transpose needs (24 per thread at two
+  // consumer warpgroups).
   JF_DEVICE static void transpose_loop(const Smem& sm, int w, int lane) {
     if constexpr (kVTransposed) {
       using namespace ptx;
-      PipeState<kStages> src, dst;
+      PipeState<kStages> st;
       for (;;) {
-        mbar_wait(sm.full_v(src.index), src.phase);
+        mbar_wait(sm.full_v(st.index), st.phase);
         // The end (finish_loads)? Lane 0 reads the word and arrives on
         // empty_v for the warp, so its read is ordered before the producer's
         // write directly (compute-sanitizer does not follow __syncwarp from
         // the other lanes to lane 0's arrive).
         uint32_t end = 0;
-        if (lane == 0) end = ld_shared_b32(sm.v_end(src.index));
+        if (lane == 0) end = ld_shared_b32(sm.v_end(st.index));
         if (__shfl_sync(0xFFFFFFFFu, end, 0) != 0u) break;
-        mbar_wait(sm.empty_vt(dst.index), dst.phase ^ 1u);
-        VTranspose<kHeadDim, kTransposeWarps>::run(sm.v(src.index), sm.vt(dst.index), w, lane);
+        mbar_wait(sm.empty_vt(st.index), st.phase ^ 1u);
+        VTranspose<kHeadDim, kTransposeWarps, kTransposeDepth>::run(sm.v(st.index), sm.vt(st.index), w);
         fence_proxy_async_smem();  // the stores, before the consumers' wgmma reads them
         __syncwarp();
         if (lane == 0) {
-          mbar_arrive(sm.full_vt(dst.index));
-          mbar_arrive(sm.empty_v(src.index));
+          mbar_arrive(sm.full_vt(st.index));
+          mbar_arrive(sm.empty_v(st.index));
         }
-        src.advance();
-        dst.advance();
+        st.advance();
       }
     }
   }

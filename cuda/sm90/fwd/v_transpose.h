@@ -18,19 +18,37 @@
 // accumulator packed in place, acc_to_a, whose k index is this permutation of
 // the key index).
 //
-// Work unit: 4 keys x 4 bytes of the head dim. The unit (w, q) takes the four
-// keys of V^T word w (positions 4w..4w+3 of a row, w < 32) and the head-dim
-// bytes 4q..4q+3: four 32-bit loads (one per key), a 4x4 byte transpose in
-// registers (8 byte permutes), four 32-bit stores (one per V^T row). Lane l of
-// a transposer warp takes w = l and, at step s, the quad
-//   q = Q * (s / Q) + ((l ^ s) % Q),  Q = R / 4 quads per source row.
-// With l = 4b + a, R = 128: the loads of one instruction hit banks
-// 4 ((b ^ (s / 4 % 8)) ^ (2a + j % 2)) + (a ^ (s % 4)) and the stores banks
-// 4 (b ^ (4 ((a ^ s) % 2) + j)) + a: both one-to-one in l. R = 64: two keys
-// share a 128-byte bank row, so lanes 16..31 load their keys in the order
-// 1, 0, 3, 2 (load_key) to put the other key parity on the other half of the
-// banks. No bank conflicts either way (the CPU check verifies every
-// instruction).
+// Work unit (a step): 32 keys x 16 head-dim bytes, FlashAttention-3's
+// LDSM.T + byte permute + STSM. Step s takes the d-chunk c = s / 4 (bytes
+// 16c .. 16c + 15) and the keys 32 g + 0..31, g = s % 4:
+// - ldmatrix.x4.trans (16-bit elements): lane l gives the address of key
+//   32 g + l, chunk c, so matrix i (lanes 8i .. 8i + 7) is keys 32 g + 8 i +
+//   0..7 x 16 bytes. Lane t receives in register i the 16-bit column t / 4 of
+//   rows 2 (t % 4) and 2 (t % 4) + 1: bytes [k.d0, k.d1, k+1.d0, k+1.d1],
+//   k = 32 g + 8 i + 2 (t % 4), d0 = 16 c + 2 (t / 4), d1 = d0 + 1.
+// - Two byte permutes per register pair (2p, 2p + 1), p = 0, 1 (keys k and
+//   k + 8): prmt 0x6420 = [k.d0, k+1.d0, k+8.d0, k+9.d0], the V^T word of row
+//   d0 at positions 16 (2g + p) + 4 (t % 4) + 0..3 (which vt_key maps to
+//   exactly these keys), and prmt 0x7531 the word of row d1.
+// - stmatrix.x4 (not transposed): lane t gives register j as row t / 4 of
+//   matrix j, bytes 4 (t % 4) .. + 3; lane 8 j + r the address of row r.
+//   Matrices 2p and 2p + 1 are the 16-byte chunk 2g + p of the rows 16 c +
+//   0..15: row r of matrix j is V^T row 16 c + 2 r + e, e = (j % 2) ^ (r >= 4),
+//   so that each matrix's eight rows have distinct d % 8 (distinct bank
+//   groups after the swizzle). Lanes t >= 16 (rows r >= 4) therefore put
+//   the d1 word in register 2p and the d0 word in 2p + 1: the permute
+//   selectors are a register per lane (sel).
+// Banks: a matrix of ldmatrix / stmatrix is one wavefront when its eight
+// 16-byte rows lie in distinct bank groups (16-byte columns of a 128-byte
+// line). Loads: the eight rows are 8 consecutive keys, whose swizzled chunks
+// (128B: c ^ k % 8; 64B: two keys per line, 4 (k % 2) + (c ^ (k / 2) % 4))
+// are distinct; stores: distinct d % 8 as above. So each x4 instruction
+// takes four wavefronts, the minimum for 512 bytes (the CPU check verifies
+// every instruction).
+// Addresses: per lane a base (src_lane, dst_lane) and per step a compile-time
+// XOR (the swizzled chunk) and a compile-time addend (keys, rows, column
+// blocks); the XOR and the addend (and the 1 KB aligned stage base) touch
+// disjoint bits, so they commute.
 #pragma once
 
 #include <cstdint>
@@ -50,9 +68,10 @@ struct VTransposeLayout {
   static_assert(kBlockN == 128, "one V^T row = one 128-byte swizzle row of keys");
   static_assert(kHeadDim % 128 == 0 || kHeadDim == 64, "whole 128-byte column blocks of V, or one 64-byte row");
   static constexpr int kRowBytes = kHeadDim < 128 ? kHeadDim : 128;  // R: a V row in shared memory
-  static constexpr int kQuads = kRowBytes / 4;                        // Q
-  static constexpr int kStageBytes = kBlockN * kHeadDim;  // either layout
-  static constexpr int kSteps = kHeadDim / 4;             // units per lane (one per q)
+  static constexpr int kChunksPerRow = kRowBytes / 16;                // 16-byte chunks of a V row
+  static constexpr int kChunks = kHeadDim / 16;                       // d-chunks of a key
+  static constexpr int kStageBytes = kBlockN * kHeadDim;              // either layout
+  static constexpr int kSteps = 4 * kChunks;  // 512-byte steps per stage (4 groups of 32 keys)
 
   // Physical key (within the block) at logical V^T position kappa.
   JF_HD static int vt_key(int kappa) {
@@ -68,37 +87,58 @@ struct VTransposeLayout {
   JF_HD static uint32_t dst_offset(int d, int kappa) {
     return uint32_t(d * 128 + (((kappa / 16) ^ (d % 8)) * 16) + kappa % 16);
   }
-  // The head-dim quad of lane l at step s (see the top of the file).
-  JF_HD static int quad(int lane, int s) { return kQuads * (s / kQuads) + ((lane ^ s) % kQuads); }
-  // Key j (0..3) of V^T word w: position 4w + j.
-  JF_HD static int unit_key(int w, int j) { return vt_key(4 * w + j); }
-  // Whether lane l loads its unit's keys in the order 1, 0, 3, 2.
-  JF_HD static bool swapped(int lane) { return kRowBytes == 64 && lane >= 16; }
-  // The key of lane l's j-th load, and the loaded words back in key order.
-  JF_HD static int load_key(int lane, int j) { return unit_key(lane, swapped(lane) ? j ^ 1 : j); }
-  JF_HD static void key_order(uint32_t (&in)[4], int lane) {
-    if (swapped(lane)) {
-      const uint32_t t0 = in[0], t2 = in[2];
-      in[0] = in[1];
-      in[1] = t0;
-      in[2] = in[3];
-      in[3] = t2;
-    }
+
+  // Step s: the d-chunk c = s / 4 (bytes 16c .. 16c + 15) and the keys
+  // 32 g + 0..31, g = s % 4 (see the top of the file).
+  static constexpr int chunk(int s) { return s / 4; }
+  static constexpr int group(int s) { return s % 4; }
+  // The steps of transposer warp w of `warps`: [first_step(w), first_step(w + 1)).
+  static constexpr int first_step(int w, int warps) { return kSteps * w / warps; }
+
+  // ldmatrix row address of lane l at step s: (src_lane(l) ^ src_xor(s)) +
+  // src_add(s) = src_offset(32 g + l, 16 c). The XOR only touches bits 4..6
+  // (the chunk within a swizzle row), which src_add (and the 1 KB aligned
+  // stage base) never set.
+  JF_HD static uint32_t src_lane(int lane) { return src_offset(lane, 0); }
+  static constexpr uint32_t src_xor(int s) { return uint32_t(16 * (chunk(s) % kChunksPerRow)); }
+  static constexpr uint32_t src_add(int s) {
+    return uint32_t((chunk(s) / kChunksPerRow) * kBlockN * kRowBytes + 32 * group(s) * kRowBytes);
   }
+  // stmatrix row address of lane l = 8 j + r at step s: (dst_lane(l) ^
+  // dst_xor(s)) + dst_add(s) = dst_offset(16 c + dst_row(l), 16 (2 g + j / 2)).
+  // The XOR only touches bits 5..6 (the 32-key group of the swizzled chunk),
+  // which dst_add (and the stage base) never set.
+  JF_HD static int dst_row(int lane) {
+    const int r = lane % 8;
+    return 2 * r + (((lane / 8) % 2) ^ (r >= 4 ? 1 : 0));
+  }
+  JF_HD static uint32_t dst_lane(int lane) { return dst_offset(dst_row(lane), 16 * (lane / 16)); }
+  static constexpr uint32_t dst_xor(int s) { return uint32_t(32 * group(s)); }
+  static constexpr uint32_t dst_add(int s) { return uint32_t(16 * 128 * chunk(s)); }
+  // The row addresses as the device computes them (VTranspose), from the
+  // stage base (1 KB aligned) and the lane's base: the loads XOR the lane
+  // base only, the stores the whole address (see v_transpose.cuh for why).
+  JF_HD static uint32_t load_addr(uint32_t stage, uint32_t lane_base, int s) {
+    return (lane_base ^ src_xor(s)) + stage + src_add(s);
+  }
+  JF_HD static uint32_t store_addr(uint32_t stage, uint32_t lane_base, int s) {
+    return (lane_base + stage + dst_add(s)) ^ dst_xor(s);
+  }
+  // Byte-permute selector of the word lane t stores as register 2p (row
+  // d0 for t < 16, d1 from t = 16 on); register 2p + 1 takes sel ^ 0x1111.
+  JF_HD static uint32_t sel(int lane) { return lane < 16 ? 0x6420u : 0x7531u; }
 };
 
-// 4x4 byte transpose: out[i] byte j = in[j] byte i. sel(x, y, s) is
-// __byte_perm: byte i of the result is byte (s >> 4i) & 7 of {y, x}.
+// One lane's ldmatrix.trans registers (pairs (0, 1) and (2, 3): keys k, k + 8)
+// -> its four stmatrix registers. perm(x, y, s) is __byte_perm: byte i of the
+// result is byte (s >> 4i) & 7 of {y, x}.
 template <typename Perm>
-JF_HD void transpose_4x4_bytes(const uint32_t (&in)[4], uint32_t (&out)[4], Perm sel) {
-  const uint32_t t0 = sel(in[0], in[1], 0x5140u);  // in0.b0 in1.b0 in0.b1 in1.b1
-  const uint32_t t1 = sel(in[0], in[1], 0x7362u);  // in0.b2 in1.b2 in0.b3 in1.b3
-  const uint32_t t2 = sel(in[2], in[3], 0x5140u);
-  const uint32_t t3 = sel(in[2], in[3], 0x7362u);
-  out[0] = sel(t0, t2, 0x5410u);  // in0.b0 in1.b0 in2.b0 in3.b0
-  out[1] = sel(t0, t2, 0x7632u);  // byte 1 of each
-  out[2] = sel(t1, t3, 0x5410u);
-  out[3] = sel(t1, t3, 0x7632u);
+JF_HD void transpose_pairs(const uint32_t (&in)[4], uint32_t (&out)[4], uint32_t sel, Perm perm) {
+  const uint32_t sel1 = sel ^ 0x1111u;  // 0x6420 <-> 0x7531
+  out[0] = perm(in[0], in[1], sel);
+  out[1] = perm(in[0], in[1], sel1);
+  out[2] = perm(in[2], in[3], sel);
+  out[3] = perm(in[2], in[3], sel1);
 }
 
 }  // namespace jax_flash::sm90

@@ -46,6 +46,17 @@ JF_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "memory");
 }
 
+// ldmatrix.m8n8.x4.trans: lanes 8 i .. 8 i + 7 give the addresses of rows
+// 0..7 of 8x8 16-bit matrix i (8 consecutive elements each); register r[i]
+// of lane l receives column l / 4 of matrix i, rows 2 (l % 4) (low half) and
+// 2 (l % 4) + 1 (high half).
+JF_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // stmatrix.m8n8.x4.trans: four 8x8 16-bit matrices, stored transposed.
 // Register r_i of lane l holds row l / 4, columns 2 (l % 4), 2 (l % 4) + 1 of
 // matrix i (the mma / wgmma accumulator layout of one 8x8 block); lane
