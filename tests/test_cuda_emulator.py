@@ -64,6 +64,24 @@ def test_decode_kernels_in_emulator(decode_emulator, env):
   assert " 0 failed" in run.stdout, run.stdout[-2000:]
 
 
+# Attention dropout: every dropout case of the self-test (the --quick list
+# has a few), whose reference draws the generator's keep bit per element, so
+# the kernels' mask must be the one of jax_flash/_src/core/dropout.py;
+# with the stress knobs, and with 99 KB of shared memory (the smaller tile
+# configurations, whose backward S tiles are 16 or 32 keys wide).
+@pytest.mark.slow
+@pytest.mark.parametrize("env", [{"JF_EMU_CPASYNC": "eager", "JF_EMU_SHUFFLE": "11"},
+                                 {"JF_EMU_SMEM_KB": "99"}],
+                         ids=["stress", "small_tiles"])
+def test_sm80_dropout_in_emulator(emulator, env):
+  run = subprocess.run([str(emulator), "dropout"], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, **env})
+  tail = "\n".join(run.stdout.splitlines()[-15:])
+  assert run.returncode == 0, f"emulated dropout self-test failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+  assert " 0 failed" in run.stdout, tail
+  assert "dropout" in run.stdout, tail
+
+
 # sm90: the launchers see compute capability 9, so the backward stages dQ in
 # shared memory and adds it to dq_accum by bulk reductions (performed by the
 # emulator at the wait that covers them: a tile overwritten too early shows).

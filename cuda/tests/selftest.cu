@@ -45,7 +45,13 @@ struct Case {
   bool deterministic = false;
   bool fp16 = false;
   int pitch_pad = 0;      // extra elements per row (non-contiguous strides)
+  float dropout = 0.f;    // attention dropout rate (threshold round(rate * 256))
+  bool drop_broadcast = false;  // one mask for every (batch, head)
 };
+
+// The dropout key of every case: key words and a nonzero origin (the call
+// as one shard of a larger request), so that both enter the positions.
+constexpr uint32_t kDropoutWords[4] = {0x9E3779B9u, 0x243F6A88u, 3u, 5u};
 
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
 static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
@@ -99,7 +105,16 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     fill(qs, c.T);
     fill(ks, c.S);
   }
-  const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale);
+  jax_flash::DropoutArgs drop_args{};
+  if (c.dropout > 0.f) {
+    drop_args.threshold = std::min(uint32_t(std::lround(c.dropout * 256.f)), 255u);
+    drop_args.broadcast = c.drop_broadcast;
+  }
+  jax_flash::DropoutArgs host_drop = drop_args;
+  host_drop.words = kDropoutWords;
+  const jax_flash::Dropout drop_ref(host_drop);
+  const Reference ref =
+      reference(c, q, k, v, &dout, qs, ks, scale, drop_args.enabled() ? &drop_ref : nullptr);
 
   // ---- device buffers
   uint16_t *dq_in = upload(q), *dk_in = upload(k), *dv_in = upload(v), *ddo = upload(dout);
@@ -110,6 +125,12 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   float* d_lse = dev_alloc<float>(nstat);
   float* d_delta = dev_alloc<float>(nstat);
   int32_t *d_qs = nullptr, *d_ks = nullptr;
+  uint32_t* d_words = nullptr;
+  if (drop_args.enabled()) {
+    d_words = dev_alloc<uint32_t>(4);
+    CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
+    drop_args.words = d_words;
+  }
   if (c.segments) {
     d_qs = dev_alloc<int32_t>(qs.size());
     d_ks = dev_alloc<int32_t>(ks.size());
@@ -156,6 +177,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   fp.q_segment = d_qs;
   fp.kv_segment = d_ks;
   fp.dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
+  fp.dropout = drop_args;
   CHECK_CUDA(cudaDeviceGetAttribute(&fp.num_sms, cudaDevAttrMultiProcessorCount, 0));
 
   CHECK_CUDA(cudaMemset(d_o, 0xFF, q.count() * 2));
@@ -163,7 +185,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   Row row{c.name, 0, 0, 0, 0, 0, true, true};
   auto free_all = [&] {
     for (void* ptr : std::initializer_list<void*>{dq_in, dk_in, dv_in, ddo, d_o, d_dq, d_dk, d_dv,
-                                                  d_lse, d_delta, d_acc, d_qs, d_ks})
+                                                  d_lse, d_delta, d_acc, d_qs, d_ks, d_words})
       if (ptr) CHECK_CUDA(cudaFree(ptr));
   };
   cudaError_t launch_err = jax_flash::sm80::run_fwd(fp, 0);
@@ -315,6 +337,69 @@ static std::vector<Case> all_cases(bool quick) {
       c.pitch_pad = 8;
       cs.push_back(c);
     }
+  }
+  // Attention dropout: the mask must be the generator's bit for bit (the
+  // reference draws Dropout::keep per element), with every mask option.
+  for (int D : {64, 96, 128, 256}) {
+    const std::string d = "d" + std::to_string(D);
+    Case base{d + " dropout 0.1", 2, 37, 53, 4, 2, D};
+    base.dropout = 0.1f;
+    cs.push_back(base);
+    Case c = base;
+    c.name = d + " dropout 0.5 causal T>S";
+    c.dropout = 0.5f;
+    c.causal = true;
+    c.T = 53;
+    c.S = 37;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " dropout 0.5 causal det";
+    c.dropout = 0.5f;
+    c.causal = true;
+    c.deterministic = true;
+    cs.push_back(c);
+    if (!quick) {
+      c = base;
+      c.name = d + " dropout window(7,3) fp16";
+      c.wl = 7;
+      c.wr = 3;
+      c.fp16 = true;
+      cs.push_back(c);
+      c = base;
+      c.name = d + " dropout segments";
+      c.segments = true;
+      cs.push_back(c);
+      c = base;
+      c.name = d + " dropout softcap 2";
+      c.softcap = 2.f;
+      c.scale_mul = 4.f;
+      cs.push_back(c);
+      c = base;
+      c.name = d + " dropout 0.5 broadcast";
+      c.dropout = 0.5f;
+      c.drop_broadcast = true;
+      cs.push_back(c);
+      c = Case{d + " dropout multiblock MQA causal", 1, 300, 517, 2, 1, D};
+      c.causal = true;
+      c.dropout = 0.2f;
+      cs.push_back(c);
+      c = Case{d + " dropout multiblock win+seg det", 1, 333, 290, 2, 2, D};
+      c.wl = 100;
+      c.wr = 20;
+      c.segments = true;
+      c.deterministic = true;
+      c.dropout = 0.3f;
+      cs.push_back(c);
+    }
+  }
+  {
+    Case c{"d200 (bucket 256) dropout strided", 2, 70, 45, 2, 1, 200};
+    c.dropout = 0.25f;
+    c.pitch_pad = 8;
+    cs.push_back(c);
+    c = Case{"tiny T=1 S=1 dropout 0.9", 1, 1, 1, 1, 1, 64};
+    c.dropout = 0.9f;
+    cs.push_back(c);
   }
   // Head dims served by a larger bucket (zero-filled columns).
   cs.push_back(Case{"d40 (bucket 64)", 2, 37, 53, 4, 2, 40});

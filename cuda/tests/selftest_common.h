@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "host_utils.h"  // CHECK_CUDA, to_bits / from_bits
+#include "jax_flash/philox.h"  // Dropout: the reference's keep decisions
 
 // A [batch, seq, heads, D] tensor stored with row pitch heads*D + pad.
 struct Tensor {
@@ -76,10 +77,13 @@ inline bool visible(const CaseT& c, int i, int j, const std::vector<int>& qs,
 // Forward (o, lse) and, with `dout`, backward (delta, dq, dk, dv) of the
 // case in float64 from the rounded inputs. Case fields used: B, T, S, H, Hk,
 // D, causal, wl, wr (bottom-right aligned), segments, softcap.
+// With `drop` (host key words): attention dropout, one Dropout::keep per
+// element: LSE of the undropped P, O = (P * Z * keep_scale) V, delta from
+// that O, dS = P (Z keep_scale dP - delta), dV = (P Z keep_scale)^T dO.
 template <typename CaseT>
 Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor* dout, const std::vector<int>& qs, const std::vector<int>& ks,
-                    double scale) {
+                    double scale, const jax_flash::Dropout* drop = nullptr) {
   const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, G = c.H / c.Hk;
   Reference r;
   r.o.assign(size_t(B) * T * H * D, 0.0);
@@ -88,8 +92,9 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
   r.dv.assign(size_t(B) * S * c.Hk * D, 0.0);
   r.lse.assign(size_t(B) * H * T, 0.0);
   r.delta.assign(size_t(B) * H * T, 0.0);
-  std::vector<double> raw(S), p(S), dp(S);
+  std::vector<double> raw(S), p(S), dp(S), zs(S, 1.0);  // zs: Z * keep_scale
   std::vector<char> vis(S);
+  const double keep_scale = drop ? 256.0 / (256.0 - drop->threshold) : 1.0;
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h) {
       const int hk = h / G;
@@ -116,10 +121,12 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
         }
         r.lse[li] = m + std::log(l);
         for (int j = 0; j < S; ++j) p[j] /= l;
+        if (drop)
+          for (int j = 0; j < S; ++j) zs[j] = drop->keep(b, h, i, j) ? keep_scale : 0.0;
         double delta = 0;
         for (int d = 0; d < D; ++d) {
           double acc = 0;
-          for (int j = 0; j < S; ++j) acc += p[j] * v.at(b, j, hk, d);
+          for (int j = 0; j < S; ++j) acc += p[j] * zs[j] * v.at(b, j, hk, d);
           r.o[((size_t(b) * T + i) * H + h) * D + d] = acc;
           if (dout) delta += acc * dout->at(b, i, h, d);
         }
@@ -132,7 +139,7 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
           }
           double acc = 0;
           for (int d = 0; d < D; ++d) acc += dout->at(b, i, h, d) * v.at(b, j, hk, d);
-          double ds = p[j] * (acc - delta);
+          double ds = p[j] * (zs[j] * acc - delta);
           if (c.softcap > 0) {
             const double t = std::tanh(raw[j] / c.softcap);
             ds *= 1 - t * t;
@@ -144,7 +151,7 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
           for (int d = 0; d < D; ++d) {
             r.dq[((size_t(b) * T + i) * H + h) * D + d] += dp[j] * k.at(b, j, hk, d);
             r.dk[((size_t(b) * S + j) * c.Hk + hk) * D + d] += dp[j] * q.at(b, i, h, d);
-            r.dv[((size_t(b) * S + j) * c.Hk + hk) * D + d] += p[j] * dout->at(b, i, h, d);
+            r.dv[((size_t(b) * S + j) * c.Hk + hk) * D + d] += p[j] * zs[j] * dout->at(b, i, h, d);
           }
         }
       }
