@@ -8,7 +8,8 @@
 // forward). dQ is written once, in the input dtype: dq_accum is not used.
 //
 // Dropout (kDropout): rows = queries, as the generator's layout
-// (dropout.cuh); the keep bits are drawn before the S and dP products, and
+// (dropout.cuh): each thread draws its own keep bits before the S and dP
+// products (at head dim 256 the 32-key blocks take half of each call), and
 // dP <- Z dP with delta scaled by 1 / keep_scale, so that keep_scale times
 // the result is dS = P (Z keep_scale dP - delta) (applied to dQ at the end).
 #pragma once

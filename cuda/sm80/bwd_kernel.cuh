@@ -21,9 +21,12 @@
 // Deterministic mode skips the dQ part; bwd_dq_kernel.cuh computes dQ.
 //
 // Dropout (kDropout): the S warp tiles hold rows = queries, columns = keys,
-// the layout the generator is defined on (dropout.cuh), so each thread draws
-// the keep bits of its own S / dP elements directly, before the two products
-// (integer work next to the tensor cores), and uses them twice. With Z the
+// the layout the generator is defined on (dropout.cuh), so the keep bits of
+// a thread's S / dP elements are its own calls of the generator; as the warp
+// tiles are often narrower than a call's 64 keys, the calls of the whole tile
+// are drawn once each into a shared-memory table (KeepTable: the next tile's
+// during the dV / dK products, integer work next to the tensor cores) and
+// each thread takes its bits from there, to use them twice. With Z the
 // mask and ks = keep_scale, the gradients are
 //   dV = ks (P Z)^T dO,  dS = P (Z ks dP - delta) = ks P (Z dP - delta / ks),
 // so the loop only zeroes: dP <- Z dP (before dP - delta, with delta scaled
@@ -132,6 +135,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   zero(acc_dk);
   zero(acc_dv);
 
+  // Dropout: the keep table past the tiles (see KeepTable).
+  using Table = KeepTable<Cfg::kBlockM, Cfg::kBlockN, kT>;
+  [[maybe_unused]] char* const keep_table = smem + Cfg::kSmemBytes;
+
   if (iters > 0) {
     load_tile_async<KTile, kT>(sK, k, p.k_row_stride, keys_valid, p.head_dim, tid);
     load_tile_async<KTile, kT>(sV, v, p.v_row_stride, keys_valid, p.head_dim, tid);
@@ -147,6 +154,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const bool fused_dq = !p.deterministic;
   // The key words, read once (device memory); unused without dropout.
   const Dropout drop = kDropout ? Dropout(p.dropout) : Dropout();
+  if constexpr (kDropout)  // the first tile's keep table (read after the loop's first barrier)
+    Table::write(keep_table, drop, batch, head_k * group, m_first * Cfg::kBlockM, n0, tid);
   // dQ rows of the staged tile (kBulkDq): of dq_accum row block (hq, m0).
   const uint32_t sdQ = smem_addr(smem + Cfg::kSmemdQ);
   auto dq_accum_ptr = [&](int hq, int m0) {
@@ -198,7 +207,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
                      c.lane);
       [[maybe_unused]] FragKeep<Cfg::kMT_S, Cfg::kNT_S> keep;
       if constexpr (kDropout) {
-        keep.draw(drop, launder(batch), hq, m0 + c.s_row, n0 + c.s_col, c.lane);
+        Table::read(keep, keep_table, c.s_row, c.s_col, c.lane);
         scale_rows(delta, dropout_keep_rate(p.dropout));
       }
       zero(acc_s);
@@ -231,6 +240,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     __syncthreads();  // P and dS complete
 
     // ---- dV += P^T dO, dK += dS^T Q on the dKV warp tiles
+    if constexpr (kDropout)  // the next tile's keep table (past the last one: unread)
+      Table::write(keep_table, drop, launder(batch), hq_n, m_block_n * Cfg::kBlockM, n0,
+                   opaque_tid());
     {
       const BwdCoords<Cfg> c(opaque_tid());
       gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_KV, Cfg::kBlockM, true, true, PTile, QTile>(

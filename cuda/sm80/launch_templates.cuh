@@ -77,10 +77,19 @@ cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream) {
   return run_fwd_impl<Element, kHeadDim, true>(p, stream);
 }
 
+// Dynamic shared memory of the backward's main kernel (dropout: the keep
+// table, bwd_kernel.cuh; it never takes the bulk dQ tile).
+template <typename Cfg, bool kBulkDq, bool kDropout>
+constexpr int bwd_smem_bytes() {
+  if constexpr (kDropout)
+    return Cfg::kSmemBytes + KeepTable<Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads>::kBytes;
+  return kBulkDq ? Cfg::kSmemBytesBulkDq : Cfg::kSmemBytes;
+}
+
 template <typename Element, typename Cfg, bool kBulkDq, bool kDropout>
 cudaError_t launch_bwd_main(const BwdKernelArgs& args, cudaStream_t stream) {
   const BwdParams& p = args.p;
-  constexpr int kSmem = kBulkDq ? Cfg::kSmemBytesBulkDq : Cfg::kSmemBytes;
+  constexpr int kSmem = bwd_smem_bytes<Cfg, kBulkDq, kDropout>();
   auto kernel = args.mask.q_span != nullptr ? bwd_kernel<Element, Cfg, kBulkDq, true, kDropout>
                                             : bwd_kernel<Element, Cfg, kBulkDq, false, kDropout>;
   cudaError_t err = set_smem(kernel, kSmem);
@@ -142,9 +151,9 @@ cudaError_t run_bwd_impl(const BwdParams& p, cudaStream_t stream) {
   using DqPref = typename DqConfigFor<kHeadDim>::type;
   using DqSmall = typename DqConfigSmallFor<kHeadDim>::type;
   const int optin = max_smem_optin();
-  if (Pref::kSmemBytes <= optin && DqPref::kSmemBytes <= optin)
+  if (bwd_smem_bytes<Pref, false, kDropout>() <= optin && DqPref::kSmemBytes <= optin)
     return launch_bwd<Element, kHeadDim, Pref, DqPref, kDropout>(p, stream);
-  if (Small::kSmemBytes <= optin && DqSmall::kSmemBytes <= optin)
+  if (bwd_smem_bytes<Small, false, kDropout>() <= optin && DqSmall::kSmemBytes <= optin)
     return launch_bwd<Element, kHeadDim, Small, DqSmall, kDropout>(p, stream);
   return cudaErrorNotSupported;  // not enough shared memory on this GPU
 }
