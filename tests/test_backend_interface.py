@@ -38,11 +38,14 @@ def test_fp8_spec_choice():
 
 
 def test_dropout_spec_choice():
-  spec = dataclasses.replace(SPEC, dropout_rate=0.1)
-  # The CUDA kernels draw dropout themselves: the default on a GPU where
-  # the extension is built, else xla.
+  spec = dataclasses.replace(SPEC, dropout_rate=0.1, dtype="bfloat16")
+  # The CUDA kernels draw dropout themselves: the default on a GPU where the
+  # extension is built (a bf16 request), else xla.
   want = "cuda" if ffi.available() else "xla"
   assert backends.choose(spec, None, "gpu").name == want
+  # float32 has no CUDA kernel: xla, dropout or not.
+  assert backends.choose(dataclasses.replace(spec, dtype="float32"), None,
+                         "gpu").name == "xla"
   assert backends.choose(spec, "pallas", "cpu").name == "pallas"
   if not ffi.available():
     with pytest.raises(backends.Unsupported, match="extension"):
