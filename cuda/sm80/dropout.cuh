@@ -52,13 +52,8 @@ JF_DEVICE Dropout stashed_dropout(const char* slot, const DropoutArgs& a) {
   return d;
 }
 
-// Dropout's keep_scale from the launch parameters alone, and its inverse,
-// the keep rate (256 - threshold) / 256 (exact).
-JF_HOST_DEVICE float dropout_keep_scale(const DropoutArgs& a) {
-  Dropout d;
-  d.threshold = a.threshold;
-  return d.keep_scale();
-}
+// The inverse of dropout_keep_scale (philox.h), the keep rate
+// (256 - threshold) / 256 (exact).
 JF_DEVICE float dropout_keep_rate(const DropoutArgs& a) {
   return float(256u - a.threshold) * (1.f / 256.f);
 }

@@ -76,6 +76,11 @@ struct KeepBits {
   }
 };
 
+// 256 / (256 - threshold): the factor of kept elements (folded into the
+// output's normalisation by the forward, into dP and dV by the backward);
+// a launch parameter, so no key word is read for it.
+JF_HOST_DEVICE float dropout_keep_scale(const DropoutArgs& a) { return 256.f / float(256u - a.threshold); }
+
 // A call's generator in a kernel (from params.h's DropoutArgs): the key, the
 // call's origin in the whole request (batch0, head0: nonzero in one shard of
 // a sharded call, so every shard draws the single-device mask) and the byte
@@ -96,10 +101,6 @@ struct Dropout {
       head0 = a.words[3];
     }
   }
-  // 256 / (256 - threshold): the factor of kept elements (folded into the
-  // output's normalisation by the forward, into dP by the backward).
-  JF_HOST_DEVICE float keep_scale() const { return 256.f / float(256u - threshold); }
-
   // The 16 random bytes of (batch, head, row, 64-column chunk, t): byte
   // 2m + e is column 64 chunk + 8m + 2t + e.
   JF_HOST_DEVICE Philox4x32 bytes(uint32_t batch, uint32_t head, uint32_t row, uint32_t chunk,

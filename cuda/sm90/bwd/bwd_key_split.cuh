@@ -249,7 +249,7 @@ struct BwdKeySplit {
       named_bar_sync(kBwdBarDrop + wg, 128);  // the WG's mask of the step is drawn
       wgmma_wait<0>();  // dP^T ready
       fence_regs(dp);
-      const float keep_scale = Dropout(a.dropout).keep_scale();
+      const float keep_scale = dropout_keep_scale(a.dropout);
       const uint32_t z_addr = drop_row(it);
       const int sh = drop_shift();
 #pragma unroll

@@ -247,7 +247,7 @@ struct BwdMainloop {
       }
     }
     if constexpr (Cfg::kDropout) {  // dV summed (Z P)^T dO: the keep scale, once
-      const float keep_scale = Dropout(a.dropout).keep_scale();
+      const float keep_scale = dropout_keep_scale(a.dropout);
 #pragma unroll
       for (int i = 0; i < kKR; ++i) dv[i] *= keep_scale;
     }

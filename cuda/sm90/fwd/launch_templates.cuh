@@ -71,7 +71,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int heads_per_kv = p.num_heads / p.num_heads_k;
   cudaError_t err;
   constexpr bool kDropout = Kernel::Mainloop::kDropout;
-  const float o_scale = kDropout ? Dropout(DropoutArgs{nullptr, p.dropout.threshold}).keep_scale() : 1.f;
+  const float o_scale = kDropout ? dropout_keep_scale(p.dropout) : 1.f;
   const typename Kernel::Arguments args{
       {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv, {}, kDropout ? p.dropout : DropoutArgs{}},
       {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv, o_scale},
