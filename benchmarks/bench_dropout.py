@@ -374,7 +374,7 @@ def main(argv=None):
   p.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
                  help=f"comma-separated from {', '.join(ALL_IMPLS)}")
   p.add_argument("--iters", type=int, default=None,
-                 help="back-to-back calls per round (default 50; quick 2)")
+                 help="back-to-back calls per round (default 100; quick 2)")
   p.add_argument("--repeats", type=int, default=None,
                  help="rounds per implementation (default 5; quick 2)")
   p.add_argument("--warmup", type=int, default=None,
@@ -385,7 +385,7 @@ def main(argv=None):
                  help="print the traceback of a failing set-up")
   args = p.parse_args(argv)
   quick = args.quick
-  iters = args.iters or (2 if quick else 50)
+  iters = args.iters or (2 if quick else 100)
   repeats = args.repeats or (2 if quick else 5)
   warmup = args.warmup if args.warmup is not None else (1 if quick else 3)
   seqs = [int(t) for t in (args.seqs or ("128" if quick else "8192"))
