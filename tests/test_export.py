@@ -6,8 +6,9 @@
   backends with static launch shapes refuse naming the dimension.
 * Exporting for CUDA from a host without a GPU uses the CUDA kernels when the
   extension is built (the module holds the jax_flash custom call), else the
-  portable xla backend; an explicit implementation="cuda" that cannot be
-  staged says why and what to do.
+  portable xla backend (dropout included: the kernels draw xla's masks); an
+  explicit implementation="cuda" that cannot be staged says why and what to
+  do.
 """
 
 from __future__ import annotations
@@ -129,6 +130,26 @@ def test_export_for_cuda_from_a_cpu_host(rng):
                    (2, 128, 2, 64), f16, platforms=["cuda"],
                    disabled_checks=checks)
   assert (ffi.BWD in grad.mlir_module()) == ffi.available()
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu",
+                    reason="exports for CUDA from a host without a GPU")
+def test_dropout_exports_for_cuda_from_a_cpu_host(rng):
+  """The CUDA kernels draw the same masks as xla, so dropout stages them for
+  a 'cuda' lowering too; the CPU branch of a CPU + CUDA export is xla's."""
+  key = jax.random.key(3)
+  f = lambda q, k, v: jax_flash.attention(q, k, v, dropout_rate=0.25,
+                                          dropout_rng=key)
+  checks = [export.DisabledSafetyCheck.custom_call(t) for t in ffi.TARGETS]
+  f16 = jnp.float16
+  exp = _exported(f, (1, 96, 2, 64), (1, 80, 2, 64), f16, platforms=["cuda"],
+                  disabled_checks=checks)
+  assert (ffi.FWD in exp.mlir_module()) == ffi.available()
+  both = _exported(f, (1, 96, 2, 64), (1, 80, 2, 64), f16,
+                   platforms=["cpu", "cuda"], disabled_checks=checks)
+  args = _qkv(rng, 1, 96, 80, Hk=2, D=64, dtype=f16)
+  np.testing.assert_array_equal(both.call(*args), jax_flash.attention(
+      *args, dropout_rate=0.25, dropout_rng=key, implementation="xla"))
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu",

@@ -212,10 +212,8 @@ def choose_per_platform(spec: AttentionSpec, implementation: str | None,
   try:
     host = choose(spec, implementation, platform)
   except Unsupported as e:
-    # (Dropout is never staged for a GPU: the hint below would not hold.)
     if (implementation is not None and platform not in PREFERENCE and
-        not spec.has_dropout and _refused_for_platform(implementation, spec,
-                                                       platform, e)):
+        _refused_for_platform(implementation, spec, platform, e)):
       raise Unsupported(
           f"{e}. To export for a GPU from this {platform!r} host, leave "
           "implementation=None: it stages the CUDA kernels for a 'cuda' "
