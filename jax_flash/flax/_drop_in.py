@@ -79,7 +79,9 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
           "right)), and use jax_flash.flax.SelfAttention(...)(x, "
           "segment_ids=ids) for packed sequences or padding. Autoregressive "
           "decoding (decode=True), which installs a cache mask, is not "
-          "supported by this drop-in either.")
+          "supported by this drop-in either: use jax_flash.flax.SelfAttention"
+          "(decode=True) or jax_flash.flax.nnx.SelfAttention, which keep "
+          "their own cache (and take a whole prompt in one call).")
     dropout = {}
     if dropout_rate and not deterministic:
       if dropout_rng is None:
