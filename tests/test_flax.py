@@ -465,21 +465,29 @@ def test_self_attention_decode_rejects_segment_ids():
               mutable=["cache"])
 
 
-def test_generate_example_agrees_with_flax_decode(monkeypatch):
-  """examples/generate.py: jax_flash's decoder and flax's own agree (logits
-  along one token path, the greedy tokens, a cache-free forward)."""
-  import importlib.util
-  import pathlib
-  path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "generate.py"
-  spec = importlib.util.spec_from_file_location("generate_example", path)
-  mod = importlib.util.module_from_spec(spec)
-  import sys
-  monkeypatch.setitem(sys.modules, "generate_example", mod)  # for dataclasses
-  spec.loader.exec_module(mod)
-  assert mod.main(["--batch", "2", "--prompt", "5", "--new", "7",
-                   "--d-model", "32", "--heads", "2", "--vocab", "32",
-                   "--repeats", "1"] +
-                  ([] if IMPL is None else ["--implementation", IMPL])) == 0
+def test_generate_example_small(monkeypatch, capsys):
+  """examples/generate.py --small: one-call prefill then decoding; the greedy
+  tokens of jax_flash's decoder and of flax's own equal those a float32
+  cache-free forward picks."""
+  gen = _load_example("generate.py", monkeypatch)
+  assert gen.main(["--small", "--repeats", "1", "--implementation",
+                   IMPL]) == 0
+  out = capsys.readouterr().out
+  for name in ("jax_flash", "flax"):
+    assert (f"float32 check, {name}: greedy tokens identical to a cache-free "
+            f"forward: 1.000") in out
+  assert "end-to-end speed-up of jax_flash over flax" in out
+
+
+@pytest.mark.slow
+def test_generate_example_fails_on_disagreement(monkeypatch, capsys):
+  """The example's check can fail: with no tolerance on the logits (they
+  differ from the cache-free forward by rounding) it exits 1."""
+  gen = _load_example("generate.py", monkeypatch)
+  monkeypatch.setattr(gen, "LOGITS_RTOL", 0.0)
+  assert gen.main(["--small", "--repeats", "1", "--prompt", "6", "--new",
+                   "3", "--implementation", IMPL]) == 1
+  assert "FAILED: a decoder disagrees" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("example", ["flax_lm.py", "generate.py",

@@ -1,0 +1,108 @@
+"""What the linen and nnx `SelfAttention` modules share: their head sizes and
+the KV-cache step of `decode=True`.
+
+A decode call takes a chunk of any length T (a whole prompt, or one token):
+the chunk's keys and values are written into the cache at each row's index
+and the chunk attends to the cache and causally to itself in one
+`jax_flash.attention_with_kvcache` call.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+import jax_flash
+from jax_flash._src.core import checks
+
+
+def head_sizes(*, num_heads: int, num_kv_heads: int | None,
+               head_dim: int | None, qkv_features: int | None,
+               features: int) -> tuple[int, int]:
+  """(head_dim, num_kv_heads) from a module's options; ValueError if they do
+  not fit together."""
+  if head_dim is None:
+    qkv = qkv_features if qkv_features is not None else features
+    if qkv % num_heads:
+      raise ValueError(f"qkv_features ({qkv}) must be divisible by "
+                       f"num_heads ({num_heads})")
+    head_dim = qkv // num_heads
+  kv_heads = num_kv_heads or num_heads
+  if num_heads % kv_heads:
+    raise ValueError(f"num_heads ({num_heads}) must be a multiple of "
+                     f"num_kv_heads ({kv_heads})")
+  return head_dim, kv_heads
+
+
+def cache_shapes(batch: int, max_len: int, kv_heads: int, head_dim: int):
+  """Shapes of (cached_key, cached_value, cache_index)."""
+  kv = (batch, max_len, kv_heads, head_dim)
+  return kv, kv, (batch,)
+
+
+def attend_with_cache(q, k, v, cached_key, cached_value, cache_index, *,
+                      lengths=None, causal: bool, scale, window, softcap,
+                      return_lse: bool, implementation):
+  """One `decode=True` call of T tokens against the cache.
+
+  Args:
+    q: [B, T, H, D]; k, v: [B, T, H_kv, D], the chunk's projections.
+    cached_key, cached_value: [B, max_len, H_kv, D]; cache_index: int [B],
+      the tokens each row holds.
+    lengths: optional int [B], the valid tokens of each row of the chunk
+      (right padding after them; causal only). A row's index advances by its
+      length, so the next call overwrites its padding. Padded positions are
+      zeroed before attention: their outputs are finite and meaningless.
+
+  Returns:
+    (out or (out, lse), cached_key, cached_value, cache_index), updated.
+  """
+  if q.ndim != 4:
+    raise ValueError(f"decode=True takes inputs [batch, T, features]; got "
+                     f"queries of shape {q.shape}")
+  B, T = q.shape[:2]
+  max_len = cached_key.shape[1]
+  if cached_key.shape[0] != B:
+    raise ValueError(f"decode=True: a batch of {B} rows does not fit the "
+                     f"cache of {cached_key.shape[0]} rows")
+  if T > max_len:
+    raise ValueError(
+        f"decode=True: a chunk of {T} tokens is longer than the cache "
+        f"({max_len} tokens per row); size the cache for the prompt and the "
+        f"tokens to generate (the length of the input at init, or "
+        f"init_cache's input_shape)")
+  held = checks.concrete(cache_index)
+  if held is not None and (held + T > max_len).any():
+    row = int((held + T > max_len).argmax())
+    raise ValueError(
+        f"decode=True: row {row} holds {int(held[row])} tokens; a chunk of "
+        f"{T} more does not fit the cache of {max_len} tokens per row")
+  advance = T
+  if lengths is not None:
+    lengths = _check_lengths(lengths, B, T, causal)
+    valid = jnp.arange(T, dtype=jnp.int32)[None] < lengths[:, None]  # [B, T]
+    zero = lambda x: jnp.where(valid[:, :, None, None], x,
+                               jnp.zeros((), x.dtype))
+    q, k, v = zero(q), zero(k), zero(v)
+    advance = jnp.clip(lengths, 0, T)
+  res = jax_flash.attention_with_kvcache(
+      q, cached_key, cached_value, cache_index,
+      k_new=k.astype(cached_key.dtype), v_new=v.astype(cached_value.dtype),
+      causal=causal, scale=scale, window=window, softcap=softcap,
+      return_lse=return_lse, implementation=implementation)
+  index = jnp.minimum(cache_index + advance, max_len).astype(cache_index.dtype)
+  out = (res[0], res[1]) if return_lse else res[0]
+  return out, res[-2], res[-1], index
+
+
+def _check_lengths(lengths, B, T, causal):
+  if not causal:
+    raise ValueError(
+        "decode=True: lengths= (right-padded chunks) needs causal=True; "
+        "without it the valid tokens would attend to the padding")
+  if not hasattr(lengths, "shape") or tuple(lengths.shape) != (B,) or (
+      not jnp.issubdtype(lengths.dtype, jnp.integer)):
+    raise ValueError(f"lengths must be an integer array [batch] = [{B}]; got "
+                     f"{getattr(lengths, 'shape', lengths)}")
+  checks.check_index_range("lengths", lengths, 0, T,
+                           f"the chunk has {T} tokens")
+  return lengths.astype(jnp.int32)
