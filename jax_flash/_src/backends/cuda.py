@@ -102,6 +102,10 @@ class CudaBackend:
       fp8_cuda.check(spec, platform)
       return
     refuse_unserved(self.name, spec)
+    if spec.has_dropout and spec.dropout_origin:
+      raise Unsupported("implementation='cuda' draws dropout at row and "
+                        "column origin 0 only; ring attention's blocks with "
+                        "dropout run on 'xla' or 'pallas'")
     if platform not in ("gpu", "cuda"):
       raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
                         f"platform is {platform!r}")
@@ -122,10 +126,6 @@ class CudaBackend:
     if spec.scale <= 0:
       raise Unsupported(f"implementation='cuda' needs scale > 0; got "
                         f"{spec.scale}")
-    if spec.has_dropout and spec.dropout_origin:
-      raise Unsupported("implementation='cuda' draws dropout at row and "
-                        "column origin 0 only; ring attention's blocks with "
-                        "dropout run on 'xla' or 'pallas'")
 
   def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
               *, shifts=None, dropout_key=None):
