@@ -53,6 +53,11 @@ inputs); per-step dQ/dK/dV come back from the kernels in the input dtype and
 are summed in float32, so for bf16 inputs the gradients see one bf16 rounding
 per ring step more than a single-device kernel would.
 
+Dropout draws the single-device mask (core/dropout.py: a function of the
+key and the global position): each kernel call gets its block's origin, the
+device's first batch element and head and its chunk pair's first global row
+and column (with dropout a call is one chunk pair, `ring_plan.calls`).
+
 Not supported: T != S (use `jax_flash.attention`) and ring axes made of
 several mesh axes.
 """

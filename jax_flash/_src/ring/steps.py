@@ -19,7 +19,10 @@ online-softmax ⊕ (`softmax.merge_partials`) in float32/64, and the backward
 runs the backend's backward kernel with the global lse and delta at every
 step: P = exp(S - lse_global) blockwise, so each block's dQ, dK, dV are
 exactly its share of the true gradients; dQ accumulates locally, dK/dV in
-buffers that travel with their kv chunk and go home at the end.
+buffers that travel with their kv chunk and go home at the end. With
+dropout each call gets the key words of its chunk pair's global origin
+(`_call_key`: this device's q chunk, the source device's kv chunk), in the
+forward and again in the backward.
 """
 
 from __future__ import annotations
