@@ -42,8 +42,10 @@ def varlen_mask(cu_q, cu_k, total_q, total_k, *, causal=False, window=None):
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
-              segment_ids=None, offset=None, visibility=None):
-  """Returns (o [B,T,H,D], lse [B,H,T]) in float64. Empty rows: 0, -inf."""
+              segment_ids=None, offset=None, visibility=None, keep=None):
+  """Returns (o [B,T,H,D], lse [B,H,T]) in float64. Empty rows: 0, -inf.
+  keep: attention dropout's mask times 1 / (1 - rate), [B or 1, H or 1, T,
+  S]: o = (P * keep) V, the lse of the undropped P."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, D = q.shape
   S, Hk = k.shape[1], k.shape[2]
@@ -64,6 +66,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
   e = np.exp(s - mx)
   l = e.sum(-1, keepdims=True)
   p = np.where(l > 0, e / np.where(l > 0, l, 1), 0)
+  if keep is not None:
+    p = p * np.asarray(keep, np.float64)
   o = np.einsum("bhts,bshd->bthd", p, v, optimize=True)
   with np.errstate(divide="ignore"):
     lse = np.where(l[..., 0] > 0, np.log(l[..., 0]) + mx[..., 0], -np.inf)
@@ -90,8 +94,10 @@ def attention_vjp(q, k, v, do, *, dlse=None, **kw):
            offset=kw.get("offset"), visibility=kw.get("visibility"))[:, None]
   lse_safe = np.where(np.isfinite(lse), lse, 0)[..., None]
   p = np.where(m, np.exp(np.where(m, s, 0) - lse_safe), 0)
-  dv = np.einsum("bhts,bthd->bshd", p, do, optimize=True)
-  dp = np.einsum("bthd,bshd->bhts", do, vr, optimize=True)
+  keep = kw.get("keep")
+  keep = 1.0 if keep is None else np.asarray(keep, np.float64)
+  dv = np.einsum("bhts,bthd->bshd", p * keep, do, optimize=True)
+  dp = np.einsum("bthd,bshd->bhts", do, vr, optimize=True) * keep
   delta = np.einsum("bthd,bthd->bht", do, o, optimize=True)
   if dlse is not None:
     delta = delta - np.asarray(dlse, np.float64)
@@ -162,7 +168,7 @@ def _round_cotangent(x, dtype):
 
 def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
                         softcap=None, segment_ids=None, offset=None,
-                        visibility=None):
+                        visibility=None, keep=None):
   """Dense attention in the input dtype, the way plain XLA code computes it.
 
   The "same-dtype XLA attention" of the error criterion: q·k^T in the input
@@ -174,7 +180,7 @@ def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
   FlashAttention kernel) does; plain JAX autodiff would keep dS in float32 and
   so be more accurate than any kernel that feeds dS to a bf16 tensor core.
   Canonical shapes: q [B,T,H,D], k/v [B,S,Hk,D], segment_ids (q_seg [B,T],
-  kv_seg [B,S]) or None.
+  kv_seg [B,S]) or None; keep: dropout's scaled mask as `attention`'s.
   Returns (o [B,T,H,D] in q.dtype, lse [B,H,T] float32/64). Differentiable;
   fully masked rows give o = 0, lse = -inf and finite (zero) gradients.
   """
@@ -204,6 +210,8 @@ def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
   l = jnp.sum(e, axis=-1, keepdims=True)
   nonempty = l > 0
   p = e / jnp.where(nonempty, l, 1.0)
+  if keep is not None:
+    p = p * jnp.asarray(keep, acc)
   o = jnp.einsum("bhts,bshd->bthd", p.astype(dt), v, preferred_element_type=acc)
   lse = jnp.where(nonempty, jnp.log(jnp.where(nonempty, l, 1.0)) + mx,
                   -jnp.inf)[..., 0]

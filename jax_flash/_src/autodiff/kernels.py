@@ -8,8 +8,8 @@ order
     backward: q, k, v, o, lse, do, delta,       *masks, *dropout_key
 
 where masks are (q_seg, kv_seg) with spec.has_segment_ids, then (q_shift,
-kv_shift) with spec.has_shifts, and dropout_key the generator's (k0, k1)
-with spec.has_dropout. Opaque kernel calls (pallas_call, FFI custom calls)
+kv_shift) with spec.has_shifts, and dropout_key the key words
+(core/dropout.py key_words) with spec.has_dropout. Opaque kernel calls (pallas_call, FFI custom calls)
 get a custom_partitioning rule over batch and heads (sharding/partition.py);
 plain-JAX backends are partitioned by XLA like any other computation.
 """

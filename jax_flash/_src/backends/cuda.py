@@ -102,6 +102,10 @@ class CudaBackend:
       fp8_cuda.check(spec, platform)
       return
     refuse_unserved(self.name, spec)
+    if spec.has_dropout and spec.dropout_origin:
+      raise Unsupported("implementation='cuda' draws dropout at row and "
+                        "column origin 0 only; ring attention's blocks with "
+                        "dropout run on 'xla' or 'pallas'")
     if platform not in ("gpu", "cuda"):
       raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
                         f"platform is {platform!r}")
@@ -138,13 +142,25 @@ class CudaBackend:
 
 def _dropout(spec: AttentionSpec, dropout_key):
   """(words, attributes) of the handlers' dropout operand: the key words
-  (k0, k1, batch0, head0) as uint32 [4] (core/dropout.py key_words) and the
-  byte threshold; a dummy operand and threshold 0 without dropout."""
+  (k0, k1, batch0, head0) as uint32 [4] and the byte threshold; a dummy
+  operand and threshold 0 without dropout.
+
+  core/dropout.py key_words has two more words, the call's row and column
+  origin (row0, col0), nonzero only with spec.dropout_origin, which `check`
+  refuses. For the kernels to serve it: the handlers take uint32 [6]; the
+  kernels' generator (philox.h Dropout) draws element (row, col) of the call
+  at counter (row0 + row, 4 * ((col0 + col) // 64) + ((col0 + col) % 8) // 2)
+  and byte 2 * (((col0 + col) % 64) // 8) + (col0 + col) % 2, i.e. with the
+  origin added before the column is split into its 64-column chunk. The
+  one-draw-per-16-elements fragment layout holds as it is only where col0 %
+  64 == 0 (ring chunks need not be 64-aligned; others need per-element
+  draws or a realigned fragment)."""
   if not spec.has_dropout:
     words = jnp.zeros((4,), jnp.uint32)
     return words, dict(dropout_threshold=np.int32(0), dropout_broadcast=False)
-  assert dropout_key is not None and len(dropout_key) == 4, dropout_key
-  words = jnp.stack([jnp.asarray(w, jnp.uint32).reshape(()) for w in dropout_key])
+  assert dropout_key is not None and len(dropout_key) == dropout_rng.N_WORDS
+  words = jnp.stack([jnp.asarray(w, jnp.uint32).reshape(())
+                     for w in dropout_key[:4]])
   return words, dict(
       dropout_threshold=np.int32(dropout_rng.threshold(spec.dropout_rate)),
       dropout_broadcast=bool(spec.dropout_broadcast))

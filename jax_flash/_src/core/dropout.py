@@ -37,6 +37,9 @@ _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 ROUNDS = 7
 COLUMN_CHUNK = 64  # columns of one row per Philox call (16 of them per thread)
+# A call's key words: the key (k0, k1) and the call's origin in the whole
+# request (batch0, head0, row0, col0), see key_words.
+N_WORDS = 6
 
 
 def _mulhilo(a, m: int):
@@ -113,19 +116,25 @@ def tile_keep(spec, key, batch, head, rows, cols):
 
   spec: the request (its dropout_rate, and dropout_broadcast, which draws
   every batch element and head at (0, 0): one mask for all, as Flax's
-  broadcast_dropout); key: the call's words (k0, k1, batch0, head0)
-  (key_words; batch0, head0: where the call's batch and heads start in the
-  whole request, nonzero in one shard of a sharded call). batch, head, rows,
-  cols: broadcastable positions in the call (rows and cols global)."""
+  broadcast_dropout); key: the call's words (k0, k1, batch0, head0, row0,
+  col0) (key_words; the origins: where the call's batch, heads, query rows
+  and key columns start in the whole request, nonzero in one shard of a
+  sharded call or one block of ring attention). batch, head, rows, cols:
+  broadcastable positions in the call."""
   if key is None:
     return None
-  k0, k1, batch0, head0 = key
+  k0, k1, batch0, head0, row0, col0 = key
   if spec.dropout_broadcast:
     batch, head = 0, 0
   else:
-    batch = jnp.asarray(batch, jnp.uint32) + jnp.asarray(batch0, jnp.uint32)
-    head = jnp.asarray(head, jnp.uint32) + jnp.asarray(head0, jnp.uint32)
-  return keep_mask((k0, k1), batch, head, rows, cols, spec.dropout_rate)
+    batch = _shifted(batch, batch0)
+    head = _shifted(head, head0)
+  return keep_mask((k0, k1), batch, head, _shifted(rows, row0),
+                   _shifted(cols, col0), spec.dropout_rate)
+
+
+def _shifted(position, origin):
+  return jnp.asarray(position, jnp.uint32) + jnp.asarray(origin, jnp.uint32)
 
 
 def apply(x, keep, rate: float):
@@ -146,8 +155,8 @@ def keep_mask_np(key, batch, head, rows, cols, rate: float) -> np.ndarray:
 def key_words(rng):
   """The words a call's kernels get: the generator's key (k0, k1) from a
   user's `dropout_rng` (a typed jax.random key or a raw uint32[2] PRNGKey),
-  with the argument checked, and the call's origin (batch0, head0) = (0, 0)
-  (with_origin moves it for one shard)."""
+  with the argument checked, and the call's origin (batch0, head0, row0,
+  col0) = (0, 0, 0, 0) (with_origin moves it for one shard or block)."""
   if not (isinstance(rng, jax.Array) or hasattr(rng, "dtype")):
     raise ValueError(f"dropout_rng must be a jax.random key; got {type(rng).__name__}")
   if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
@@ -160,12 +169,13 @@ def key_words(rng):
     raise ValueError(f"dropout_rng must be one key (shape ()); got shape "
                      f"{rng.shape}; use vmap for one key per example")
   zero = jnp.uint32(0)
-  return tuple(seed_words(rng)) + (zero, zero)
+  return tuple(seed_words(rng)) + (zero,) * (N_WORDS - 2)
 
 
-def with_origin(key, batch0, head0):
-  """key_words with the origin (batch0, head0) added: the words of the shard
-  whose first batch element and head are those of the whole request."""
-  k0, k1, b0, h0 = key
-  return (k0, k1, jnp.asarray(b0, jnp.uint32) + jnp.asarray(batch0, jnp.uint32),
-          jnp.asarray(h0, jnp.uint32) + jnp.asarray(head0, jnp.uint32))
+def with_origin(key, batch0=0, head0=0, row0=0, col0=0):
+  """key_words with the origin moved by (batch0, head0, row0, col0): the
+  words of the shard or block whose first batch element, head, query row
+  and key column are those positions of the whole request."""
+  k0, k1 = key[:2]
+  return (k0, k1) + tuple(_shifted(o, d) for o, d in
+                          zip(key[2:], (batch0, head0, row0, col0)))

@@ -10,7 +10,8 @@ Canonical array shapes seen by backends:
   kv_segment [B, S] int32
   q_shift    [B, T] int32          (only when spec.has_shifts)
   kv_shift   [B, S] int32
-  dropout_key (k0, k1) uint32 scalars (only when spec.has_dropout)
+  dropout_key (k0, k1, batch0, head0, row0, col0) uint32 scalars (only when
+             spec.has_dropout; core/dropout.py key_words)
   o          [B, T, H, D]          (q.dtype)
   lse        [B, H, T] float32     natural-log logsumexp; -inf for fully masked rows
 """
@@ -62,9 +63,10 @@ class AttentionSpec:
   and every JAX backend read `kv_offset`; the cuda backend re-expresses such
   a spec bottom-right, see `masking.bottom_right_view`).
 
-  Backends refuse (`Unsupported`) the options they do not serve: dropout
-  (xla, pallas), FP8 (xla simulated, cuda), sinks and a distinct value head
-  dim (none yet).
+  Backends refuse (`Unsupported`) the options they do not serve; served by:
+  dropout (xla, pallas, cuda; with a block origin, `dropout_origin`: xla,
+  pallas), FP8 (xla simulated, cuda), sinks and a distinct value head dim
+  (none yet).
   """
 
   scale: float
@@ -92,6 +94,10 @@ class AttentionSpec:
   # one mask for every batch element and head (Flax's broadcast_dropout).
   dropout_rate: float = 0.0
   dropout_broadcast: bool = False
+  # The call is a block of a larger request (ring attention): its key words'
+  # row and column origin (core/dropout.py key_words) may be nonzero, so a
+  # backend must draw at those positions (the CUDA kernels take no origin).
+  dropout_origin: bool = False
   # FP8 inputs (fp8_attention); None for 16/32/64-bit attention.
   fp8: Fp8Scheme | None = None
   # Head dim of v and o where it differs from q/k's; None = head_dim.

@@ -53,6 +53,11 @@ inputs); per-step dQ/dK/dV come back from the kernels in the input dtype and
 are summed in float32, so for bf16 inputs the gradients see one bf16 rounding
 per ring step more than a single-device kernel would.
 
+Dropout draws the single-device mask (core/dropout.py: a function of the
+key and the global position): each kernel call gets its block's origin, the
+device's first batch element and head and its chunk pair's first global row
+and column (with dropout a call is one chunk pair, `ring_plan.calls`).
+
 Not supported: T != S (use `jax_flash.attention`) and ring axes made of
 several mesh axes.
 """
@@ -70,7 +75,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_flash._src.api import attention as api
 from jax_flash._src.backends import registry as backends
-from jax_flash._src.core import checks
+from jax_flash._src.core import checks, dropout
 from jax_flash._src.ring import plan as ring_plan
 from jax_flash._src.ring import steps as ring_steps
 from jax_flash._src.autodiff.differentiable import Kernels, differentiable
@@ -84,6 +89,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                    causal: bool = False, scale: float | None = None,
                    window: tuple[int, int] | None = None,
                    softcap: float | None = None, segment_ids=None,
+                   dropout_rate: float = 0.0, dropout_rng=None,
+                   dropout_broadcast: bool = False,
                    return_lse: bool = False,
                    implementation: str | None = None,
                    batch_axis=None, head_axis=None, layout: str | None = None,
@@ -107,6 +114,12 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
     softcap: if set, scores become softcap * tanh(scores / softcap).
     segment_ids: one integer array [B, T], or (q_ids, kv_ids), sharded like
       the sequence; attention only within equal ids.
+    dropout_rate, dropout_rng, dropout_broadcast: attention dropout, as
+      `jax_flash.attention`: the mask of the same key at the same global
+      (batch, head, query, key) positions, so the result is the single-device
+      one. With `mesh=None` the batch and head positions are those of the
+      local arrays (fold a batch/head shard's index into the key where
+      the shard_map shards those too). Served by "xla" and "pallas".
     return_lse: also return the natural-log logsumexp [B, H, T].
     implementation: backend for the per-step kernels ("cuda", "pallas",
       "xla" or None for the best available).
@@ -133,6 +146,9 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   _check_arrays(q, k, v)
   causal = checks.static_bool(causal, "causal")
   return_lse = checks.static_bool(return_lse, "return_lse")
+  dropout_broadcast = checks.static_bool(dropout_broadcast,
+                                         "dropout_broadcast")
+  rate = checks.check_dropout(dropout_rate, dropout_rng)
   win = checks.window_fields(window, causal)
   if layout is None:
     one_sided = ((win["window_left"] == UNBOUNDED) !=
@@ -205,18 +221,23 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       softcap=checks.check_softcap(softcap), has_segment_ids=q_seg is not None,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
-      num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
+      num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name,
+      dropout_rate=rate, dropout_broadcast=rate > 0.0 and dropout_broadcast,
+      dropout_origin=rate > 0.0)
   backend = backends.choose(dataclasses.replace(local, causal=bool(causal)),
                             implementation, platform)
+  key = dropout.key_words(dropout_rng) if rate > 0.0 else ()
   if api.no_rows((B, H)):
     return api.empty_result(q, return_lse)
   ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag",
-               strategy == "all_gather")
+               strategy == "all_gather",
+               batch_axis if mesh is not None else None,
+               head_axis if mesh is not None else None)
   segs = () if q_seg is None else (q_seg.astype(jnp.int32),
                                    kv_seg.astype(jnp.int32))
-  body = functools.partial(_local_entry, ring)
+  body = functools.partial(_local_entry, ring, len(segs))
   if mesh is None:
-    o, lse = body(q, k, v, *segs)
+    o, lse = body(q, k, v, *segs, *key)
   else:
     qkv = P(batch_axis, seq_axis, head_axis, None)
     seg = P(batch_axis, seq_axis)
@@ -225,10 +246,12 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       put = lambda x, p: jax.sharding.reshard(x, jax.NamedSharding(mesh, p))
       q, k, v = (put(x, qkv) for x in (q, k, v))
       segs = tuple(put(x, seg) for x in segs)
+      key = tuple(put(x, P()) for x in key)
     o, lse = jax.shard_map(
-        body, mesh=mesh, in_specs=(qkv,) * 3 + (seg,) * len(segs),
+        body, mesh=mesh,
+        in_specs=(qkv,) * 3 + (seg,) * len(segs) + (P(),) * len(key),
         out_specs=(qkv, P(batch_axis, head_axis, seq_axis)),
-        check_vma=False)(q, k, v, *segs)
+        check_vma=False)(q, k, v, *segs, *key)
   return (o, lse) if return_lse else o
 
 
@@ -309,14 +332,24 @@ class _Ring:
   zigzag: bool  # zigzag layout of the local shards
   reorder: bool  # inputs in natural order: reorder in and out
   gather: bool = False  # all-gather the kv chunks instead of the ring
+  # Mesh axes of the batch and heads (the global entry): dropout's origin.
+  batch_axis: str | None = None
+  head_axis: str | None = None
 
 
-def _local_entry(ring: _Ring, q, k, v, *segs):
+def _local_entry(ring: _Ring, n_segs: int, q, k, v, *rest):
+  """One device's ring: rest = segment ids (n_segs of them), then dropout's
+  key words (core/dropout.py key_words)."""
+  segs, key = rest[:n_segs], rest[n_segs:]
+  if key:  # this device's first batch element and head in the request
+    index = lambda ax: 0 if ax is None else lax.axis_index(ax)
+    key = dropout.with_origin(key, index(ring.batch_axis) * ring.spec.batch,
+                              index(ring.head_axis) * ring.spec.num_heads)
   if ring.reorder and ring.n > 1:
     to = lambda x: _local_to_zigzag(x, ring.axis, ring.n, 1)
     q, k, v = to(q), to(k), to(v)
     segs = tuple(to(s) for s in segs)
-  o, lse = _ring_fn(ring)(q, k, v, *segs)
+  o, lse = _ring_fn(ring)(q, k, v, *segs, *key)
   if ring.reorder and ring.n > 1:
     o = _local_from_zigzag(o, ring.axis, ring.n, 1)
     lse = _local_from_zigzag(lse, ring.axis, ring.n, 2)
@@ -333,14 +366,20 @@ def _ring_fn(ring: _Ring):
   run_bwd = functools.partial(ring_steps.backward, be, steps, ring.axis,
                               ring.n, gather=ring.gather)
 
-  def forward(q, k, v, *segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    o, lse = run(q, k, v, q_seg, kv_seg)
+  n_segs = 2 if ring.spec.has_segment_ids else 0
+
+  def split(rest):  # (q_seg, kv_seg), dropout's key words or None
+    segs, key = rest[:n_segs], rest[n_segs:]
+    return (segs if segs else (None, None)), (key if key else None)
+
+  def forward(q, k, v, *rest):
+    (q_seg, kv_seg), key = split(rest)
+    o, lse = run(q, k, v, q_seg, kv_seg, key)
     return o.astype(q.dtype), lse
 
-  def backward(q, k, v, o, lse, do, delta, *segs):
-    q_seg, kv_seg = segs if segs else (None, None)
-    dq, dk, dv = run_bwd(q, k, v, o, lse, do, delta, q_seg, kv_seg)
+  def backward(q, k, v, o, lse, do, delta, *rest):
+    (q_seg, kv_seg), key = split(rest)
+    dq, dk, dv = run_bwd(q, k, v, o, lse, do, delta, q_seg, kv_seg, key)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
   return differentiable(Kernels(forward, backward))

@@ -20,7 +20,8 @@ All of this is plain Python on ints; ring/steps.py runs the plan.
   * `calls`: a case's visible pairs grouped into as few kernel calls as the
     layout allows: the whole local block as one call when one spec on it
     masks every pair alike (causal at step 0 of the zigzag layout is plain
-    causal in local order), else rows or columns of fully visible pairs.
+    causal in local order), else rows or columns of fully visible pairs
+    (with dropout: one call per pair, at the pair's global origin).
 """
 
 from __future__ import annotations
@@ -142,17 +143,20 @@ def calls(case: Case) -> tuple[Call, ...]:
   pairs merge into one call over a whole row (one q chunk, all kv) or a
   whole column (all q, one kv chunk) when every pair in it is fully visible
   (local chunks are contiguous slices; their global positions need not be).
+  With dropout every call is one pair: a call draws its mask at one global
+  row and column origin, and local chunks need not be globally adjacent.
   """
   m = len(case)
   left = {(a, b): p for a, row in enumerate(case) for b, p in enumerate(row)
           if p is not None}
   full = lambda a, b: (a, b) in left and not left[a, b].has_window
   out = []
-  if m > 1 and left:
+  merge = m > 1 and not any(p.has_dropout for p in left.values())
+  if merge and left:
     block = _one_block(case, left[min(left)].q_len)
     if block is not None:
       return (Call(0, m, 0, m, block),)
-  if m > 1:
+  if merge:
     for a in range(m):
       if all(full(a, b) for b in range(m)):
         out.append(Call(a, a + 1, 0, m, _widen(left[a, 0], 1, m)))

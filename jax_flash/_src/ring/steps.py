@@ -19,7 +19,10 @@ online-softmax ⊕ (`softmax.merge_partials`) in float32/64, and the backward
 runs the backend's backward kernel with the global lse and delta at every
 step: P = exp(S - lse_global) blockwise, so each block's dQ, dK, dV are
 exactly its share of the true gradients; dQ accumulates locally, dK/dV in
-buffers that travel with their kv chunk and go home at the end.
+buffers that travel with their kv chunk and go home at the end. With
+dropout each call gets the key words of its chunk pair's global origin
+(`_call_key`: this device's q chunk, the source device's kv chunk), in the
+forward and again in the backward.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 from jax import lax
 
 from jax_flash._src.ring import plan as ring_plan
-from jax_flash._src.core import softmax
+from jax_flash._src.core import dropout, softmax
 
 NEG_INF = float("-inf")
 MIN_LOOP = 3  # shorter runs are unrolled
@@ -75,8 +78,9 @@ def _walk(steps, axis: str, n: int, compute, kv):
   """Run `compute` over the plan; returns (travel, home).
 
   kv travels with the ring (sent ahead before each compute). compute(cases,
-  case_index, kv, travel, home) -> (travel, home), with case_index a traced
-  int32 or None (only one case), and travel/home None at the first step
+  case_index, src, kv, travel, home) -> (travel, home), with case_index a
+  traced int32 or None (only one case), src the (traced) device whose kv
+  chunks these are, and travel/home None at the first step
   (which starts them, so nothing is added to zeros): `travel` travels with
   kv, updated by each compute (dK/dV), and is sent home at the end; `home`
   stays (the partial (o, lse), dQ).
@@ -85,6 +89,9 @@ def _walk(steps, axis: str, n: int, compute, kv):
 
   def case_index(table):
     return None if table is None else table[me]
+
+  def source(shift):
+    return (me - shift) % n
 
   # ("loop", steps) or ("one", step). The first step runs on its own: it
   # starts travel/home, which a loop carry needs to exist already.
@@ -109,7 +116,8 @@ def _walk(steps, axis: str, n: int, compute, kv):
         kv, travel, home = carry
         nxt = rotate(kv, axis, n, 1)
         row = None if table is None else table[t]
-        travel, home = compute(cases, case_index(row), kv, travel, home)
+        travel, home = compute(cases, case_index(row),
+                               source(what[0].shift + t), kv, travel, home)
         return nxt, rotate(travel, axis, n, 1), home
 
       kv, travel, home = lax.fori_loop(0, len(what), body,
@@ -124,7 +132,8 @@ def _walk(steps, axis: str, n: int, compute, kv):
       nxt = rotate(kv, axis, n, delta)  # in flight during the compute
     table = (None if len(step.cases) == 1 else
              jnp.asarray(np.array(step.table, np.int32)))
-    travel, home = compute(step.cases, case_index(table), kv, travel, home)
+    travel, home = compute(step.cases, case_index(table), source(step.shift),
+                           kv, travel, home)
     if not last:
       kv, travel = nxt, rotate(travel, axis, n, delta)
   return rotate(travel, axis, n, -steps[-1].shift), home
@@ -150,7 +159,7 @@ def _walk_gathered(steps, axis: str, n: int, compute, kv):
         lambda x: lax.dynamic_index_in_dim(x, src, 0, keepdims=False), full)
     idx = (None if len(step.cases) == 1 else
            jnp.asarray(np.array(step.table, np.int32))[me])
-    g, home = compute(step.cases, idx, kv_s, None, home)
+    g, home = compute(step.cases, idx, src, kv_s, None, home)
     if g is None:
       continue
     if acc is None:
@@ -185,31 +194,49 @@ def _unless_apart(q_seg, kv_seg, fn, empty):
   return lax.cond(ids_can_meet(q_seg, kv_seg), fn, empty)
 
 
+def _call_key(key, call, me, src, n: int, m: int, size: int):
+  """The dropout key words of one kernel call (None without dropout): the
+  request's words with the call's global row and column origin, the first
+  positions of local q chunk call.q0 of this device and of local kv chunk
+  call.k0 of device src (with dropout a call is one chunk pair,
+  `ring_plan.calls`)."""
+  if key is None:
+    return None
+  zigzag = m == 2
+  rows = ring_plan.chunks_of(me, n, zigzag)[call.q0] * size
+  cols = ring_plan.chunks_of(src, n, zigzag)[call.k0] * size
+  return dropout.with_origin(key, row0=rows, col0=cols)
+
+
 def _switch(cases, idx, fn, *args):
   if idx is None:
     return fn(cases[0], *args)
   return lax.switch(idx, [functools.partial(fn, c) for c in cases], *args)
 
 
-def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg, *,
-            gather: bool = False):
+def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg, key=None,
+            *, gather: bool = False):
   """Merged (o, lse) of the local q over the plan, in float32/64 (gather:
-  all-gather the kv chunks instead of the ring, `_walk_gathered`)."""
+  all-gather the kv chunks instead of the ring, `_walk_gathered`). key:
+  dropout's key words (core/dropout.py key_words, this device's batch and
+  head origin) or None."""
   acc = softmax.accum_dtype(q.dtype)
   m = len(steps[0].cases[0])  # chunks per device
   size = q.shape[1] // m
+  me = lax.axis_index(axis)
 
-  def one_case(case, q, kv, q_seg):
+  def one_case(case, src, q, kv, q_seg):
     k, v, kv_seg = kv
     res = None
     for c in ring_plan.calls(case):
       qs, ks = _span(q_seg, c.q0, c.q1, size), _span(kv_seg, c.k0, c.k1, size)
       q_c = _span(q, c.q0, c.q1, size)
-      run = lambda c=c, q_c=q_c, qs=qs, ks=ks: tuple(
+      words = _call_key(key, c, me, src, n, m, size)
+      run = lambda c=c, q_c=q_c, qs=qs, ks=ks, words=words: tuple(
           x.astype(acc) for x in be.forward(c.spec, q_c,
                                             _span(k, c.k0, c.k1, size),
                                             _span(v, c.k0, c.k1, size), qs,
-                                            ks))
+                                            ks, dropout_key=words))
       o, lse = _unless_apart(qs, ks, run, lambda q_c=q_c: empty_partial(
           q_c, acc))
       part = (_pad_rows(o.astype(acc), c.q0, c.q1, m, size, 1, 0.0),
@@ -217,8 +244,8 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg, *,
       res = part if res is None else softmax.merge_partials(res, part)
     return empty_partial(q, acc) if res is None else res
 
-  def compute(cases, idx, kv, travel, res):
-    part = _switch(cases, idx, one_case, q, kv, q_seg)
+  def compute(cases, idx, src, kv, travel, res):
+    part = _switch(cases, idx, one_case, src, q, kv, q_seg)
     return travel, part if res is None else softmax.merge_partials(res, part)
 
   walk = _walk_gathered if gather else _walk
@@ -227,22 +254,25 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg, *,
 
 
 def backward(be, steps, axis: str, n: int, q, k, v, o, lse, do, delta, q_seg,
-             kv_seg, *, gather: bool = False):
-  """(dq, dk, dv) in float32/64 over the plan."""
+             kv_seg, key=None, *, gather: bool = False):
+  """(dq, dk, dv) in float32/64 over the plan (key: as `forward`)."""
   acc = softmax.accum_dtype(q.dtype)
   m = len(steps[0].cases[0])
   size = q.shape[1] // m
+  me = lax.axis_index(axis)
 
-  def one_case(case, q, kv, o, lse, do, delta, q_seg):
+  def one_case(case, src, q, kv, o, lse, do, delta, q_seg):
     k, v, kv_seg = kv
     grads = None
     for c in ring_plan.calls(case):
       rows = lambda x, axis=1: _span(x, c.q0, c.q1, size, axis)
       cols = lambda x: _span(x, c.k0, c.k1, size)
-      run = lambda c=c, rows=rows, cols=cols: tuple(
+      words = _call_key(key, c, me, src, n, m, size)
+      run = lambda c=c, rows=rows, cols=cols, words=words: tuple(
           x.astype(acc) for x in be.backward(
               c.spec, rows(q), cols(k), cols(v), rows(o), rows(lse, 2),
-              rows(do), rows(delta, 2), rows(q_seg), cols(kv_seg)))
+              rows(do), rows(delta, 2), rows(q_seg), cols(kv_seg),
+              dropout_key=words))
       zeros = lambda rows=rows, cols=cols: tuple(
           jnp.zeros_like(x, dtype=acc) for x in (rows(q), cols(k), cols(v)))
       g = _unless_apart(rows(q_seg), cols(kv_seg), run, zeros)
@@ -254,8 +284,8 @@ def backward(be, steps, axis: str, n: int, q, k, v, o, lse, do, delta, q_seg,
       grads = tuple(jnp.zeros_like(x, dtype=acc) for x in (q, k, v))
     return grads
 
-  def compute(cases, idx, kv, dkv, dq):
-    g = _switch(cases, idx, one_case, q, kv, o, lse, do, delta, q_seg)
+  def compute(cases, idx, src, kv, dkv, dq):
+    g = _switch(cases, idx, one_case, src, q, kv, o, lse, do, delta, q_seg)
     return _add(dkv, g[1:]), _add(dq, g[0])
 
   walk = _walk_gathered if gather else _walk

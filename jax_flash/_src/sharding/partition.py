@@ -139,12 +139,12 @@ def call(fn_for_spec, spec, *args, roles=None):
   """fn_for_spec(local_spec)(*args) -> (o, lse), per shard if needed.
 
   args: q, k, v, then segment ids (and shifts), then with spec.has_dropout
-  dropout's four key words (core/dropout.py key_words: each shard gets the
+  dropout's key words (core/dropout.py key_words: each shard gets the
   words of its own origin, so it draws the request's mask); q, k, v may be
   pytrees (an Fp8Tensor). roles: per argument its role, or a pytree of roles
   matching it (default: q, kv, kv, segment ids, key words).
   """
-  n_key = 4 if spec.has_dropout else 0
+  n_key = dropout.N_WORDS if spec.has_dropout else 0
   if roles is None:
     roles = (("q", "kv", "kv") + ("qseg", "kvseg", "qseg", "kvseg")[
         :len(args) - 3 - n_key] + ("scalar",) * n_key)

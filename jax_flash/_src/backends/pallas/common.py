@@ -103,14 +103,19 @@ def positions(start, size: int, axis: int):
   return start + lax.broadcasted_iota(jnp.int32, shape, axis)
 
 
+# The key words' input, padded to a power of two (Triton's block shapes).
+_KEY_BLOCK = 8
+
+
 def with_dropout_key(args: list, in_specs: list, dropout_key):
   """(args, in_specs) with the dropout key words (k0, k1, batch0, head0,
-  dropout.key_words) appended as one uint32 [4] input after the segment ids
-  (unchanged without dropout)."""
+  row0, col0: dropout.key_words) appended as one uint32 [8] input (zero
+  padded) after the segment ids (unchanged without dropout)."""
   if dropout_key is None:
     return list(args), list(in_specs)
-  words = jnp.stack([jnp.asarray(w, jnp.uint32) for w in dropout_key])
-  spec = pl.BlockSpec((4,), lambda *_: (0,))
+  words = [jnp.asarray(w, jnp.uint32).reshape(()) for w in dropout_key]
+  words = jnp.stack(words + [jnp.uint32(0)] * (_KEY_BLOCK - len(words)))
+  spec = pl.BlockSpec((_KEY_BLOCK,), lambda *_: (0,))
   return list(args) + [words], list(in_specs) + [spec]
 
 
@@ -121,7 +126,7 @@ def dropout_key(refs, spec):
   # Scalar loads from the ref (a slice of a loaded array is not a primitive
   # Triton lowers).
   words = refs[n_mask_refs(spec)]
-  return tuple(words[i] for i in range(4))
+  return tuple(words[i] for i in range(dropout_rng.N_WORDS))
 
 
 def n_mask_refs(spec: AttentionSpec) -> int:
