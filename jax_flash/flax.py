@@ -85,8 +85,9 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
 
   Returns:
     fn(query, key, value, bias=None, mask=None, ...) -> [batch..., T, H, D].
-    It also takes `segment_ids=` (see `jax_flash.attention`) when called
-    directly; flax's modules never pass it.
+    It also takes `segment_ids=` and `sinks=` (see `jax_flash.attention`)
+    when called directly; flax's modules never pass them (`SelfAttention`
+    holds learnable sinks: `use_sinks=True`).
   """
   options = dict(causal=static_bool(causal, "causal"), scale=scale,
                  window=window, softcap=softcap,
@@ -104,7 +105,7 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
                    force_fp32_for_softmax: bool = False,
                    einsum_dot_general=None, qk_attn_weights_einsum=None,
                    attn_weights_value_einsum=None, is_causal: bool = False,
-                   segment_ids=None, **kwargs):
+                   segment_ids=None, sinks=None, **kwargs):
     del precision, force_fp32_for_softmax
     if bias is not None:
       raise NotImplementedError(
@@ -169,7 +170,7 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
             "alignment explicitly.")
       opts["causal"] = True
     return jax_flash.attention(query, key, value, segment_ids=segment_ids,
-                               **opts, **dropout)
+                               sinks=sinks, **opts, **dropout)
 
   attention_fn.__name__ = "jax_flash_attention_fn"
   attention_fn.__qualname__ = "jax_flash_attention_fn"
@@ -207,6 +208,12 @@ class SelfAttention(nn.Module):
       given); default the input width.
     num_kv_heads: key/value heads (GQA/MQA; must divide num_heads); default
       num_heads.
+    value_head_dim: size of each value head, and so of each head's output
+      (flax's modules have no such option); default head_dim. DeepSeek MLA
+      uses head_dim 192 with value_head_dim 128.
+    use_sinks: learnable attention sinks (`jax_flash.attention(sinks=)`):
+      a parameter 'sinks' [num_heads], initialised by sinks_init (zeros by
+      default), in param_dtype.
     out_features: output width; default the input width.
     causal, window, softcap, scale, implementation: as in
       `jax_flash.attention`.
@@ -234,6 +241,9 @@ class SelfAttention(nn.Module):
   head_dim: int | None = None
   qkv_features: int | None = None
   num_kv_heads: int | None = None
+  value_head_dim: int | None = None
+  use_sinks: bool = False
+  sinks_init: Callable = nn.initializers.zeros_init()
   out_features: int | None = None
   causal: bool = False
   window: tuple[int, int] | None = None
@@ -282,7 +292,12 @@ class SelfAttention(nn.Module):
         precision=self.precision)
     q = dense(features=(self.num_heads, head_dim), name="query")(x)
     k = dense(features=(kv_heads, head_dim), name="key")(x)
-    v = dense(features=(kv_heads, head_dim), name="value")(x)
+    v_dim = self.value_head_dim or head_dim
+    v = dense(features=(kv_heads, v_dim), name="value")(x)
+    sinks = None
+    if self.use_sinks:
+      sinks = self.param("sinks", self.sinks_init, (self.num_heads,),
+                         self.param_dtype)
     dropout = {}
     if self.dropout_rate > 0.0:
       if not nn.merge_param("deterministic", self.deterministic,
@@ -291,11 +306,12 @@ class SelfAttention(nn.Module):
                        dropout_rng=self.make_rng("dropout"),
                        dropout_broadcast=self.broadcast_dropout)
     if self.decode:
-      res = self._decode_step(q, k, v, segment_ids, return_lse, dropout)
+      res = self._decode_step(q, k, v, segment_ids, return_lse, dropout,
+                              sinks)
     else:
       res = jax_flash.attention(
           q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-          softcap=self.softcap, segment_ids=segment_ids,
+          softcap=self.softcap, segment_ids=segment_ids, sinks=sinks,
           return_lse=return_lse, implementation=self.implementation,
           deterministic=self.deterministic_backward, **dropout)
     o, lse = res if return_lse else (res, None)
@@ -307,7 +323,7 @@ class SelfAttention(nn.Module):
         name="out")(o)
     return (out, lse) if return_lse else out
 
-  def _decode_step(self, q, k, v, segment_ids, return_lse, dropout):
+  def _decode_step(self, q, k, v, segment_ids, return_lse, dropout, sinks):
     """One decoding step against the 'cache' collection (see `decode`)."""
     if q.ndim != 4:
       raise ValueError(f"decode=True takes inputs [batch, T, features]; got "
@@ -324,7 +340,7 @@ class SelfAttention(nn.Module):
     if not initialized:  # init: the input's length sizes the cache
       return jax_flash.attention(
           q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-          softcap=self.softcap, return_lse=return_lse,
+          softcap=self.softcap, sinks=sinks, return_lse=return_lse,
           implementation=self.implementation)
     max_len = cached_key.value.shape[1]
     if q.shape[1] > max_len:
@@ -335,7 +351,8 @@ class SelfAttention(nn.Module):
         k_new=k.astype(cached_key.value.dtype),
         v_new=v.astype(cached_value.value.dtype), causal=self.causal,
         scale=self.scale, window=self.window, softcap=self.softcap,
-        return_lse=return_lse, implementation=self.implementation)
+        sinks=sinks, return_lse=return_lse,
+        implementation=self.implementation)
     cached_key.value, cached_value.value = res[-2], res[-1]
     cache_index.value = jnp.minimum(cache_index.value + q.shape[1], max_len)
     return (res[0], res[1]) if return_lse else res[0]

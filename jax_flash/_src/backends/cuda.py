@@ -19,8 +19,7 @@ from jax_flash._src.core import bottom_right
 from jax_flash._src.core import dropout as dropout_rng
 from jax_flash._src.backends import ffi, kernel_table
 from jax_flash._src.core import tile_spans
-from jax_flash._src.backends.registry import (Unsupported, refuse_unserved,
-                                              register)
+from jax_flash._src.backends.registry import Unsupported, register
 from jax_flash._src.core.spec import AttentionSpec
 
 DTYPES = ("bfloat16", "float16")
@@ -101,7 +100,14 @@ class CudaBackend:
       from jax_flash._src.fp8 import cuda as fp8_cuda
       fp8_cuda.check(spec, platform)
       return
-    refuse_unserved(self.name, spec)
+    if spec.has_sinks:
+      raise Unsupported("implementation='cuda' has no attention sinks (sinks=) "
+                        "yet; implementation='pallas' or 'xla' serves them")
+    if spec.v_head_dim != spec.head_dim:
+      raise Unsupported(
+          f"implementation='cuda' needs the value head_dim equal to the "
+          f"query/key head_dim; got {spec.v_head_dim} and {spec.head_dim} "
+          f"(implementation='pallas' or 'xla' serves it)")
     if platform not in ("gpu", "cuda"):
       raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
                         f"platform is {platform!r}")

@@ -59,6 +59,24 @@ def check_arrays(q, k, v):
                      f"{q.shape[-3]}, key seq {k.shape[-3]}")
 
 
+def check_sinks(sinks, num_heads: int, dtype):
+  """The learnable sink logits [H] in the accumulation dtype (float32,
+  float64 for float64 inputs), or None. A float array, one logit per query
+  head; traced values are fine (they are differentiable)."""
+  if sinks is None:
+    return None
+  if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
+    raise ValueError(f"sinks must be a float array [H] (one logit per query "
+                     f"head), got {type(sinks).__name__}")
+  if not jnp.issubdtype(sinks.dtype, jnp.floating):
+    raise ValueError(f"sinks must have a floating dtype, got {sinks.dtype}")
+  if tuple(sinks.shape) != (num_heads,):
+    raise ValueError(f"sinks must have shape [H] = ({num_heads},) (one logit "
+                     f"per query head), got {tuple(sinks.shape)}")
+  acc = jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+  return sinks.astype(acc)
+
+
 def check_scale(scale, D) -> float:
   if scale is None:
     return 1.0 / math.sqrt(D)

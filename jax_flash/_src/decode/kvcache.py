@@ -137,7 +137,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
                            v_new=None, page_table=None, cache_batch_idx=None,
                            causal: bool = True, scale: float | None = None,
                            window: tuple[int, int] | None = None,
-                           softcap: float | None = None,
+                           softcap: float | None = None, sinks=None,
                            return_lse: bool = False, num_splits=None,
                            implementation: str | None = None):
   """Attention of new queries against a KV cache (FlashAttention's names).
@@ -162,6 +162,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     out-of-range page or row indices are clamped when read.
     causal, scale, window, softcap, implementation: as `jax_flash.attention`,
       aligned to each sequence's end (the queries are its last T_new tokens).
+    sinks: learnable attention sinks [H], as `jax_flash.attention` (the
+      decoding kernels have none yet: such calls take the reference path).
     return_lse: also return the logsumexp [B, H, T_new].
     num_splits: how many parts each sequence's keys are split into (the
       CUDA kernels; None: chosen from the batch, the heads and the cache
@@ -212,9 +214,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
   else:
     table = page_table.astype(jnp.int32)
   lengths = jnp.clip(seqlens, 0, capacity)
+  sinks = checks.check_sinks(sinks, q.shape[2], q.dtype)
   reason = "not requested"
   if implementation in (None, "cuda"):
     reason = decode_cuda.unsupported_reason(q, k_cache, api._platform(q))
+    if sinks is not None:
+      reason = ("the decoding kernels have no attention sinks (sinks=) yet; "
+                "implementation=None or 'xla' serves them")
     if implementation == "cuda" and reason:
       raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
                         f"{reason}")
@@ -242,7 +248,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     pool = lambda c: c.dequantize(q.dtype) if fp8 else c
     k, v = _gather(pool(k_cache), table), _gather(pool(v_cache), table)
     res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
-                        softcap=softcap, kv_seq_lengths=lengths,
+                        softcap=softcap, kv_seq_lengths=lengths, sinks=sinks,
                         return_lse=return_lse, implementation=implementation)
   out = res if isinstance(res, tuple) else (res,)
   if k_new is not None:

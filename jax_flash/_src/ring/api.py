@@ -71,6 +71,7 @@ from jax.sharding import PartitionSpec as P
 from jax_flash._src.api import attention as api
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.core import checks
+from jax_flash._src.core import softmax
 from jax_flash._src.ring import plan as ring_plan
 from jax_flash._src.ring import steps as ring_steps
 from jax_flash._src.autodiff.differentiable import Kernels, differentiable
@@ -84,7 +85,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                    causal: bool = False, scale: float | None = None,
                    window: tuple[int, int] | None = None,
                    softcap: float | None = None, segment_ids=None,
-                   return_lse: bool = False,
+                   sinks=None, return_lse: bool = False,
                    implementation: str | None = None,
                    batch_axis=None, head_axis=None, layout: str | None = None,
                    strategy: str = "ring"):
@@ -107,6 +108,9 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
     softcap: if set, scores become softcap * tanh(scores / softcap).
     segment_ids: one integer array [B, T], or (q_ids, kv_ids), sharded like
       the sequence; attention only within equal ids.
+    sinks: learnable attention sinks [H] (as `jax_flash.attention`; the
+      local heads' inside a shard_map), merged into each row once, after
+      the ring.
     return_lse: also return the natural-log logsumexp [B, H, T].
     implementation: backend for the per-step kernels ("cuda", "pallas",
       "xla" or None for the best available).
@@ -154,6 +158,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   H_kv = k.shape[2]
   q_seg, kv_seg = checks.check_segment_ids(segment_ids, q.shape[:1],
                                         q.shape[1], k.shape[1]) or (None, None)
+  sinks = checks.check_sinks(sinks, H, q.dtype)
 
   if mesh is None:
     for name, ax in (("batch_axis", batch_axis), ("head_axis", head_axis)):
@@ -206,29 +211,36 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
       num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
-  backend = backends.choose(dataclasses.replace(local, causal=bool(causal)),
-                            implementation, platform)
+  # The step kernels run without the sinks (the ring merges them in at the
+  # end); the backends are asked whether they serve them all the same.
+  backend = backends.choose(dataclasses.replace(
+      local, causal=bool(causal), has_sinks=sinks is not None),
+      implementation, platform)
   if api.no_rows((B, H)):
-    return api.empty_result(q, return_lse)
+    return api.empty_result(q, return_lse, v.shape[-1])
   ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag",
-               strategy == "all_gather")
+               strategy == "all_gather", sinks is not None)
   segs = () if q_seg is None else (q_seg.astype(jnp.int32),
                                    kv_seg.astype(jnp.int32))
+  sink_args = api.per_batch_sinks(sinks, B)
   body = functools.partial(_local_entry, ring)
   if mesh is None:
-    o, lse = body(q, k, v, *segs)
+    o, lse = body(q, k, v, *sink_args, *segs)
   else:
     qkv = P(batch_axis, seq_axis, head_axis, None)
     seg = P(batch_axis, seq_axis)
+    sink = P(batch_axis, head_axis)
     if _has_explicit_axes(mesh):
       # shard_map over explicit axes takes inputs only in its in_specs.
       put = lambda x, p: jax.sharding.reshard(x, jax.NamedSharding(mesh, p))
       q, k, v = (put(x, qkv) for x in (q, k, v))
+      sink_args = [put(x, sink) for x in sink_args]
       segs = tuple(put(x, seg) for x in segs)
     o, lse = jax.shard_map(
-        body, mesh=mesh, in_specs=(qkv,) * 3 + (seg,) * len(segs),
+        body, mesh=mesh,
+        in_specs=(qkv,) * 3 + (sink,) * len(sink_args) + (seg,) * len(segs),
         out_specs=(qkv, P(batch_axis, head_axis, seq_axis)),
-        check_vma=False)(q, k, v, *segs)
+        check_vma=False)(q, k, v, *sink_args, *segs)
   return (o, lse) if return_lse else o
 
 
@@ -309,14 +321,16 @@ class _Ring:
   zigzag: bool  # zigzag layout of the local shards
   reorder: bool  # inputs in natural order: reorder in and out
   gather: bool = False  # all-gather the kv chunks instead of the ring
+  sinks: bool = False  # a sinks [B, H] operand follows v
 
 
-def _local_entry(ring: _Ring, q, k, v, *segs):
+def _local_entry(ring: _Ring, q, k, v, *rest):
+  sinks, segs = rest[:int(ring.sinks)], rest[int(ring.sinks):]
   if ring.reorder and ring.n > 1:
     to = lambda x: _local_to_zigzag(x, ring.axis, ring.n, 1)
     q, k, v = to(q), to(k), to(v)
     segs = tuple(to(s) for s in segs)
-  o, lse = _ring_fn(ring)(q, k, v, *segs)
+  o, lse = _ring_fn(ring)(q, k, v, *sinks, *segs)
   if ring.reorder and ring.n > 1:
     o = _local_from_zigzag(o, ring.axis, ring.n, 1)
     lse = _local_from_zigzag(lse, ring.axis, ring.n, 2)
@@ -325,7 +339,8 @@ def _local_entry(ring: _Ring, q, k, v, *segs):
 
 @functools.lru_cache(maxsize=None)
 def _ring_fn(ring: _Ring):
-  """fn(q, k, v, *segs) -> (o, lse) over local shards, differentiable."""
+  """fn(q, k, v, [sinks,] *segs) -> (o, lse) over local shards,
+  differentiable."""
   be = backends.get(ring.backend)
   steps = ring_plan.plan(ring.spec, ring.n, ring.zigzag)
   run = functools.partial(ring_steps.forward, be, steps, ring.axis, ring.n,
@@ -333,9 +348,14 @@ def _ring_fn(ring: _Ring):
   run_bwd = functools.partial(ring_steps.backward, be, steps, ring.axis,
                               ring.n, gather=ring.gather)
 
-  def forward(q, k, v, *segs):
+  def forward(q, k, v, *rest):
+    sinks, segs = rest[:int(ring.sinks)], rest[int(ring.sinks):]
     q_seg, kv_seg = segs if segs else (None, None)
     o, lse = run(q, k, v, q_seg, kv_seg)
+    if sinks:  # the sink: one more partial, of value 0 and lse = sink
+      sink_lse = jnp.broadcast_to(sinks[0].astype(lse.dtype)[..., None],
+                                  lse.shape)
+      o, lse = softmax.merge_partials((o, lse), (jnp.zeros_like(o), sink_lse))
     return o.astype(q.dtype), lse
 
   def backward(q, k, v, o, lse, do, delta, *segs):
@@ -343,7 +363,7 @@ def _ring_fn(ring: _Ring):
     dq, dk, dv = run_bwd(q, k, v, o, lse, do, delta, q_seg, kv_seg)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
-  return differentiable(Kernels(forward, backward))
+  return differentiable(Kernels(forward, backward, sinks=ring.sinks))
 
 
 # ---------------------------------------------------------------------------

@@ -108,12 +108,12 @@ def by_roles(body, in_roles, out_roles, *, group: int, kv_heads: int):
   return fn
 
 
-def kernel_roles(kind: str, n_segs: int):
+def kernel_roles(kind: str, n_segs: int, sinks: bool = False):
   """(operand roles, result roles) of the attention kernel calls."""
   # Segment ids, then (with spec.has_shifts) the shifts, laid out like them.
   segs = ("qseg", "kvseg", "qseg", "kvseg")[:n_segs]
   if kind == "forward":
-    return ("q", "kv", "kv") + segs, ("q", "lse")
+    return ("q", "kv", "kv") + ("sinks",) * sinks + segs, ("q", "lse")
   if kind == "backward":
     return ("q", "kv", "kv", "q", "lse", "q", "lse") + segs, ("q", "kv", "kv")
   raise ValueError(kind)
@@ -123,7 +123,7 @@ def partitioned(kind: str, spec, body):
   """The attention kernel call body(local_spec, *arrays) -> tuple of arrays
   under `by_roles`; kind "forward" or "backward" fixes the operands."""
   n_segs = (4 if spec.has_shifts else 2) if spec.has_segment_ids else 0
-  in_roles, out_roles = kernel_roles(kind, n_segs)
+  in_roles, out_roles = kernel_roles(kind, n_segs, spec.has_sinks)
   return by_roles(
       lambda *args: body(local_spec(spec, args[0].shape, args[1].shape),
                          *args),
@@ -138,16 +138,17 @@ def partitioned(kind: str, spec, body):
 def call(fn_for_spec, spec, *args, roles=None):
   """fn_for_spec(local_spec)(*args) -> (o, lse), per shard if needed.
 
-  args: q, k, v, then segment ids (and shifts), then with spec.has_dropout
-  dropout's four key words (core/dropout.py key_words: each shard gets the
+  args: q, k, v, then with spec.has_sinks the sinks [B, H], then segment
+  ids (and shifts), then with spec.has_dropout dropout's four key words (core/dropout.py key_words: each shard gets the
   words of its own origin, so it draws the request's mask); q, k, v may be
   pytrees (an Fp8Tensor). roles: per argument its role, or a pytree of roles
   matching it (default: q, kv, kv, segment ids, key words).
   """
   n_key = 4 if spec.has_dropout else 0
   if roles is None:
-    roles = (("q", "kv", "kv") + ("qseg", "kvseg", "qseg", "kvseg")[
-        :len(args) - 3 - n_key] + ("scalar",) * n_key)
+    sinks = ("sinks",) if spec.has_sinks else ()
+    roles = (("q", "kv", "kv") + sinks + ("qseg", "kvseg", "qseg", "kvseg")[
+        :len(args) - 3 - len(sinks) - n_key] + ("scalar",) * n_key)
   found = explicit_spec(jax.tree.leaves(args[0])[0])
   if found is None:
     return fn_for_spec(spec)(*args)

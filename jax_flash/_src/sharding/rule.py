@@ -21,6 +21,7 @@ DIMS = {
     "q": "b t H d",             # query, output, dO, dQ
     "kv": "b s n d",            # key, value (a cache whose row b is sequence b)
     "lse": "b H t",             # logsumexp, delta
+    "sinks": "b H",             # attention sink logits
     "qseg": "b t",              # query segment ids (and shifts)
     "kvseg": "b s",             # key segment ids (and shifts)
     "q_descale": "b H x",       # FP8: per 64 query rows
