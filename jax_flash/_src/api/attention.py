@@ -108,6 +108,7 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
       # math.prod, not np.prod: batch dims may be symbolic (jax.export).
       batch=math.prod(batch_shape),
       q_len=T, kv_len=S, num_heads=H, num_kv_heads=H_kv, head_dim=D,
+      value_head_dim=AttentionSpec.value_head_dim_of(D, v.shape[-1]),
       dtype=jnp.dtype(q.dtype).name,
       deterministic=bool(deterministic),
       dropout_rate=rate, dropout_broadcast=rate > 0.0 and bool(

@@ -165,7 +165,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
       scale=check_scale(scale, D), causal=bool(causal), **band,
       softcap=check_softcap(softcap), has_segment_ids=True,
       has_shifts=banded, batch=1, q_len=Tq, kv_len=Tk, num_heads=H,
-      num_kv_heads=H_kv, head_dim=D, dtype=jnp.dtype(q.dtype).name,
+      num_kv_heads=H_kv, head_dim=D,
+      value_head_dim=AttentionSpec.value_head_dim_of(D, v.shape[-1]),
+      dtype=jnp.dtype(q.dtype).name,
       deterministic=bool(deterministic), has_sinks=sinks is not None)
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "

@@ -271,8 +271,10 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg=None,
 
     first, last = masking.q_block_range(spec, j * bk, bk, bq, nq)
     first, last = span_block_range(spans, j, first, last, bq)
-    zeros = jnp.zeros_like(k_raw[:, :, 0], dtype=acc_t)  # keeps k's sharding
-    dk, dv, dq_acc = lax.fori_loop(first, last, body, (zeros, zeros, dq_acc))
+    # *_like keeps k's and v's sharding
+    zeros = lambda x: jnp.zeros_like(x[:, :, 0], dtype=acc_t)
+    dk, dv, dq_acc = lax.fori_loop(first, last, body,
+                                   (zeros(k_raw), zeros(v_raw), dq_acc))
     return dq_acc, (dk, dv)
 
   idx = jnp.arange(nk, dtype=jnp.int32)

@@ -52,7 +52,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
 
   Args:
     query: [B, T, N, H] or [T, N, H]; array-likes are converted.
-    key, value: [B, S, K, H] or [S, K, H]; N % K == 0 (GQA/MQA).
+    key, value: [B, S, K, H] or [S, K, H]; N % K == 0 (GQA/MQA). value's
+      head dim may differ from H (jax_flash's addition; the output has it).
     bias: optional additive logits bias, broadcastable to [B, N, T, S]
       (fewer dims get leading 1s, as in jax.nn). Differentiable.
     mask: optional boolean array broadcastable to [B, N, T, S]; True = attend.
@@ -95,7 +96,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     The output, shaped like query (and the residual if return_residual).
   """
   q = jnp.asarray(query)
-  output_shape = q.shape
+  output_shape = q.shape[:-1] + jnp.shape(value)[-1:]  # value's head dim
   q, k, v = (_ensure_4d(x) for x in (q, key, value))
   bias = None if bias is None else _ensure_4d(bias)
   mask = None if mask is None else _ensure_4d(mask)
@@ -263,9 +264,10 @@ def _check_arrays(q, k, v, bias, mask):
       raise ValueError(f"{name} must be a floating-point array; got dtype "
                        f"{x.dtype}")
   B, S, K, H = k.shape
-  if v.shape != k.shape or v.dtype != k.dtype:
-    raise ValueError(f"value must have key's shape and dtype {k.shape} "
-                     f"{k.dtype}; got {v.shape} {v.dtype}")
+  if v.shape[:-1] != k.shape[:-1] or v.dtype != k.dtype:
+    raise ValueError(f"value must have key's shape (but for its head dim, "
+                     f"which may differ) and dtype {k.shape} {k.dtype}; got "
+                     f"{v.shape} {v.dtype}")
   if q.dtype != k.dtype:
     raise ValueError(f"query dtype should be {k.dtype} (key's), but got "
                      f"{q.dtype}")

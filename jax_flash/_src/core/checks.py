@@ -38,9 +38,10 @@ def check_arrays(q, k, v):
   if not (q.dtype == k.dtype == v.dtype):
     raise ValueError(f"query, key and value must have the same dtype; got "
                      f"{q.dtype}, {k.dtype}, {v.dtype}")
-  if k.shape != v.shape:
-    raise ValueError(f"key and value must have the same shape; got key "
-                     f"{k.shape} and value {v.shape}")
+  if k.shape[:-1] != v.shape[:-1]:
+    raise ValueError(f"key and value must have the same shape but for the "
+                     f"head dim (value's may differ); got key {k.shape} and "
+                     f"value {v.shape}")
   if q.shape[:-3] != k.shape[:-3]:
     raise ValueError(f"batch dims of query {q.shape[:-3]} and key/value "
                      f"{k.shape[:-3]} differ")
@@ -49,6 +50,10 @@ def check_arrays(q, k, v):
     raise ValueError(f"head_dim of query ({D}) and key/value ({Dk}) differ")
   if not 1 <= D <= MAX_HEAD_DIM:
     raise ValueError(f"head_dim {D} is out of range; supported: 1..."
+                     f"{MAX_HEAD_DIM}")
+  Dv = v.shape[-1]
+  if not 1 <= Dv <= MAX_HEAD_DIM:
+    raise ValueError(f"value head_dim {Dv} is out of range; supported: 1..."
                      f"{MAX_HEAD_DIM}")
   H, H_kv = q.shape[-2], k.shape[-2]
   if (H % H_kv if H_kv else H):  # H = 0 (empty) is a multiple of any H_kv

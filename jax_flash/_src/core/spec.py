@@ -121,6 +121,11 @@ class AttentionSpec:
   def has_dropout(self) -> bool:
     return self.dropout_rate > 0.0
 
+  @staticmethod
+  def value_head_dim_of(head_dim: int, v_head_dim: int) -> int | None:
+    """The `value_head_dim` field for these head dims (None when equal)."""
+    return None if v_head_dim == head_dim else v_head_dim
+
   @property
   def v_head_dim(self) -> int:
     return self.head_dim if self.value_head_dim is None else self.value_head_dim

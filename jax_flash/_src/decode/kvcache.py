@@ -43,6 +43,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     raise ValueError("k_cache and v_cache must both be FP8 caches "
                      "(jax_flash.quantize_kv_cache) or both arrays")
   if fp8[0]:
+    if k_cache.shape[-1] != v_cache.shape[-1]:
+      raise ValueError(f"FP8 caches need one head dim for keys and values; "
+                       f"got k_cache {k_cache.shape}, v_cache {v_cache.shape}")
     if k_cache.rotation_seed != v_cache.rotation_seed:
       raise ValueError(f"the FP8 caches must share their rotation; got seeds "
                        f"{k_cache.rotation_seed}, {v_cache.rotation_seed}")
@@ -56,11 +59,12 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
       raise ValueError(
           f"attention_with_kvcache: {name} must be a rank-4 array; got "
           f"{getattr(x, 'shape', type(x).__name__)}")
-  if k_cache.shape != v_cache.shape:
+  if k_cache.shape[:-1] != v_cache.shape[:-1]:
     raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} "
-                     f"must have the same shape")
+                     f"must have the same shape but for the head dim "
+                     f"(value's may differ)")
   B, T, H, D = q.shape
-  H_kv, Dk = k_cache.shape[2], k_cache.shape[3]
+  H_kv, Dk, Dv = k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
   if Dk != D or H_kv == 0 or H % H_kv:
     raise ValueError(
         f"attention_with_kvcache: q [B, T_new, H, D] = {q.shape} does not "
@@ -70,9 +74,11 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     raise ValueError("pass k_new and v_new together")
   if k_new is not None:
     want = (B, k_new.shape[1], H_kv, D)
-    if k_new.shape != v_new.shape or k_new.shape != want:
+    want_v = want[:-1] + (Dv,)
+    if k_new.shape != want or v_new.shape != want_v:
       raise ValueError(f"k_new and v_new must be [B, T_new, H_kv, D] = "
-                       f"{want}; got {k_new.shape}, {v_new.shape}")
+                       f"{want} and [B, T_new, H_kv, D_v] = {want_v}; got "
+                       f"{k_new.shape}, {v_new.shape}")
   if not hasattr(cache_seqlens, "shape") or tuple(
       cache_seqlens.shape) != (B,) or not jnp.issubdtype(
           cache_seqlens.dtype, jnp.integer):
@@ -147,6 +153,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     k_cache, v_cache: contiguous [B_cache, S_max, H_kv, D], or paged
       [num_pages, page_size, H_kv, D] with `page_table`; arrays of q's
       dtype, or both `jax_flash.Fp8KVCache` (e4m3, quantize_kv_cache).
+      v_cache's head dim D_v may differ from D (then the output has D_v;
+      the decoding kernels need D_v == D, other calls take the reference
+      path).
     cache_seqlens: int [B], valid tokens per sequence before k_new (traced).
     k_new, v_new: optional [B, T_new, H_kv, D], written at positions
       cache_seqlens[b] ... + T_new - 1 of each sequence.
@@ -170,7 +179,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
       length). Other backends run one pass over the keys.
 
   Returns:
-    out [B, T_new, H, D], then lse if return_lse, then (with k_new) the
+    out [B, T_new, H, D_v], then lse if return_lse, then (with k_new) the
     updated k_cache and v_cache: a tuple unless only `out` is returned.
   """
   _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
@@ -221,6 +230,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     if sinks is not None:
       reason = ("the decoding kernels have no attention sinks (sinks=) yet; "
                 "implementation=None or 'xla' serves them")
+    elif v_cache.shape[-1] != q.shape[-1]:
+      reason = (f"the decoding kernels need the value head_dim equal to the "
+                f"query/key head_dim; got {v_cache.shape[-1]} and "
+                f"{q.shape[-1]}; implementation=None or 'xla' serves it")
     if implementation == "cuda" and reason:
       raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
                         f"{reason}")

@@ -92,8 +92,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   """Exact attention of q/k/v sharded along the sequence over `seq_axis`.
 
   Args:
-    query, key, value: [B, T, H, D] and [B, S, H_kv, D] (H % H_kv == 0), with
-      T == S. With `mesh` given, these are global arrays (sharded or not:
+    query, key, value: [B, T, H, D], [B, S, H_kv, D] and [B, S, H_kv, D_v]
+      (H % H_kv == 0; D_v may differ from D), with T == S. With `mesh` given, these are global arrays (sharded or not:
       `jax.shard_map` places them as `P(batch_axis, seq_axis, head_axis)`);
       with `mesh=None` the call must be inside a `jax.shard_map` in which
       `seq_axis` is a manual axis, and the arrays are the local shards.
@@ -131,7 +131,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       gradient, on every device). Same result.
 
   Returns:
-    out [B, T, H, D] in query.dtype, or (out, lse) if return_lse.
+    out [B, T, H, D_v] in query.dtype, or (out, lse) if return_lse.
   """
   q, k, v = query, key, value
   _check_arrays(q, k, v)
@@ -210,7 +210,9 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       softcap=checks.check_softcap(softcap), has_segment_ids=q_seg is not None,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
-      num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name)
+      num_kv_heads=H_kv // n_h, head_dim=D,
+      value_head_dim=AttentionSpec.value_head_dim_of(D, v.shape[-1]),
+      dtype=jnp.dtype(q.dtype).name)
   # The step kernels run without the sinks (the ring merges them in at the
   # end); the backends are asked whether they serve them all the same.
   backend = backends.choose(dataclasses.replace(

@@ -17,11 +17,13 @@ FP8 calls, decoding):
 
 The attention kernels' rule, in Shardy's einsum-like notation, for the
 forward
-    q [b t H d], k [b s n d], v [b s n d], (q_seg [b t], kv_seg [b s])
-        -> o [b t H d], lse [b H t]
+    q [b t H d], k [b s n d], v [b s n e], ([sinks [b H]], q_seg [b t],
+    kv_seg [b s]) -> o [b t H e], lse [b H t]
 and for the backward
-    q, k, v, o [b t H d], lse [b H t], do [b t H d], delta [b H t], (segs)
-        -> dq [b t H d], dk [b s n d], dv [b s n d]
+    q [b t H d], k [b s n d], v [b s n e], o [b t H e], lse [b H t],
+    do [b t H e], delta [b H t], (segs)
+        -> dq [b t H d], dk [b s n d], dv [b s n e]
+(e: the value head dim, a factor of its own as it may differ from d)
 where H = n (plain multi-head), or for GQA the compound factor (n g) with
 g = the group size: the q heads of one kv head share the kv head's factor n,
 so Shardy keeps every q head with its kv head (rule.heads_factor says when
@@ -113,9 +115,10 @@ def kernel_roles(kind: str, n_segs: int, sinks: bool = False):
   # Segment ids, then (with spec.has_shifts) the shifts, laid out like them.
   segs = ("qseg", "kvseg", "qseg", "kvseg")[:n_segs]
   if kind == "forward":
-    return ("q", "kv", "kv") + ("sinks",) * sinks + segs, ("q", "lse")
+    return ("q", "kv", "v") + ("sinks",) * sinks + segs, ("o", "lse")
   if kind == "backward":
-    return ("q", "kv", "kv", "q", "lse", "q", "lse") + segs, ("q", "kv", "kv")
+    return (("q", "kv", "v", "o", "lse", "o", "lse") + segs,
+            ("q", "kv", "v"))
   raise ValueError(kind)
 
 
