@@ -130,7 +130,8 @@ class CudaBackend:
                         f"{spec.scale}")
 
   def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
-              *, shifts=None, dropout_key=None):
+              *, shifts=None, dropout_key=None, sinks=None):
+    assert sinks is None, "check() refuses sinks"
     # Prefixes (bottom_right) keep row and column positions: the same mask.
     kernel = functools.partial(_forward, dropout_key=dropout_key)
     return bottom_right.forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts)

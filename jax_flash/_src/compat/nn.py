@@ -96,7 +96,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     The output, shaped like query (and the residual if return_residual).
   """
   q = jnp.asarray(query)
-  output_shape = q.shape[:-1] + jnp.shape(value)[-1:]  # value's head dim
+  output_shape = q.shape[:-1] + np.shape(value)[-1:]  # value's head dim
   q, k, v = (_ensure_4d(x) for x in (q, key, value))
   bias = None if bias is None else _ensure_4d(bias)
   mask = None if mask is None else _ensure_4d(mask)

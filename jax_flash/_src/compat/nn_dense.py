@@ -84,8 +84,8 @@ def _rows(q, k, v, bias, mask, q_pos, *, scale, is_causal, window, q_len,
     logits = jnp.concatenate([logits, sink], axis=-1)
   probs = jax.nn.softmax(logits, axis=-1)[..., :S].astype(v.dtype)
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, N // K, R, S), v,
-                   preferred_element_type=lt,
-                   precision=_precision(v.dtype)).reshape(B, R, N, -1)
+                   preferred_element_type=lt, precision=_precision(v.dtype))
+  out = out.reshape(B, R, N, v.shape[-1])
   lse = jax.nn.logsumexp(logits, axis=-1) if return_residual else None
   return out.astype(q.dtype), lse  # lse [B, N, R]
 
@@ -145,7 +145,8 @@ def attention(q, k, v, bias, mask, *, scale, is_causal, window, q_len, kv_len,
       return _rows(c["q"], k, v, b, m, c["pos"], **kw)
 
     out, lse = lax.map(one_chunk, xs)
-    out = jnp.moveaxis(out, 0, 1).reshape(B, nb * rb, N, -1)[:, :T]
+    out = jnp.moveaxis(out, 0, 1).reshape(B, nb * rb, N, v.shape[-1])
+    out = out[:, :T]
     if lse is not None:
       lse = jnp.moveaxis(lse, 0, 2).reshape(B, N, nb * rb)[:, :, :T]
   if q_len is not None:
