@@ -27,7 +27,7 @@ Knobs for slow backends (Pallas interpret mode on CPU): `long_seq` (the
 
 Support matrix: every suite declares what its backend serves (`support`, a
 `Support`: dtypes, head dims, softcap, segment ids, windows, GQA, return_lse,
-deterministic, scale sign; XLA, PALLAS_CPU, PALLAS_GPU, CUDA_SM80, CUDA_SM90
+deterministic, scale sign, sinks, a distinct value head dim; XLA, PALLAS_CPU, PALLAS_GPU, CUDA_SM80, CUDA_SM90
 below, as each backend's `check` decides). A request inside it must run and
 match the reference; one outside it must raise `jax_flash.Unsupported` naming
 the implementation. Nothing is skipped. `BackendSuite` adds probes for the
@@ -71,6 +71,8 @@ class Case:
   scale: float | None = None
   segments: str | None = None  # None | "packed" (one array, T == S) | "pair"
   dlse: bool = False          # backward through return_lse=True with a dLSE
+  sinks: bool = False         # learnable sinks [H] (random, differentiated)
+  dv: int | None = None       # value head dim; None = the q/k head dim
 
   def __str__(self):
     return self.name
@@ -118,6 +120,15 @@ CASES = (
          segments="pair"),
     Case("rank3_segments_window", T=45, H=4, Hk=2, d="mid", batch=(),
          segments="packed", window=(5, -1)),
+    # T > S causal: rows that see no key give o = 0, lse = the sink.
+    Case("sinks_causal_gqa_empty_rows", T=53, S=37, H=4, Hk=2, d="mid",
+         causal=True, sinks=True, dlse=True),
+    Case("sinks_segments_window_long", T=LONG, H=4, Hk=1, d="small",
+         segments="pair", window=(40, 8), sinks=True, dlse=True),
+    Case("value_dim_smaller_causal_gqa", T=37, S=LONG, H=4, Hk=2, d="large",
+         dv=40, causal=True, dlse=True),
+    Case("value_dim_larger_sinks_segments", T=45, S=61, H=4, Hk=2, d="small",
+         dv=72, segments="pair", sinks=True, softcap=3.0),
 )
 
 
@@ -139,6 +150,8 @@ class Support:
   supports_return_lse: bool = True
   supports_deterministic: bool = True
   supports_nonpositive_scale: bool = True
+  supports_sinks: bool = True
+  supports_value_head_dim: bool = True  # v's head dim other than q/k's
 
   def supports_dtype(self, dtype) -> bool:
     return jnp.dtype(dtype).name in self.dtypes
@@ -153,6 +166,10 @@ class Support:
     reasons = [
         (not self.supports_dtype(dtype), f"dtype {jnp.dtype(dtype).name}"),
         (not self.supports_head_dim(head_dim), f"head_dim {head_dim}"),
+        (case.dv is not None and not (self.supports_value_head_dim and
+                                      self.supports_head_dim(case.dv)),
+         f"value head_dim {case.dv}"),
+        (case.sinks and not self.supports_sinks, "sinks"),
         (case.softcap is not None and not self.supports_softcap, "softcap"),
         (case.segments is not None and not self.supports_segment_ids,
          "segment_ids"),
@@ -176,7 +193,8 @@ PALLAS_GPU = Support(dtypes=("bfloat16", "float16", "float32"),
 # 16-byte row loads: head_dim % 8 == 0. The sm90 family hands what its own
 # kernels do not serve to the sm80 kernels, so from Python both look alike.
 CUDA_SM80 = Support(dtypes=("bfloat16", "float16"), head_dim_range=(8, 256),
-                    head_dim_multiple=8, supports_nonpositive_scale=False)
+                    head_dim_multiple=8, supports_nonpositive_scale=False,
+                    supports_sinks=False, supports_value_head_dim=False)
 CUDA_SM90 = CUDA_SM80
 
 
@@ -296,9 +314,13 @@ class AttentionSuite:
     bs = (self.batch,) if case.batch is None else tuple(case.batch)
     q = jnp.asarray(rng.standard_normal(bs + (T, H, D), np.float32), dtype)
     k = jnp.asarray(rng.standard_normal(bs + (S, Hk, D), np.float32), dtype)
-    v = jnp.asarray(rng.standard_normal(bs + (S, Hk, D), np.float32), dtype)
+    v = jnp.asarray(rng.standard_normal(bs + (S, Hk, case.dv or D),
+                                        np.float32), dtype)
     kwargs = dict(causal=case.causal, window=case.window,
                   softcap=case.softcap, scale=case.scale)
+    if case.sinks:  # spread around the scores' range, so the sink matters
+      acc = jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+      kwargs["sinks"] = jnp.asarray(rng.normal(0.5, 1.5, H), acc)
     ref_kwargs = dict(kwargs)
     segs = ()
     if case.segments is not None:
@@ -414,57 +436,71 @@ class AttentionSuite:
     """Forward and backward vs the reference, or the refusal the support
     matrix declares."""
     H, T = p.q.shape[-2], p.q.shape[-3]
-    do = jnp.asarray(rng.standard_normal(p.q.shape, np.float32), p.q.dtype)
+    o_shape = p.q.shape[:-1] + p.v.shape[-1:]
+    do = jnp.asarray(rng.standard_normal(o_shape, np.float32), p.q.dtype)
     lse_dtype = jnp.float64 if p.q.dtype == jnp.float64 else jnp.float32
     dlse = jnp.zeros(p.batch_shape + (H, T), lse_dtype)
     if with_dlse:
       # A cotangent for lse too (also on fully masked rows: must not NaN).
       dlse = jnp.asarray(rng.standard_normal(dlse.shape, np.float32),
                          lse_dtype)
+    # Sinks are differentiated like q, k and v.
+    kwargs = {n: x for n, x in p.kwargs.items() if n != "sinks"}
+    diff = (p.q, p.k, p.v) + ((p.kwargs["sinks"],) if "sinks" in p.kwargs
+                              else ())
 
-    def run(q, k, v, *segs):
-      f = lambda q, k, v: self.attention(q, k, v, *segs, return_lse=True,
-                                         **p.kwargs)
-      out, vjp = jax.vjp(f, q, k, v)
+    def run(*args):
+      segs = args[len(diff):]
+      f = lambda q, k, v, *sinks: self.attention(
+          q, k, v, *segs, return_lse=True, **kwargs,
+          **({"sinks": sinks[0]} if sinks else {}))
+      out, vjp = jax.vjp(f, *args[:len(diff)])
       return out, vjp((do, dlse))
 
-    if self.refused(jax.jit(run), p.q, p.k, p.v, *p.segs, case=case,
+    if self.refused(jax.jit(run), *diff, *p.segs, case=case,
                     dtype=p.q.dtype, head_dim=p.q.shape[-1],
                     deterministic=p.kwargs.get("deterministic", False)):
       return
-    (o, lse), grads = jax.jit(run)(p.q, p.k, p.v, *p.segs)
+    (o, lse), grads = jax.jit(run)(*diff, *p.segs)
 
     # Shapes and dtypes.
-    assert o.shape == p.q.shape and o.dtype == p.q.dtype, (o.shape, o.dtype)
+    assert o.shape == o_shape and o.dtype == p.q.dtype, (o.shape, o.dtype)
     assert lse.shape == p.batch_shape + (H, T), lse.shape
     assert lse.dtype == jnp.float32 or (p.q.dtype == jnp.float64 and
                                         lse.dtype == jnp.float64), lse.dtype
-    for name, g, x in zip(("dq", "dk", "dv"), grads, (p.q, p.k, p.v)):
+    for name, g, x in zip(("dq", "dk", "dv", "dsinks"), grads, diff):
       assert g.shape == x.shape and g.dtype == x.dtype, (name, g.shape,
                                                          g.dtype)
 
     # The same-dtype dense XLA baseline, forward and backward in one jit.
     canon = lambda x: x.reshape((-1,) + x.shape[-3:])
+    ref_kwargs = {n: x for n, x in p.ref_kwargs.items() if n != "sinks"}
 
-    def dense(q, k, v, do, dlse):
-      f = functools.partial(reference.dense_attention_jax, **p.ref_kwargs)
-      out, vjp = jax.vjp(f, q, k, v)
+    def dense(do, dlse, *args):
+      f = lambda q, k, v, *sinks: reference.dense_attention_jax(
+          q, k, v, **ref_kwargs, **({"sinks": sinks[0]} if sinks else {}))
+      out, vjp = jax.vjp(f, *args)
       return out, vjp((do, dlse))
 
     (base_o, base_lse), base_grads = jax.jit(dense)(
-        canon(p.q), canon(p.k), canon(p.v), canon(do),
-        dlse.reshape((-1,) + dlse.shape[-2:]))
+        canon(do), dlse.reshape((-1,) + dlse.shape[-2:]),
+        *(canon(x) for x in diff[:3]), *diff[3:])
 
     # Forward.
     ref_o, ref_lse = reference.attention(p.q64, p.k64, p.v64, **p.ref_kwargs)
     o_c, lse_c = p.canon(o, 3), p.canon(lse, 2)
     self.check("o", o_c, ref_o, p.canon(base_o, 3))
     self.check("lse", lse_c, ref_lse, p.canon(base_lse, 2))
-    empty = ~np.isfinite(ref_lse)                        # [B, H, T]
-    if empty.any():  # rows that see no key: exactly zero output, -inf lse
-      rows = o_c.transpose(0, 2, 1, 3)[empty]            # [n, D]
+    seen = reference.attention(p.q64, p.k64, np.ones_like(p.v64[..., :1]),
+                               **ref_kwargs)[0][..., 0]  # [B, T, H]: 0 or 1
+    empty = seen.transpose(0, 2, 1) == 0                 # [B, H, T]
+    if empty.any():  # rows that see no key: exactly zero output, and lse
+      rows = o_c.transpose(0, 2, 1, 3)[empty]            # [n, D_v]
       assert np.all(rows == 0), "fully masked rows must give o == 0 exactly"
-      assert np.all(lse_c[empty] == -np.inf)
+      # -inf, or with sinks the sink's logit (to rounding: base-2 kernels
+      # carry it as sink * log2(e))
+      np.testing.assert_allclose(lse_c[empty], ref_lse[empty], rtol=1e-6,
+                                 atol=0)
 
     # Backward (assert_close_to_reference also demands finite gradients).
     do64 = p.canon(do, 3)
@@ -473,6 +509,19 @@ class AttentionSuite:
                                   **p.ref_kwargs)
     for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref, base_grads):
       self.check(name, p.canon(g, 3), r, p.canon(b, 3))
+    if len(diff) > 3:
+      # The sinks' gradient, -sum_t p_sink delta_t, sums delta over every
+      # row, and a flash backward forms delta from the stored output: for
+      # 16-bit outputs that rounding (which the dense baseline, never
+      # rounding o inside autodiff, does not have) is the error floor. The
+      # baseline is the worse of the dense one and the float64 math with
+      # only that rounding.
+      rounded = reference.attention_vjp(
+          p.q64, p.k64, p.v64, do64, dlse=dlse64, **p.ref_kwargs,
+          output_dtype=jnp.dtype(p.q.dtype))[3]
+      base = max((np.asarray(base_grads[3]), rounded),
+                 key=lambda b: reference.max_abs_err(b, ref[3]))
+      self.check("dsinks", np.asarray(grads[3]), ref[3], base)
 
 
 # One dimension of the support matrix at a time, from a small base request
@@ -487,6 +536,8 @@ PROBES = (
     tuple(("head_dim", d, {}) for d in (4, 16, 36)) + (
         ("softcap", None, dict(softcap=2.0)),
         ("scale_negative", None, dict(scale=-0.3)),
+        ("sinks", None, dict(sinks=True)),
+        ("value_head_dim", None, dict(dv=40)),
     ))
 
 

@@ -42,10 +42,13 @@ def varlen_mask(cu_q, cu_k, total_q, total_k, *, causal=False, window=None):
 
 
 def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
-              segment_ids=None, offset=None, visibility=None, keep=None):
-  """Returns (o [B,T,H,D], lse [B,H,T]) in float64. Empty rows: 0, -inf.
-  keep: attention dropout's mask times 1 / (1 - rate), [B or 1, H or 1, T,
-  S]: o = (P * keep) V, the lse of the undropped P."""
+              segment_ids=None, offset=None, visibility=None, keep=None,
+              sinks=None):
+  """Returns (o [B,T,H,D_v], lse [B,H,T]) in float64. Empty rows: 0, -inf
+  (with sinks [H]: 0, the sink; the sink is one more logit per row, of
+  value 0, and the lse includes it). keep: attention dropout's mask times
+  1 / (1 - rate), [B or 1, H or 1, T, S]: o = (P * keep) V, the lse of the
+  undropped P."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, D = q.shape
   S, Hk = k.shape[1], k.shape[2]
@@ -62,9 +65,15 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
            offset=offset, visibility=visibility)
   s = np.where(m[:, None], s, -np.inf)
   mx = s.max(-1, keepdims=True)
+  if sinks is not None:
+    sink = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None],
+                           mx.shape)
+    mx = np.maximum(mx, sink)
   mx = np.where(np.isfinite(mx), mx, 0)
   e = np.exp(s - mx)
   l = e.sum(-1, keepdims=True)
+  if sinks is not None:
+    l = l + np.exp(sink - mx)
   p = np.where(l > 0, e / np.where(l > 0, l, 1), 0)
   if keep is not None:
     p = p * np.asarray(keep, np.float64)
@@ -74,11 +83,16 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, softcap=None,
   return o, lse
 
 
-def attention_vjp(q, k, v, do, *, dlse=None, **kw):
-  """float64 gradients (dq, dk, dv) of sum(o*do) + sum(lse*dlse)."""
+def attention_vjp(q, k, v, do, *, dlse=None, output_dtype=None, **kw):
+  """float64 gradients (dq, dk, dv) of sum(o*do) + sum(lse*dlse); with
+  sinks= also their gradient [H]: (dq, dk, dv, dsinks).
+
+  output_dtype: round o to it (a numpy/ml_dtypes dtype) before forming
+  delta = rowsum(do * o) - dlse, as a flash backward does, which has only
+  the stored output (the float64 math with that one rounding)."""
   q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
   B, T, H, D = q.shape
-  S, Hk = k.shape[1], k.shape[2]
+  S, Hk, Dv = k.shape[1], k.shape[2], v.shape[3]
   G = H // Hk
   scale = kw.get("scale") or 1 / np.sqrt(D)
   softcap = kw.get("softcap")
@@ -98,7 +112,9 @@ def attention_vjp(q, k, v, do, *, dlse=None, **kw):
   keep = 1.0 if keep is None else np.asarray(keep, np.float64)
   dv = np.einsum("bhts,bthd->bshd", p * keep, do, optimize=True)
   dp = np.einsum("bthd,bshd->bhts", do, vr, optimize=True) * keep
-  delta = np.einsum("bthd,bthd->bht", do, o, optimize=True)
+  o_used = o if output_dtype is None else o.astype(output_dtype).astype(
+      np.float64)
+  delta = np.einsum("bthd,bthd->bht", do, o_used, optimize=True)
   if dlse is not None:
     delta = delta - np.asarray(dlse, np.float64)
   ds = p * (dp - delta[..., None])
@@ -108,8 +124,14 @@ def attention_vjp(q, k, v, do, *, dlse=None, **kw):
   dq = np.einsum("bhts,bshd->bthd", ds, kr, optimize=True)
   dk = np.einsum("bhts,bthd->bshd", ds, q, optimize=True)
   dk = dk.reshape(B, S, Hk, G, D).sum(3)
-  dv = dv.reshape(B, S, Hk, G, D).sum(3)
-  return dq, dk, dv
+  dv = dv.reshape(B, S, Hk, G, Dv).sum(3)
+  if kw.get("sinks") is None:
+    return dq, dk, dv
+  # d lse / d sink = p_sink, d o / d sink = -p_sink o: -sum p_sink delta.
+  sinks = np.asarray(kw["sinks"], np.float64)
+  p_sink = np.where(np.isfinite(lse), np.exp(sinks[None, :, None] - lse_safe[
+      ..., 0]), 0)
+  return dq, dk, dv, -(p_sink * delta).sum((0, 2))
 
 
 # ---------------------------------------------------------------------------
@@ -168,7 +190,7 @@ def _round_cotangent(x, dtype):
 
 def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
                         softcap=None, segment_ids=None, offset=None,
-                        visibility=None, keep=None):
+                        visibility=None, keep=None, sinks=None):
   """Dense attention in the input dtype, the way plain XLA code computes it.
 
   The "same-dtype XLA attention" of the error criterion: q·k^T in the input
@@ -179,8 +201,10 @@ def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
   before the dQ/dK matmuls, as a bf16 autograd program (and every
   FlashAttention kernel) does; plain JAX autodiff would keep dS in float32 and
   so be more accurate than any kernel that feeds dS to a bf16 tensor core.
-  Canonical shapes: q [B,T,H,D], k/v [B,S,Hk,D], segment_ids (q_seg [B,T],
-  kv_seg [B,S]) or None; keep: dropout's scaled mask as `attention`'s.
+  Canonical shapes: q [B,T,H,D], k [B,S,Hk,D], v [B,S,Hk,D_v], segment_ids
+  (q_seg [B,T], kv_seg [B,S]) or None; keep: dropout's scaled mask as
+  `attention`'s; sinks [H] float32/64 or None (one more logit per row, of
+  value 0, differentiable).
   Returns (o [B,T,H,D] in q.dtype, lse [B,H,T] float32/64). Differentiable;
   fully masked rows give o = 0, lse = -inf and finite (zero) gradients.
   """
@@ -205,9 +229,14 @@ def dense_attention_jax(q, k, v, *, causal=False, scale=None, window=None,
                        visibility=visibility))[:, None]
   s = jnp.where(m, s, -jnp.inf)
   mx = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))
+  if sinks is not None:
+    sink = jnp.broadcast_to(sinks.astype(acc)[None, :, None, None], mx.shape)
+    mx = jnp.maximum(mx, jax.lax.stop_gradient(sink))
   mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
   e = jnp.exp(s - mx)
   l = jnp.sum(e, axis=-1, keepdims=True)
+  if sinks is not None:
+    l = l + jnp.exp(sink - mx)
   nonempty = l > 0
   p = e / jnp.where(nonempty, l, 1.0)
   if keep is not None:

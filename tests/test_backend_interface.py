@@ -19,14 +19,37 @@ SPEC = AttentionSpec(scale=0.125, batch=1, q_len=128, kv_len=128, num_heads=2,
                      num_kv_heads=2, head_dim=64, dtype="float32")
 
 
-@pytest.mark.parametrize("name", ["xla", "pallas"])
-@pytest.mark.parametrize("option, match", [
-    (dict(has_sinks=True), "sinks"),
-    (dict(value_head_dim=32), "value head_dim"),
-])
-def test_options_no_backend_serves_are_refused(name, option, match):
-  with pytest.raises(backends.Unsupported, match=match):
-    backends.get(name).check(dataclasses.replace(SPEC, **option), "cpu")
+MODEL_SHAPE_OPTIONS = [
+    pytest.param(dict(has_sinks=True), "sinks", id="sinks"),
+    pytest.param(dict(value_head_dim=32), "value head_dim", id="value_dim"),
+]
+
+
+@pytest.mark.parametrize("option, match", MODEL_SHAPE_OPTIONS)
+def test_cuda_refuses_sinks_and_value_head_dim(option, match):
+  """The CUDA kernels have neither yet: an explicit request says so (before
+  any platform or build reason), the default chooser takes pallas on a GPU
+  and xla elsewhere."""
+  spec = dataclasses.replace(SPEC, dtype="bfloat16", **option)
+  for platform in ("gpu", "cpu"):
+    with pytest.raises(backends.Unsupported,
+                       match=f"implementation='cuda'.*{match}"):
+      backends.choose(spec, "cuda", platform)
+  assert backends.choose(spec, None, "gpu").name == "pallas"
+  assert backends.choose(spec, None, "cpu").name == "xla"
+  staged = backends.choose_per_platform(spec, None, "cpu")
+  assert set(staged) == {"default"} and staged["default"].name == "xla"
+  for name in ("xla", "pallas"):
+    backends.get(name).check(spec, "cpu")  # served
+
+
+@pytest.mark.parametrize("option, match", MODEL_SHAPE_OPTIONS)
+def test_fp8_refuses_sinks_and_value_head_dim(option, match):
+  from jax_flash._src.fp8 import checks as fp8_checks
+  spec = dataclasses.replace(SPEC, fp8=Fp8Scheme(logical_head_dim=64),
+                             **option)
+  with pytest.raises(backends.Unsupported, match=f"fp8_attention.*{match}"):
+    fp8_checks.choose(spec, None, "cpu")
 
 
 def test_fp8_spec_choice():

@@ -51,7 +51,8 @@ class TestPallasSuite(BackendSuite):
     cases = select_cases(
         "odd_mqa_t_gt_s", "decode_causal_window", "causal_long_gqa",
         "window_both_long", "segments_causal_gqa_long",
-        "segments_pair_empty_rows", "batch_dims_causal")
+        "segments_pair_empty_rows", "batch_dims_causal",
+        "value_dim_larger_sinks_segments")
 
 
 if ON_GPU:

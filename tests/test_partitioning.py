@@ -160,20 +160,26 @@ def test_vmap_of_batch_sharded(mesh, rng):
     (2, 8, None, "h"),          # mesh unknown
 ])
 def test_sharding_rule(group, kv_heads, axis_sizes, heads):
+  # e: the value head dim, a factor of its own (it may differ from d).
   fwd, kw = sharding_rule(*kernel_roles("forward", 2), group, kv_heads,
                           axis_sizes)
-  assert fwd == (f"b t {heads} d, b s n d, b s n d, b t, b s -> "
-                 f"b t {heads} d, b {heads} t")
+  assert fwd == (f"b t {heads} d, b s n d, b s n e, b t, b s -> "
+                 f"b t {heads} e, b {heads} t")
+  with_sinks, _ = sharding_rule(*kernel_roles("forward", 0, sinks=True),
+                                group, kv_heads, axis_sizes)
+  assert with_sinks == (f"b t {heads} d, b s n d, b s n e, b {heads} -> "
+                        f"b t {heads} e, b {heads} t")
   bwd, _ = sharding_rule(*kernel_roles("backward", 0), group, kv_heads,
                          axis_sizes)
-  assert bwd == (f"b t {heads} d, b s n d, b s n d, b t {heads} d, "
-                 f"b {heads} t, b t {heads} d, b {heads} t -> "
-                 f"b t {heads} d, b s n d, b s n d")
+  assert bwd == (f"b t {heads} d, b s n d, b s n e, b t {heads} e, "
+                 f"b {heads} t, b t {heads} e, b {heads} t -> "
+                 f"b t {heads} d, b s n d, b s n e")
   # Special factors in order of first appearance (Shardy requires it).
   if heads == "(n g)":
-    assert kw == dict(need_replication_factors=("t", "g", "d", "s"), g=group)
+    assert kw == dict(need_replication_factors=("t", "g", "d", "s", "e"),
+                      g=group)
   else:
-    assert kw == dict(need_replication_factors=("t", "d", "s"))
+    assert kw == dict(need_replication_factors=("t", "d", "s", "e"))
 
 
 def test_gspmd_fallback(mesh, rng):

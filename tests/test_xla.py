@@ -29,7 +29,9 @@ class TestXlaSuiteFloat16(AttentionSuite):
   head_dims = (64,)
   long_seq = 600
   cases = select_cases("causal_t_gt_s_empty_rows", "window_both_long",
-                       "segments_pair_empty_rows")
+                       "segments_pair_empty_rows",
+                       "sinks_causal_gqa_empty_rows",
+                       "value_dim_larger_sinks_segments")
 
 
 @pytest.mark.slow

@@ -42,8 +42,9 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
 
   Returns:
     fn(query, key, value, bias=None, mask=None, ...) -> [batch..., T, H, D].
-    It also takes `segment_ids=` (see `jax_flash.attention`) when called
-    directly; flax's modules never pass it.
+    It also takes `segment_ids=` and `sinks=` (see `jax_flash.attention`)
+    when called directly; flax's modules never pass them (`SelfAttention`
+    holds learnable sinks: `use_sinks=True`).
   """
   options = dict(causal=static_bool(causal, "causal"), scale=scale,
                  window=window, softcap=softcap,
@@ -61,7 +62,7 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
                    force_fp32_for_softmax: bool = False,
                    einsum_dot_general=None, qk_attn_weights_einsum=None,
                    attn_weights_value_einsum=None, is_causal: bool = False,
-                   segment_ids=None, **kwargs):
+                   segment_ids=None, sinks=None, **kwargs):
     del precision, force_fp32_for_softmax
     if bias is not None:
       raise NotImplementedError(
@@ -128,6 +129,7 @@ def make_attention_fn(*, causal: bool = False, scale: float | None = None,
             "alignment explicitly.")
       opts["causal"] = True
     return jax_flash.attention(query, key, value, segment_ids=segment_ids,
+                               sinks=sinks,
                                **opts, **dropout)
 
   attention_fn.__name__ = "jax_flash_attention_fn"

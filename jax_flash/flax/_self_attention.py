@@ -33,21 +33,23 @@ def head_sizes(*, num_heads: int, num_kv_heads: int | None,
   return head_dim, kv_heads
 
 
-def cache_shapes(batch: int, max_len: int, kv_heads: int, head_dim: int):
+def cache_shapes(batch: int, max_len: int, kv_heads: int, head_dim: int,
+                 value_head_dim: int | None = None):
   """Shapes of (cached_key, cached_value, cache_index)."""
-  kv = (batch, max_len, kv_heads, head_dim)
-  return kv, kv, (batch,)
+  return ((batch, max_len, kv_heads, head_dim),
+          (batch, max_len, kv_heads, value_head_dim or head_dim), (batch,))
 
 
 def attend_with_cache(q, k, v, cached_key, cached_value, cache_index, *,
                       lengths=None, causal: bool, scale, window, softcap,
-                      return_lse: bool, implementation):
+                      return_lse: bool, implementation, sinks=None):
   """One `decode=True` call of T tokens against the cache.
 
   Args:
-    q: [B, T, H, D]; k, v: [B, T, H_kv, D], the chunk's projections.
-    cached_key, cached_value: [B, max_len, H_kv, D]; cache_index: int [B],
-      the tokens each row holds.
+    q: [B, T, H, D]; k: [B, T, H_kv, D], v: [B, T, H_kv, D_v], the chunk's
+      projections.
+    cached_key, cached_value: [B, max_len, H_kv, D or D_v]; cache_index:
+      int [B], the tokens each row holds.
     lengths: optional int [B], the valid tokens of each row of the chunk
       (right padding after them; causal only). A row's index advances by its
       length, so the next call overwrites its padding. Padded positions are
@@ -88,7 +90,7 @@ def attend_with_cache(q, k, v, cached_key, cached_value, cache_index, *,
       q, cached_key, cached_value, cache_index,
       k_new=k.astype(cached_key.dtype), v_new=v.astype(cached_value.dtype),
       causal=causal, scale=scale, window=window, softcap=softcap,
-      return_lse=return_lse, implementation=implementation)
+      sinks=sinks, return_lse=return_lse, implementation=implementation)
   index = jnp.minimum(cache_index + advance, max_len).astype(cache_index.dtype)
   out = (res[0], res[1]) if return_lse else res[0]
   return out, res[-2], res[-1], index

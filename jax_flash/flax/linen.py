@@ -33,6 +33,12 @@ class SelfAttention(nn.Module):
       given); default the input width.
     num_kv_heads: key/value heads (GQA/MQA; must divide num_heads); default
       num_heads.
+    value_head_dim: size of each value head, and so of each head's output
+      (flax's modules have no such option); default head_dim. DeepSeek MLA
+      uses head_dim 192 with value_head_dim 128.
+    use_sinks: learnable attention sinks (`jax_flash.attention(sinks=)`):
+      a parameter 'sinks' [num_heads], initialised by sinks_init (zeros by
+      default), in param_dtype.
     out_features: output width; default the input width.
     causal, window, softcap, scale, implementation: as in
       `jax_flash.attention`.
@@ -64,6 +70,9 @@ class SelfAttention(nn.Module):
   head_dim: int | None = None
   qkv_features: int | None = None
   num_kv_heads: int | None = None
+  value_head_dim: int | None = None
+  use_sinks: bool = False
+  sinks_init: Callable = nn.initializers.zeros_init()
   out_features: int | None = None
   causal: bool = False
   window: tuple[int, int] | None = None
@@ -109,7 +118,12 @@ class SelfAttention(nn.Module):
         precision=self.precision)
     q = dense(features=(self.num_heads, head_dim), name="query")(x)
     k = dense(features=(kv_heads, head_dim), name="key")(x)
-    v = dense(features=(kv_heads, head_dim), name="value")(x)
+    v = dense(features=(kv_heads, self.value_head_dim or head_dim),
+              name="value")(x)
+    sinks = None
+    if self.use_sinks:
+      sinks = self.param("sinks", self.sinks_init, (self.num_heads,),
+                         self.param_dtype)
     dropout = {}
     if self.dropout_rate > 0.0:
       if not nn.merge_param("deterministic", self.deterministic,
@@ -119,14 +133,14 @@ class SelfAttention(nn.Module):
                        dropout_broadcast=self.broadcast_dropout)
     if self.decode:
       res = self._decode_step(q, k, v, segment_ids, lengths, return_lse,
-                              dropout)
+                              dropout, sinks)
     else:
       if lengths is not None:
         raise ValueError("lengths= is for decode=True; pad with segment_ids "
                          "otherwise")
       res = jax_flash.attention(
           q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-          softcap=self.softcap, segment_ids=segment_ids,
+          softcap=self.softcap, segment_ids=segment_ids, sinks=sinks,
           return_lse=return_lse, implementation=self.implementation,
           deterministic=self.deterministic_backward, **dropout)
     o, lse = res if return_lse else (res, None)
@@ -139,7 +153,7 @@ class SelfAttention(nn.Module):
     return (out, lse) if return_lse else out
 
   def _decode_step(self, q, k, v, segment_ids, lengths, return_lse,
-                   dropout):
+                   dropout, sinks):
     """One call against the 'cache' collection (see `decode`)."""
     if segment_ids is not None or dropout:
       raise ValueError("decode=True takes no segment_ids and no dropout")
@@ -147,7 +161,7 @@ class SelfAttention(nn.Module):
       raise ValueError(f"decode=True takes inputs [batch, T, features]; got "
                        f"queries of shape {q.shape}")
     initialized = self.has_variable("cache", "cached_key")
-    key_shape, value_shape, index_shape = cache_shapes(*k.shape)
+    key_shape, value_shape, index_shape = cache_shapes(*k.shape, v.shape[-1])
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key_shape,
                                k.dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros,
@@ -157,12 +171,12 @@ class SelfAttention(nn.Module):
     if not initialized:  # init: the input's length sizes the cache
       return jax_flash.attention(
           q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-          softcap=self.softcap, return_lse=return_lse,
+          softcap=self.softcap, sinks=sinks, return_lse=return_lse,
           implementation=self.implementation)
     res, cached_key.value, cached_value.value, cache_index.value = (
         attend_with_cache(
             q, k, v, cached_key.value, cached_value.value, cache_index.value,
             lengths=lengths, causal=self.causal, scale=self.scale,
             window=self.window, softcap=self.softcap, return_lse=return_lse,
-            implementation=self.implementation))
+            implementation=self.implementation, sinks=sinks))
     return res

@@ -35,6 +35,11 @@ class SelfAttention(nnx.Module):
     num_kv_heads: key/value heads (GQA/MQA; must divide num_heads); default
       num_heads.
     head_dim: size of each head; default qkv_features // num_heads.
+    value_head_dim: size of each value head, and so of each head's output
+      (flax's modules have no such option); default head_dim.
+    use_sinks: learnable attention sinks (`jax_flash.attention(sinks=)`):
+      an `nnx.Param` 'sinks' [num_heads], initialised by sinks_init (zeros
+      by default), in param_dtype.
     causal, window, softcap, scale, implementation: as in
       `jax_flash.attention`.
     deterministic_backward: `jax_flash.attention(deterministic=...)`.
@@ -57,7 +62,10 @@ class SelfAttention(nnx.Module):
                qkv_features: int | None = None,
                out_features: int | None = None,
                num_kv_heads: int | None = None, *,
-               head_dim: int | None = None, causal: bool = False,
+               head_dim: int | None = None,
+               value_head_dim: int | None = None, use_sinks: bool = False,
+               sinks_init: Callable = nnx.initializers.zeros_init(),
+               causal: bool = False,
                window: tuple[int, int] | None = None,
                softcap: float | None = None, scale: float | None = None,
                implementation: str | None = None,
@@ -83,13 +91,17 @@ class SelfAttention(nnx.Module):
     linear = functools.partial(
         nnx.LinearGeneral, dtype=dtype, param_dtype=param_dtype,
         precision=precision, use_bias=use_bias, rngs=rngs)
-    heads = lambda n: dict(out_features=(n, self.head_dim),
-                           kernel_init=kernel_init, bias_init=bias_init)
-    self.query = linear(in_features, **heads(num_heads))
-    self.key = linear(in_features, **heads(self.num_kv_heads))
-    self.value = linear(in_features, **heads(self.num_kv_heads))
+    self.value_head_dim = value_head_dim or self.head_dim
+    heads = lambda n, d: dict(out_features=(n, d), kernel_init=kernel_init,
+                              bias_init=bias_init)
+    self.query = linear(in_features, **heads(num_heads, self.head_dim))
+    self.key = linear(in_features, **heads(self.num_kv_heads, self.head_dim))
+    self.value = linear(in_features,
+                        **heads(self.num_kv_heads, self.value_head_dim))
+    self.sinks = (nnx.Param(sinks_init(rngs.params(), (num_heads,),
+                                       param_dtype)) if use_sinks else None)
     self.out = linear(
-        (num_heads, self.head_dim), out_features or in_features,
+        (num_heads, self.value_head_dim), out_features or in_features,
         axis=(-2, -1), kernel_init=out_kernel_init or kernel_init,
         bias_init=out_bias_init or bias_init)
     self.rngs = rngs.dropout.fork() if dropout_rate > 0 else None
@@ -100,13 +112,15 @@ class SelfAttention(nnx.Module):
   def init_cache(self, input_shape, dtype: Any = jnp.float32):
     """Makes an empty cache for `decode=True`: input_shape is [batch,
     max_len, features] (max_len: the prompt and every token to generate).
-    cached_key/cached_value are [batch, max_len, num_kv_heads, head_dim] of
-    `dtype`; cache_index [batch] int32 counts the tokens each row holds."""
+    cached_key/cached_value are [batch, max_len, num_kv_heads, head_dim
+    (value_head_dim)] of `dtype`; cache_index [batch] int32 counts the tokens
+    each row holds."""
     if len(input_shape) != 3:
       raise ValueError(f"init_cache: input_shape must be [batch, max_len, "
                        f"features]; got {tuple(input_shape)}")
     key_shape, value_shape, index_shape = cache_shapes(
-        input_shape[0], input_shape[1], self.num_kv_heads, self.head_dim)
+        input_shape[0], input_shape[1], self.num_kv_heads, self.head_dim,
+        self.value_head_dim)
     self.cached_key = nnx.Cache(jnp.zeros(key_shape, dtype))
     self.cached_value = nnx.Cache(jnp.zeros(value_shape, dtype))
     self.cache_index = nnx.Cache(jnp.zeros(index_shape, jnp.int32))
@@ -130,6 +144,7 @@ class SelfAttention(nnx.Module):
       raise ValueError(f"x has {x.shape[-1]} features; the module expects "
                        f"in_features={self.in_features}")
     q, k, v = self.query(x), self.key(x), self.value(x)
+    sinks = None if self.sinks is None else self.sinks[...]
     dropout = self._dropout(deterministic, rngs)
     decode = self.decode if decode is None else decode
     if decode:
@@ -143,14 +158,15 @@ class SelfAttention(nnx.Module):
               q, k, v, self.cached_key[...], self.cached_value[...],
               self.cache_index[...], lengths=lengths, causal=self.causal,
               scale=self.scale, window=self.window, softcap=self.softcap,
-              return_lse=return_lse, implementation=self.implementation)
+              return_lse=return_lse, implementation=self.implementation,
+              sinks=sinks)
     else:
       if lengths is not None:
         raise ValueError("lengths= is for decode=True; pad with segment_ids "
                          "otherwise")
       res = jax_flash.attention(
           q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-          softcap=self.softcap, segment_ids=segment_ids,
+          softcap=self.softcap, segment_ids=segment_ids, sinks=sinks,
           return_lse=return_lse, implementation=self.implementation,
           deterministic=self.deterministic_backward, **dropout)
     o, lse = res if return_lse else (res, None)

@@ -26,9 +26,9 @@ import numpy as np
 from jax_flash._src.api import attention as api
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.sharding import partition as sharding
-from jax_flash._src.core.checks import (check_arrays, check_scale, check_softcap,
-                                        static_bool,
-                                   window_fields)
+from jax_flash._src.core.checks import (check_arrays, check_scale,
+                                        check_sinks, check_softcap,
+                                        static_bool, window_fields)
 from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 from jax_flash._src.autodiff.differentiable import attention_fn
 
@@ -105,14 +105,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
                      max_seqlen_q: int, max_seqlen_k: int,
                      causal: bool = False, scale: float | None = None,
                      window: tuple[int, int] | None = None,
-                     softcap: float | None = None, return_lse: bool = False,
+                     softcap: float | None = None, sinks=None,
+                     return_lse: bool = False,
                      implementation: str | None = None,
                      deterministic: bool = False):
   """Attention over packed variable-length sequences (FlashAttention's varlen).
 
   Args:
     q: [total_q, H, D] the queries of all sequences, concatenated.
-    k, v: [total_k, H_kv, D] (H % H_kv == 0: GQA/MQA).
+    k: [total_k, H_kv, D] (H % H_kv == 0: GQA/MQA); v: [total_k, H_kv, D_v]
+      (D_v may differ from D; the output has D_v).
     cu_seqlens_q, cu_seqlens_k: int [num_seqs + 1] non-decreasing offsets:
       sequence s is q[cu_seqlens_q[s]:cu_seqlens_q[s + 1]] attending to
       k/v[cu_seqlens_k[s]:cu_seqlens_k[s + 1]]. Query and key lengths may
@@ -121,15 +123,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
       (FlashAttention's arguments; checked when the offsets are concrete).
     causal: key j visible from query i of the same sequence iff j - start_k
       <= i - start_q + len_k - len_q (bottom-right aligned per sequence).
-    scale, window, softcap, implementation, deterministic: as
+    scale, window, softcap, sinks, implementation, deterministic: as
       `jax_flash.attention`; the window is per sequence, around the same
       diagonal.
     return_lse: also return the natural-log logsumexp [H, total_q].
 
   Returns:
-    out [total_q, H, D] (q.dtype), or (out, lse). Tokens outside every
+    out [total_q, H, D_v] (q.dtype), or (out, lse). Tokens outside every
     sequence (before cu_seqlens_q[0] or from cu_seqlens_q[-1] on) and queries
-    of sequences without keys give zeros (lse -inf).
+    of sequences without keys give zeros (lse -inf, or the sink's).
 
   Offsets that are traced (under jit) are not checked: decreasing offsets
   then give tokens that fall in several sequences a sum of their ids, which
@@ -148,6 +150,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
   deterministic = static_bool(deterministic, "deterministic")
   Tq, H, D = q.shape
   Tk, H_kv = k.shape[0], k.shape[1]
+  sinks = check_sinks(sinks, H, q.dtype)
   _check_offsets("cu_seqlens_q", cu_seqlens_q, Tq, max_seqlen_q,
                  "max_seqlen_q")
   _check_offsets("cu_seqlens_k", cu_seqlens_k, Tk, max_seqlen_k,
@@ -162,19 +165,21 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
       scale=check_scale(scale, D), causal=bool(causal), **band,
       softcap=check_softcap(softcap), has_segment_ids=True,
       has_shifts=banded, batch=1, q_len=Tq, kv_len=Tk, num_heads=H,
-      num_kv_heads=H_kv, head_dim=D, dtype=jnp.dtype(q.dtype).name,
-      deterministic=bool(deterministic))
+      num_kv_heads=H_kv, head_dim=D,
+      value_head_dim=AttentionSpec.value_head_dim_of(D, v.shape[-1]),
+      dtype=jnp.dtype(q.dtype).name,
+      deterministic=bool(deterministic), has_sinks=sinks is not None)
   if implementation is not None and not isinstance(implementation, str):
     raise ValueError(f"implementation must be a string or None, got "
                      f"{implementation!r}")
   branches = backends.choose_per_platform(spec, implementation,
                                           api._platform(q))
   if api.no_rows((H,)):
-    res = api.empty_result(q[None], return_lse)
+    res = api.empty_result(q[None], return_lse, v.shape[-1])
     return (res[0][0], res[1][0]) if return_lse else res[0]
   packing = packing_arrays(cu_seqlens_q, cu_seqlens_k, Tq, Tk, banded)
   o, lse = backends.run(
       branches, lambda b: lambda *a: sharding.call(
           lambda s: attention_fn(b.name, s), spec, *a),
-      q[None], k[None], v[None], *packing)
+      q[None], k[None], v[None], *api.per_batch_sinks(sinks, 1), *packing)
   return (o[0], lse[0]) if return_lse else o[0]

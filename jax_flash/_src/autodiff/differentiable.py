@@ -5,7 +5,9 @@ An op is described by its kernels (`Kernels`): a forward fn(*operands) ->
 dv), with delta = rowsum(dO * O) - dLSE (`softmax_delta`, so that `lse`
 outputs are differentiable too). The operands are q, k, v (differentiable)
 and `rest`: integer or key arrays (segment ids, shifts, dropout key words,
-descales...) that get no cotangent.
+descales...) that get no cotangent, led, for an op with learnable sinks
+(`Kernels.sinks`), by the sink logits [B, H]: differentiable too, an operand
+of the forward only (their derivative is sinks.py's, the same for every op).
 
 With `spec` (the AttentionSpec whose math the kernels compute; rest = its
 mask operands), the op is a `jax.custom_jvp`: its primal is the forward
@@ -46,6 +48,7 @@ import jax
 from jax_flash._src.autodiff import derivatives
 from jax_flash._src.autodiff.derivatives import softmax_delta
 from jax_flash._src.autodiff.kernels import kernel_call
+from jax_flash._src.autodiff.sinks import sink_cotangent, sink_tangent
 from jax_flash._src.core.batching import fold_into_batch
 from jax_flash._src.core.spec import AttentionSpec
 
@@ -68,6 +71,9 @@ class Kernels:
   delta: False gives the backward the raw cotangents (do, dlse) in place of
     (do in o's dtype, delta): for a backward that is not attention's own
     (FP8's straight-through gradient); first-order only.
+  sinks: rest[0] is the sink logits [B, H] (differentiable): the forward
+    takes them, the backward does not (rest less the sinks), the lse the
+    forward returns includes them.
   """
 
   forward: Callable
@@ -75,6 +81,7 @@ class Kernels:
   spec: AttentionSpec | None = None
   fold_vmap: bool = False
   delta: bool = True
+  sinks: bool = False
 
 
 def differentiable(kernels: Kernels):
@@ -82,15 +89,19 @@ def differentiable(kernels: Kernels):
   forward = kernels.forward
   if kernels.fold_vmap:
     forward = fold_into_batch(forward)
+  if kernels.sinks and not kernels.delta:
+    raise ValueError("Kernels(sinks=True, delta=False): the sinks' gradient "
+                     "needs attention's own backward")
   if kernels.spec is None:
-    return _first_order(forward, kernels.backward, kernels.delta)
+    return _first_order(forward, kernels.backward, kernels.delta,
+                        kernels.sinks)
   if not kernels.delta:
     raise ValueError("Kernels(spec=..., delta=False): the tangent primitives "
                      "transpose to the delta form only")
-  return _any_order(forward, kernels.backward, kernels.spec)
+  return _any_order(forward, kernels.backward, kernels.spec, kernels.sinks)
 
 
-def _first_order(forward, backward, with_delta):
+def _first_order(forward, backward, with_delta, with_sinks):
   @jax.custom_vjp
   def attention(q, k, v, *rest):
     return forward(q, k, v, *rest)
@@ -102,16 +113,20 @@ def _first_order(forward, backward, with_delta):
   def attention_bwd(res, cotangents):
     q, k, v, o, lse, rest = res
     do, dlse = cotangents
+    dsinks = ()
+    if with_sinks:
+      dsinks = (sink_cotangent(rest[0], o, lse, do, dlse),)
+      rest = rest[1:]
     if with_delta:
       do, dlse = do.astype(o.dtype), softmax_delta(o, do, dlse)
     dq, dk, dv = backward(q, k, v, o, lse, do, dlse, *rest)
-    return (dq, dk, dv) + tuple(None for _ in rest)
+    return (dq, dk, dv) + dsinks + tuple(None for _ in rest)
 
   attention.defvjp(attention_fwd, attention_bwd)
   return attention
 
 
-def _any_order(forward, backward, spec):
+def _any_order(forward, backward, spec, with_sinks):
   @jax.custom_jvp
   def attention(q, k, v, *rest):
     return forward(q, k, v, *rest)
@@ -121,9 +136,17 @@ def _any_order(forward, backward, spec):
     # Calling `attention` (not `forward`) keeps outer tangents (nested
     # differentiation) on this rule instead of the opaque kernel.
     o, lse = attention(*primals)
-    res = tuple(primals[:N_DIFF]) + (o, lse) + tuple(primals[N_DIFF:])
+    rest = tuple(primals[N_DIFF:])
+    if with_sinks:
+      sinks, rest = rest[0], rest[1:]
+    res = tuple(primals[:N_DIFF]) + (o, lse) + rest
     do, dlse = derivatives.apply_tangent(spec, backward, res,
                                          tangents[:N_DIFF])
+    if with_sinks:
+      # Plain JAX in (sinks, o, lse): JAX transposes it for reverse mode
+      # and differentiates it again for higher orders.
+      do_s, dlse_s = sink_tangent(sinks, o, lse, tangents[N_DIFF])
+      do, dlse = do + do_s, dlse + dlse_s
     return (o, lse), (do, dlse)
 
   return attention
@@ -131,7 +154,7 @@ def _any_order(forward, backward, spec):
 
 @functools.lru_cache(maxsize=None)
 def attention_fn(backend_name: str, spec: AttentionSpec):
-  """fn(q, k, v, *masks, *dropout_key) -> (o, lse) of one backend's kernels
+  """fn(q, k, v, [sinks,] *masks, *dropout_key) -> (o, lse) of one backend's kernels
   (operands as kernels.py), vmappable; differentiable to any order in forward
   and reverse mode, or (dropout: the mask follows each call's key, which a
   folded vmap or a forward-mode rule would not keep) first-order reverse mode.
@@ -139,7 +162,8 @@ def attention_fn(backend_name: str, spec: AttentionSpec):
   forward = kernel_call("forward", backend_name, spec)
   backward = kernel_call("backward", backend_name, spec)
   if spec.has_dropout:
-    return differentiable(Kernels(forward, backward))
+    return differentiable(Kernels(forward, backward, sinks=spec.has_sinks))
   # custom_jvp(custom_vmap(custom_partitioning(forward kernel))): vmap folds
   # into batch first, then the (folded) call is partitioned.
-  return differentiable(Kernels(forward, backward, spec=spec, fold_vmap=True))
+  return differentiable(Kernels(forward, backward, spec=spec, fold_vmap=True,
+                                sinks=spec.has_sinks))

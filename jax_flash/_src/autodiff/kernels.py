@@ -4,12 +4,14 @@
 (differentiable.py) call: fn(*arrays) -> tuple of arrays with the operand
 order
 
-    forward:  q, k, v,                          *masks, *dropout_key
+    forward:  q, k, v, [sinks],                 *masks, *dropout_key
     backward: q, k, v, o, lse, do, delta,       *masks, *dropout_key
 
-where masks are (q_seg, kv_seg) with spec.has_segment_ids, then (q_shift,
-kv_shift) with spec.has_shifts, and dropout_key the key words
-(core/dropout.py key_words) with spec.has_dropout. Opaque kernel calls (pallas_call, FFI custom calls)
+where sinks [B, H] come with spec.has_sinks (the forward's only: the lse
+includes them, which is all the backward needs), masks are (q_seg, kv_seg)
+with spec.has_segment_ids, then (q_shift, kv_shift) with spec.has_shifts,
+and dropout_key the key words (core/dropout.py key_words) with
+spec.has_dropout. Opaque kernel calls (pallas_call, FFI custom calls)
 get a custom_partitioning rule over batch and heads (sharding/partition.py);
 plain-JAX backends are partitioned by XLA like any other computation.
 """
@@ -59,13 +61,16 @@ def _build(kind: str, backend_name: str, spec: AttentionSpec):
   backend = backends.get(backend_name)
   n_out = 0 if kind == "forward" else 4  # o, lse, do, delta
   n_mask = n_masks(spec)
+  with_sinks = kind == "forward" and spec.has_sinks
 
   def body(local, q, k, v, *rest):
     arrays = rest[:n_out]
+    extra = {}
+    if with_sinks:
+      extra["sinks"], rest = rest[0], rest[1:]
     masks = rest[n_out:n_out + n_mask]
     key = rest[n_out + n_mask:]
     q_seg, kv_seg = masks[:2] if masks else (None, None)
-    extra = {}
     if len(masks) == 4:
       extra["shifts"] = tuple(masks[2:])
     if key:

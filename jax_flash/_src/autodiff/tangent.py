@@ -90,8 +90,8 @@ def attention_tangent(spec: AttentionSpec, res, lin, *, sparse: bool):
       pds = jnp.where(mask, p * ds, 0.0)
       return acc + pv(p, dv_blk) + pv(pds, v_blk), dlse + pds.sum(-1)
 
-    zeros = jnp.zeros_like(q_blk, dtype=acc_t)
-    init = (zeros, zeros[..., 0])
+    init = (jnp.zeros_like(o_blk, dtype=acc_t),
+            jnp.zeros_like(q_blk[..., 0], dtype=acc_t))
     if sparse:
       first, last = masking.kv_block_range(spec, i * bq, bq, bk, nk)
       acc, dlse = lax.fori_loop(first, last, body, init)

@@ -19,8 +19,7 @@ from jax_flash._src.core import bottom_right
 from jax_flash._src.core import dropout as dropout_rng
 from jax_flash._src.backends import ffi, kernel_table
 from jax_flash._src.core import tile_spans
-from jax_flash._src.backends.registry import (Unsupported, refuse_unserved,
-                                              register)
+from jax_flash._src.backends.registry import Unsupported, register
 from jax_flash._src.core.spec import AttentionSpec
 
 DTYPES = ("bfloat16", "float16")
@@ -101,11 +100,18 @@ class CudaBackend:
       from jax_flash._src.fp8 import cuda as fp8_cuda
       fp8_cuda.check(spec, platform)
       return
-    refuse_unserved(self.name, spec)
     if spec.has_dropout and spec.dropout_origin:
       raise Unsupported("implementation='cuda' draws dropout at row and "
                         "column origin 0 only; ring attention's blocks with "
                         "dropout run on 'xla' or 'pallas'")
+    if spec.has_sinks:
+      raise Unsupported("implementation='cuda' has no attention sinks (sinks=) "
+                        "yet; implementation='pallas' or 'xla' serves them")
+    if spec.v_head_dim != spec.head_dim:
+      raise Unsupported(
+          f"implementation='cuda' needs the value head_dim equal to the "
+          f"query/key head_dim; got {spec.v_head_dim} and {spec.head_dim} "
+          f"(implementation='pallas' or 'xla' serves it)")
     if platform not in ("gpu", "cuda"):
       raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
                         f"platform is {platform!r}")
@@ -128,7 +134,8 @@ class CudaBackend:
                         f"{spec.scale}")
 
   def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
-              *, shifts=None, dropout_key=None):
+              *, shifts=None, dropout_key=None, sinks=None):
+    assert sinks is None, "check() refuses sinks"
     # Prefixes (bottom_right) keep row and column positions: the same mask.
     kernel = functools.partial(_forward, dropout_key=dropout_key)
     return bottom_right.forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts)

@@ -53,22 +53,13 @@ class Backend(Protocol):
     """Raise Unsupported if this request cannot run on `platform`."""
 
   def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
-              shifts=None, dropout_key=None):
-    """Return (o [B,T,H,D] q.dtype, lse [B,H,T] float32)."""
+              shifts=None, dropout_key=None, sinks=None):
+    """Return (o [B,T,H,D_v] q.dtype, lse [B,H,T] float32); sinks [B, H]
+    with spec.has_sinks (the lse then includes them)."""
 
   def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta,
                q_seg=None, kv_seg=None, *, shifts=None, dropout_key=None):
     """Return (dq, dk, dv). delta = rowsum(do * o) - dlse, [B,H,T] float32."""
-
-
-def refuse_unserved(name: str, spec: AttentionSpec) -> None:
-  """Raise Unsupported for the spec's options that no backend serves yet."""
-  if spec.has_sinks:
-    raise Unsupported(f"implementation={name!r} has no attention sinks")
-  if spec.v_head_dim != spec.head_dim:
-    raise Unsupported(
-        f"implementation={name!r} needs value head_dim == query head_dim; "
-        f"got {spec.v_head_dim} and {spec.head_dim}")
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}

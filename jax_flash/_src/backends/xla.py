@@ -18,7 +18,7 @@ from jax_flash._src.core import dropout as dropout_rng
 from jax_flash._src.core import masking
 from jax_flash._src.core import softmax
 from jax_flash._src.core import tile_spans
-from jax_flash._src.backends.registry import refuse_unserved, register
+from jax_flash._src.backends.registry import register
 from jax_flash._src.core.spec import AttentionSpec
 
 BLOCK = 512
@@ -158,12 +158,20 @@ def _block_keep(spec, dropout_key, i, j, bq, bk, batch):
   return dropout_rng.tile_keep(spec, dropout_key, b, h, rows, cols)
 
 
+def _sink_blocks(sinks, spec):
+  """sinks [B, H] -> [B, H_kv, G, 1], the rows of a q block's state."""
+  if sinks is None:
+    return None
+  return sinks.reshape(sinks.shape[0], spec.num_kv_heads, spec.group_size, 1)
+
+
 def forward(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
-            shifts=None, dropout_key=None):
+            shifts=None, dropout_key=None, sinks=None):
   """(o, lse). shifts: None, or (q_shift, kv_shift) with spec.has_shifts.
   dropout_key: None, or the key words (core/dropout.py key_words) with
   spec.has_dropout: O = (P * Z / (1 - rate)) V with the LSE of the undropped
-  P."""
+  P. sinks: None, or [B, H] with spec.has_sinks (in every row's
+  denominator; the lse includes them)."""
   acc_t = softmax.accum_dtype(q.dtype)
   B = q.shape[0]
   rate = spec.dropout_rate
@@ -173,6 +181,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
   qsb, ksb = q_seg_blocks(q_seg, shifts, bq), _seg_blocks(kv_seg, bk)
   nk = kb.shape[0]
   spans = _spans(spec, q_seg, kv_seg, shifts, bq, "q")
+  sink_rows = _sink_blocks(sinks, spec)
 
   def one_q_block(args):
     i, q_blk, qs_blk = args
@@ -189,8 +198,10 @@ def forward(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None, *,
 
     first, last = masking.kv_block_range(spec, i * bq, bq, bk, nk)
     first, last = span_block_range(spans, i, first, last, bk)
-    state = lax.fori_loop(first, last, body,
-                          softmax.init_state_like(q_blk, acc_t))
+    state = softmax.init_state_like(q_blk, acc_t, v.shape[-1])
+    if sink_rows is not None:
+      state = softmax.with_sink(state, sink_rows)
+    state = lax.fori_loop(first, last, body, state)
     o, lse = softmax.finalize(state)
     return o.astype(q.dtype), lse
 
@@ -260,8 +271,10 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg=None,
 
     first, last = masking.q_block_range(spec, j * bk, bk, bq, nq)
     first, last = span_block_range(spans, j, first, last, bq)
-    zeros = jnp.zeros_like(k_raw[:, :, 0], dtype=acc_t)  # keeps k's sharding
-    dk, dv, dq_acc = lax.fori_loop(first, last, body, (zeros, zeros, dq_acc))
+    # *_like keeps k's and v's sharding
+    zeros = lambda x: jnp.zeros_like(x[:, :, 0], dtype=acc_t)
+    dk, dv, dq_acc = lax.fori_loop(first, last, body,
+                                   (zeros(k_raw), zeros(v_raw), dq_acc))
     return dq_acc, (dk, dv)
 
   idx = jnp.arange(nk, dtype=jnp.int32)
@@ -283,9 +296,8 @@ class XlaBackend:
 
   def check(self, spec: AttentionSpec, platform: str) -> None:
     # Every request the API accepts, everywhere (FP8 as the simulated
-    # kernel, fp8/reference.py), but for the options no backend serves yet.
-    del platform
-    refuse_unserved(self.name, spec)
+    # kernel, fp8/reference.py).
+    del spec, platform
 
   forward = staticmethod(forward)
   backward = staticmethod(backward)

@@ -23,7 +23,7 @@ from jax_flash._src.core import checks
 from jax_flash._src.core import masking
 from jax_flash._src.compat import nn_dense
 from jax_flash._src.sharding import partition as sharding
-from jax_flash._src.api.attention import _platform
+from jax_flash._src.api.attention import _platform, per_batch_sinks
 from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 from jax_flash._src.autodiff.differentiable import attention_fn
@@ -44,7 +44,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
                           query_seq_lengths=None, key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None,
                           implementation: str | None = None,
-                          return_residual: bool = False):
+                          return_residual: bool = False, sinks=None):
   """Drop-in for `jax.nn.dot_product_attention`: same arguments, same values.
 
   softmax(scale * q k^T + bias, masked) v per head, with jax.nn's meaning of
@@ -52,7 +52,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
 
   Args:
     query: [B, T, N, H] or [T, N, H]; array-likes are converted.
-    key, value: [B, S, K, H] or [S, K, H]; N % K == 0 (GQA/MQA).
+    key, value: [B, S, K, H] or [S, K, H]; N % K == 0 (GQA/MQA). value's
+      head dim may differ from H (jax_flash's addition; the output has it).
     bias: optional additive logits bias, broadcastable to [B, N, T, S]
       (fewer dims get leading 1s, as in jax.nn). Differentiable.
     mask: optional boolean array broadcastable to [B, N, T, S]; True = attend.
@@ -72,6 +73,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
       dense bias or mask, among others) instead of falling back.
     return_residual: also return the logsumexp of the masked logits, [B, T, N]
       (or [T, N]) in key.dtype, not differentiated (as jax.nn).
+    sinks: jax_flash's addition to jax.nn's arguments: learnable attention
+      sinks [N], one logit per query head, in every row's softmax
+      denominator with no value (as `jax_flash.attention`; the residual
+      includes them). A row that sees no key then gives zeros.
 
   Which path serves a call: without `bias` and `mask` (and with a static
   scale, head_dim <= 256, windows whose band contains the diagonal) a
@@ -91,7 +96,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     The output, shaped like query (and the residual if return_residual).
   """
   q = jnp.asarray(query)
-  output_shape = q.shape
+  output_shape = q.shape[:-1] + np.shape(value)[-1:]  # value's head dim
   q, k, v = (_ensure_4d(x) for x in (q, key, value))
   bias = None if bias is None else _ensure_4d(bias)
   mask = None if mask is None else _ensure_4d(mask)
@@ -103,6 +108,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   q_len = _lengths(query_seq_lengths, "query_seq_lengths", B)
   kv_len = _lengths(key_value_seq_lengths, "key_value_seq_lengths", B)
   window = _window(local_window_size)
+  sinks = checks.check_sinks(sinks, N, q.dtype)
   is_causal = _static_bool(is_causal, "is_causal")
   return_residual = _static_bool(return_residual, "return_residual")
   if implementation not in IMPLEMENTATIONS:
@@ -116,7 +122,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   reason = _not_blockwise(q, bias, mask, scale, window)
   backend = None
   if reason is None:
-    spec = _spec(q, k, scale, is_causal, window, kv_len is not None)
+    spec = _spec(q, k, scale, is_causal, window, kv_len is not None,
+                 sinks is not None)
     try:
       backend = backends.choose(spec, name, _platform(q))
     except Unsupported as e:
@@ -139,9 +146,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   if backend is None or 0 in (B, T, S):  # (empty inputs: nothing to compute)
     out, lse = nn_dense.attention(
         q, k, v, bias, mask, scale=scale, is_causal=is_causal, window=window,
-        q_len=q_len, kv_len=kv_len, return_residual=return_residual)
+        q_len=q_len, kv_len=kv_len, return_residual=return_residual,
+        sinks=sinks)
   else:
-    out, lse = _blockwise(backend.name, spec, q, k, v, q_len, kv_len, window)
+    out, lse = _blockwise(backend.name, spec, q, k, v, q_len, kv_len, window,
+                          sinks)
   out = out.reshape(output_shape)
   if not return_residual:
     return out
@@ -149,9 +158,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   return out, lse.reshape(output_shape[:-1])
 
 
-def _blockwise(backend_name, spec, q, k, v, q_len, kv_len, window):
+def _blockwise(backend_name, spec, q, k, v, q_len, kv_len, window, sinks):
   """jax.nn's values from a jax_flash backend; lse [B, N, T] in jax.nn's
-  convention (large negative number for rows that see no key)."""
+  convention (large negative number for rows that see no key; with sinks
+  such a row has the sink's)."""
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   segs = ()
@@ -160,11 +170,13 @@ def _blockwise(backend_name, spec, q, k, v, q_len, kv_len, window):
     segs = (jnp.zeros((B, T), jnp.int32), kv_seg)
   local = masking.simplify(spec)
   if local is None:  # no (query, key) pair is visible by position
-    o = jnp.zeros_like(q)
+    o = jnp.zeros(q.shape[:-1] + v.shape[-1:], q.dtype)
     lse = jnp.full((B, N, T), -jnp.inf, jnp.float32)
+    if sinks is not None:
+      lse = jnp.broadcast_to(sinks[None, :, None], (B, N, T))
   else:
     o, lse = sharding.call(lambda s: attention_fn(backend_name, s), local, q,
-                           k, v, *segs)
+                           k, v, *per_batch_sinks(sinks, B), *segs)
   empty = jnp.isneginf(lse)  # [B, N, T]
   if kv_len is not None or _rows_may_be_empty(T, S, window):
     # jax.nn gives every key the same (large negative) logit in such a row.
@@ -185,7 +197,8 @@ def _rows_may_be_empty(T, S, window) -> bool:
   return window is not None and T - 1 > S - 1 + window[0]
 
 
-def _spec(q, k, scale, is_causal, window, has_segment_ids) -> AttentionSpec:
+def _spec(q, k, scale, is_causal, window, has_segment_ids,
+          has_sinks) -> AttentionSpec:
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   left = right = UNBOUNDED
@@ -201,7 +214,8 @@ def _spec(q, k, scale, is_causal, window, has_segment_ids) -> AttentionSpec:
       scale=float(scale), causal=right == 0, window_left=left,
       window_right=right, has_segment_ids=has_segment_ids, batch=B, q_len=T,
       kv_len=S, num_heads=N, num_kv_heads=K, head_dim=H,
-      dtype=jnp.dtype(q.dtype).name, q_offset=0 if bounded else None)
+      dtype=jnp.dtype(q.dtype).name, q_offset=0 if bounded else None,
+      has_sinks=has_sinks)
 
 
 def _not_blockwise(q, bias, mask, scale, window) -> str | None:
@@ -250,9 +264,10 @@ def _check_arrays(q, k, v, bias, mask):
       raise ValueError(f"{name} must be a floating-point array; got dtype "
                        f"{x.dtype}")
   B, S, K, H = k.shape
-  if v.shape != k.shape or v.dtype != k.dtype:
-    raise ValueError(f"value must have key's shape and dtype {k.shape} "
-                     f"{k.dtype}; got {v.shape} {v.dtype}")
+  if v.shape[:-1] != k.shape[:-1] or v.dtype != k.dtype:
+    raise ValueError(f"value must have key's shape (but for its head dim, "
+                     f"which may differ) and dtype {k.shape} {k.dtype}; got "
+                     f"{v.shape} {v.dtype}")
   if q.dtype != k.dtype:
     raise ValueError(f"query dtype should be {k.dtype} (key's), but got "
                      f"{q.dtype}")

@@ -58,8 +58,9 @@ def positional_mask(q_pos, S, is_causal, window):
 
 
 def _rows(q, k, v, bias, mask, q_pos, *, scale, is_causal, window, q_len,
-          kv_len, return_residual):
-  """Attention of query rows q [B, rows, N, H] at positions q_pos [rows]."""
+          kv_len, return_residual, sinks):
+  """Attention of query rows q [B, rows, N, H] at positions q_pos [rows];
+  sinks [N] or None: one more logit per row, of value 0."""
   B, R, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
   lt = logits_dtype(q.dtype)
@@ -77,10 +78,14 @@ def _rows(q, k, v, bias, mask, q_pos, *, scale, is_causal, window, q_len,
   if kv_len is not None:
     ok = ok & (jnp.arange(S) < kv_len[:, None])[:, None, None, :]
   logits = jnp.where(ok, logits, large_negative(lt))
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  if sinks is not None:
+    sink = jnp.broadcast_to(sinks.astype(lt)[None, :, None, None],
+                            (B, N, R, 1))
+    logits = jnp.concatenate([logits, sink], axis=-1)
+  probs = jax.nn.softmax(logits, axis=-1)[..., :S].astype(v.dtype)
   out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(B, K, N // K, R, S), v,
-                   preferred_element_type=lt,
-                   precision=_precision(v.dtype)).reshape(B, R, N, H)
+                   preferred_element_type=lt, precision=_precision(v.dtype))
+  out = out.reshape(B, R, N, v.shape[-1])
   lse = jax.nn.logsumexp(logits, axis=-1) if return_residual else None
   return out.astype(q.dtype), lse  # lse [B, N, R]
 
@@ -105,14 +110,15 @@ def _chunks(x, axis, nb, rb):
 
 
 def attention(q, k, v, bias, mask, *, scale, is_causal, window, q_len, kv_len,
-              return_residual):
+              return_residual, sinks=None):
   """q [B, T, N, H], k/v [B, S, K, H]; bias/mask 4-d, broadcastable to
-  [B, N, T, S]; q_len/kv_len int32 [B] or None. Returns (out, lse [B, N, T]
-  or None) with jax.nn's values (including masked and padded rows)."""
+  [B, N, T, S]; q_len/kv_len int32 [B] or None; sinks [N] or None. Returns
+  (out, lse [B, N, T] or None) with jax.nn's values (including masked and
+  padded rows)."""
   B, T, N, H = q.shape
   S = k.shape[1]
   kw = dict(scale=scale, is_causal=is_causal, window=window, q_len=q_len,
-            kv_len=kv_len, return_residual=return_residual)
+            kv_len=kv_len, return_residual=return_residual, sinks=sinks)
   rb = _row_block(B, N, T, S)
   if rb >= T:
     out, lse = _rows(q, k, v, bias, mask, jnp.arange(T), **kw)
@@ -139,7 +145,8 @@ def attention(q, k, v, bias, mask, *, scale, is_causal, window, q_len, kv_len,
       return _rows(c["q"], k, v, b, m, c["pos"], **kw)
 
     out, lse = lax.map(one_chunk, xs)
-    out = jnp.moveaxis(out, 0, 1).reshape(B, nb * rb, N, H)[:, :T]
+    out = jnp.moveaxis(out, 0, 1).reshape(B, nb * rb, N, v.shape[-1])
+    out = out[:, :T]
     if lse is not None:
       lse = jnp.moveaxis(lse, 0, 2).reshape(B, N, nb * rb)[:, :, :T]
   if q_len is not None:

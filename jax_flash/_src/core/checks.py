@@ -38,9 +38,10 @@ def check_arrays(q, k, v):
   if not (q.dtype == k.dtype == v.dtype):
     raise ValueError(f"query, key and value must have the same dtype; got "
                      f"{q.dtype}, {k.dtype}, {v.dtype}")
-  if k.shape != v.shape:
-    raise ValueError(f"key and value must have the same shape; got key "
-                     f"{k.shape} and value {v.shape}")
+  if k.shape[:-1] != v.shape[:-1]:
+    raise ValueError(f"key and value must have the same shape but for the "
+                     f"head dim (value's may differ); got key {k.shape} and "
+                     f"value {v.shape}")
   if q.shape[:-3] != k.shape[:-3]:
     raise ValueError(f"batch dims of query {q.shape[:-3]} and key/value "
                      f"{k.shape[:-3]} differ")
@@ -50,6 +51,10 @@ def check_arrays(q, k, v):
   if not 1 <= D <= MAX_HEAD_DIM:
     raise ValueError(f"head_dim {D} is out of range; supported: 1..."
                      f"{MAX_HEAD_DIM}")
+  Dv = v.shape[-1]
+  if not 1 <= Dv <= MAX_HEAD_DIM:
+    raise ValueError(f"value head_dim {Dv} is out of range; supported: 1..."
+                     f"{MAX_HEAD_DIM}")
   H, H_kv = q.shape[-2], k.shape[-2]
   if (H % H_kv if H_kv else H):  # H = 0 (empty) is a multiple of any H_kv
     raise ValueError(f"query heads ({H}) must be a multiple of key/value "
@@ -57,6 +62,24 @@ def check_arrays(q, k, v):
   if q.shape[-3] == 0 or k.shape[-3] == 0:
     raise ValueError(f"sequence lengths must be >= 1; got query seq "
                      f"{q.shape[-3]}, key seq {k.shape[-3]}")
+
+
+def check_sinks(sinks, num_heads: int, dtype):
+  """The learnable sink logits [H] in the accumulation dtype (float32,
+  float64 for float64 inputs), or None. A float array, one logit per query
+  head; traced values are fine (they are differentiable)."""
+  if sinks is None:
+    return None
+  if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
+    raise ValueError(f"sinks must be a float array [H] (one logit per query "
+                     f"head), got {type(sinks).__name__}")
+  if not jnp.issubdtype(sinks.dtype, jnp.floating):
+    raise ValueError(f"sinks must have a floating dtype, got {sinks.dtype}")
+  if tuple(sinks.shape) != (num_heads,):
+    raise ValueError(f"sinks must have shape [H] = ({num_heads},) (one logit "
+                     f"per query head), got {tuple(sinks.shape)}")
+  acc = jnp.float64 if jnp.dtype(dtype) == jnp.float64 else jnp.float32
+  return sinks.astype(acc)
 
 
 def check_scale(scale, D) -> float:

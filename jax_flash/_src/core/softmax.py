@@ -58,8 +58,10 @@ def init_state(shape_rows, head_dim_shape, dtype=jnp.float32):
   return m, l, acc
 
 
-def init_state_like(x, dtype=jnp.float32):
-  """`init_state` for rows of x [..., rows, D], keeping x's sharding.
+def init_state_like(x, dtype=jnp.float32, head_dim=None):
+  """`init_state` for rows of x [..., rows, D], keeping x's sharding; the
+  accumulator has `head_dim` columns (default D: the value head dim, where
+  it differs from the query's).
 
   Under explicitly sharded meshes a loop carry must keep the sharding of the
   values flowing into it; *_like constructors inherit it from x.
@@ -67,6 +69,8 @@ def init_state_like(x, dtype=jnp.float32):
   m = jnp.full_like(x[..., 0], NEG_INF, dtype=dtype)
   l = jnp.zeros_like(x[..., 0], dtype=dtype)
   acc = jnp.zeros_like(x, dtype=dtype)
+  if head_dim is not None and head_dim != x.shape[-1]:
+    acc = jnp.broadcast_to(acc[..., :1], x.shape[:-1] + (head_dim,))
   return m, l, acc
 
 
@@ -95,6 +99,20 @@ def update(state, s, mask, pv_fn, *, base2: bool = False):
   l_new = alpha * l + jnp.sum(p, axis=-1)
   acc_new = alpha[..., None] * acc + pv_fn(p)
   return m_new, l_new, acc_new
+
+
+def with_sink(state, sink, *, base2: bool = False):
+  """Fold in a learnable attention sink: one more key per row, of logit
+  `sink` (broadcastable to the rows; natural-log units, as the scores of
+  `scores`) and value 0. It adds exp(sink) to the row's denominator and
+  nothing to its numerator, so a row that sees no key ends with o = 0 and
+  lse = sink. A sink of -inf is no sink.
+  """
+  m = state[0]
+  s = jnp.broadcast_to(jnp.asarray(sink, m.dtype), m.shape)[..., None]
+  if base2:
+    s = s * LOG2E
+  return update(state, s, None, lambda p: jnp.zeros((), m.dtype), base2=base2)
 
 
 def finalize(state, *, base2: bool = False):

@@ -5,15 +5,19 @@ layer after validation, so backends never re-interpret user arguments.
 
 Canonical array shapes seen by backends:
   q          [B, T, H, D]
-  k, v       [B, S, H_kv, D]       (H % H_kv == 0)
+  k          [B, S, H_kv, D]       (H % H_kv == 0)
+  v          [B, S, H_kv, D_v]     (D_v = spec.v_head_dim)
+  sinks      [B, H] float32        (only when spec.has_sinks; float64 for
+                                    float64 inputs; forward only)
   q_segment  [B, T] int32          (only when spec.has_segment_ids)
   kv_segment [B, S] int32
   q_shift    [B, T] int32          (only when spec.has_shifts)
   kv_shift   [B, S] int32
   dropout_key (k0, k1, batch0, head0, row0, col0) uint32 scalars (only when
              spec.has_dropout; core/dropout.py key_words)
-  o          [B, T, H, D]          (q.dtype)
-  lse        [B, H, T] float32     natural-log logsumexp; -inf for fully masked rows
+  o          [B, T, H, D_v]        (q.dtype)
+  lse        [B, H, T] float32     natural-log logsumexp; -inf for fully masked
+                                   rows; with sinks it includes the sink
 """
 
 from __future__ import annotations
@@ -63,10 +67,21 @@ class AttentionSpec:
   and every JAX backend read `kv_offset`; the cuda backend re-expresses such
   a spec bottom-right, see `masking.bottom_right_view`).
 
+  Learnable attention sinks (`has_sinks`): each row's softmax has one more
+  term in its denominator, exp(sinks[b, h]), which takes no value (a key of
+  value 0 that every row sees). The lse includes it, lse = log(exp(sink) +
+  sum_j exp(s_j)), so P = exp(S - lse) and the backward's delta =
+  rowsum(dO * O) - dLSE are unchanged; a row that sees no key gives o = 0,
+  lse = sink. The sinks' gradient, -sum_t exp(sink - lse_t) delta_t, is the
+  autodiff layer's (autodiff/sinks.py); backward kernels never see them.
+
+  A value head dim (`value_head_dim`) other than q/k's: v [.., D_v] and o
+  [.., D_v] (DeepSeek MLA: D = 192, D_v = 128).
+
   Backends refuse (`Unsupported`) the options they do not serve; served by:
   dropout (xla, pallas, cuda; with a block origin, `dropout_origin`: xla,
   pallas), FP8 (xla simulated, cuda), sinks and a distinct value head dim
-  (none yet).
+  (xla, pallas).
   """
 
   scale: float
@@ -102,8 +117,7 @@ class AttentionSpec:
   fp8: Fp8Scheme | None = None
   # Head dim of v and o where it differs from q/k's; None = head_dim.
   value_head_dim: int | None = None
-  # Learnable per-head sink logits (an extra operand); no backend serves
-  # them yet, each refuses with `Unsupported`.
+  # Learnable per-head sink logits (an extra forward operand, see above).
   has_sinks: bool = False
 
   @property
@@ -113,6 +127,11 @@ class AttentionSpec:
   @property
   def has_dropout(self) -> bool:
     return self.dropout_rate > 0.0
+
+  @staticmethod
+  def value_head_dim_of(head_dim: int, v_head_dim: int) -> int | None:
+    """The `value_head_dim` field for these head dims (None when equal)."""
+    return None if v_head_dim == head_dim else v_head_dim
 
   @property
   def v_head_dim(self) -> int:

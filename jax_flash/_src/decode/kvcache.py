@@ -43,6 +43,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     raise ValueError("k_cache and v_cache must both be FP8 caches "
                      "(jax_flash.quantize_kv_cache) or both arrays")
   if fp8[0]:
+    if k_cache.shape[-1] != v_cache.shape[-1]:
+      raise ValueError(f"FP8 caches need one head dim for keys and values; "
+                       f"got k_cache {k_cache.shape}, v_cache {v_cache.shape}")
     if k_cache.rotation_seed != v_cache.rotation_seed:
       raise ValueError(f"the FP8 caches must share their rotation; got seeds "
                        f"{k_cache.rotation_seed}, {v_cache.rotation_seed}")
@@ -56,11 +59,12 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
       raise ValueError(
           f"attention_with_kvcache: {name} must be a rank-4 array; got "
           f"{getattr(x, 'shape', type(x).__name__)}")
-  if k_cache.shape != v_cache.shape:
+  if k_cache.shape[:-1] != v_cache.shape[:-1]:
     raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} "
-                     f"must have the same shape")
+                     f"must have the same shape but for the head dim "
+                     f"(value's may differ)")
   B, T, H, D = q.shape
-  H_kv, Dk = k_cache.shape[2], k_cache.shape[3]
+  H_kv, Dk, Dv = k_cache.shape[2], k_cache.shape[3], v_cache.shape[3]
   if Dk != D or H_kv == 0 or H % H_kv:
     raise ValueError(
         f"attention_with_kvcache: q [B, T_new, H, D] = {q.shape} does not "
@@ -70,9 +74,11 @@ def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
     raise ValueError("pass k_new and v_new together")
   if k_new is not None:
     want = (B, k_new.shape[1], H_kv, D)
-    if k_new.shape != v_new.shape or k_new.shape != want:
+    want_v = want[:-1] + (Dv,)
+    if k_new.shape != want or v_new.shape != want_v:
       raise ValueError(f"k_new and v_new must be [B, T_new, H_kv, D] = "
-                       f"{want}; got {k_new.shape}, {v_new.shape}")
+                       f"{want} and [B, T_new, H_kv, D_v] = {want_v}; got "
+                       f"{k_new.shape}, {v_new.shape}")
   if not hasattr(cache_seqlens, "shape") or tuple(
       cache_seqlens.shape) != (B,) or not jnp.issubdtype(
           cache_seqlens.dtype, jnp.integer):
@@ -137,7 +143,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
                            v_new=None, page_table=None, cache_batch_idx=None,
                            causal: bool = True, scale: float | None = None,
                            window: tuple[int, int] | None = None,
-                           softcap: float | None = None,
+                           softcap: float | None = None, sinks=None,
                            return_lse: bool = False, num_splits=None,
                            implementation: str | None = None):
   """Attention of new queries against a KV cache (FlashAttention's names).
@@ -147,6 +153,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     k_cache, v_cache: contiguous [B_cache, S_max, H_kv, D], or paged
       [num_pages, page_size, H_kv, D] with `page_table`; arrays of q's
       dtype, or both `jax_flash.Fp8KVCache` (e4m3, quantize_kv_cache).
+      v_cache's head dim D_v may differ from D (then the output has D_v;
+      the decoding kernels need D_v == D, other calls take the reference
+      path).
     cache_seqlens: int [B], valid tokens per sequence before k_new (traced).
     k_new, v_new: optional [B, T_new, H_kv, D], written at positions
       cache_seqlens[b] ... + T_new - 1 of each sequence.
@@ -162,13 +171,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     out-of-range page or row indices are clamped when read.
     causal, scale, window, softcap, implementation: as `jax_flash.attention`,
       aligned to each sequence's end (the queries are its last T_new tokens).
+    sinks: learnable attention sinks [H], as `jax_flash.attention` (the
+      decoding kernels have none yet: such calls take the reference path).
     return_lse: also return the logsumexp [B, H, T_new].
     num_splits: how many parts each sequence's keys are split into (the
       CUDA kernels; None: chosen from the batch, the heads and the cache
       length). Other backends run one pass over the keys.
 
   Returns:
-    out [B, T_new, H, D], then lse if return_lse, then (with k_new) the
+    out [B, T_new, H, D_v], then lse if return_lse, then (with k_new) the
     updated k_cache and v_cache: a tuple unless only `out` is returned.
   """
   _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
@@ -212,9 +223,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
   else:
     table = page_table.astype(jnp.int32)
   lengths = jnp.clip(seqlens, 0, capacity)
+  sinks = checks.check_sinks(sinks, q.shape[2], q.dtype)
   reason = "not requested"
   if implementation in (None, "cuda"):
     reason = decode_cuda.unsupported_reason(q, k_cache, api._platform(q))
+    if sinks is not None:
+      reason = ("the decoding kernels have no attention sinks (sinks=) yet; "
+                "implementation=None or 'xla' serves them")
+    elif v_cache.shape[-1] != q.shape[-1]:
+      reason = (f"the decoding kernels need the value head_dim equal to the "
+                f"query/key head_dim; got {v_cache.shape[-1]} and "
+                f"{q.shape[-1]}; implementation=None or 'xla' serves it")
     if implementation == "cuda" and reason:
       raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
                         f"{reason}")
@@ -242,7 +261,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     pool = lambda c: c.dequantize(q.dtype) if fp8 else c
     k, v = _gather(pool(k_cache), table), _gather(pool(v_cache), table)
     res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
-                        softcap=softcap, kv_seq_lengths=lengths,
+                        softcap=softcap, kv_seq_lengths=lengths, sinks=sinks,
                         return_lse=return_lse, implementation=implementation)
   out = res if isinstance(res, tuple) else (res,)
   if k_new is not None:

@@ -96,6 +96,12 @@ def fp8_attention(query, key, value, *, causal: bool = False,
   for name, x in zip(KINDS, inputs):
     check_input(name, x)
   check_arrays(*(logical(x) for x in inputs))
+  if logical(value).shape[-1] != logical(query).shape[-1]:
+    raise ValueError(
+        f"fp8_attention needs the value head_dim equal to the query/key "
+        f"head_dim; got {logical(value).shape[-1]} and "
+        f"{logical(query).shape[-1]} (jax_flash.attention serves a distinct "
+        f"value head_dim)")
   arrays = [x for x in inputs if not isinstance(x, Fp8Tensor)]
   forms = tuple(isinstance(x, Fp8Tensor) for x in inputs)
   dtypes = {jnp.dtype(x.dtype).name for x in arrays}

@@ -123,4 +123,8 @@ def choose(spec, implementation, platform) -> str:
       raise ValueError(f"implementation={implementation!r} is not known; "
                        f"fp8_attention supports 'cuda', 'xla' or None (best "
                        f"available)")
+  if spec.has_sinks or spec.v_head_dim != spec.head_dim:
+    raise registry.Unsupported(
+        "fp8_attention has no attention sinks and no value head_dim other "
+        "than the query/key head_dim; use jax_flash.attention for these")
   return registry.choose(spec, implementation, platform).name

@@ -75,7 +75,7 @@ from jax.sharding import PartitionSpec as P
 
 from jax_flash._src.api import attention as api
 from jax_flash._src.backends import registry as backends
-from jax_flash._src.core import checks, dropout
+from jax_flash._src.core import checks, dropout, softmax
 from jax_flash._src.ring import plan as ring_plan
 from jax_flash._src.ring import steps as ring_steps
 from jax_flash._src.autodiff.differentiable import Kernels, differentiable
@@ -90,7 +90,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
                    window: tuple[int, int] | None = None,
                    softcap: float | None = None, segment_ids=None,
                    dropout_rate: float = 0.0, dropout_rng=None,
-                   dropout_broadcast: bool = False,
+                   dropout_broadcast: bool = False, sinks=None,
                    return_lse: bool = False,
                    implementation: str | None = None,
                    batch_axis=None, head_axis=None, layout: str | None = None,
@@ -98,8 +98,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   """Exact attention of q/k/v sharded along the sequence over `seq_axis`.
 
   Args:
-    query, key, value: [B, T, H, D] and [B, S, H_kv, D] (H % H_kv == 0), with
-      T == S. With `mesh` given, these are global arrays (sharded or not:
+    query, key, value: [B, T, H, D], [B, S, H_kv, D] and [B, S, H_kv, D_v]
+      (H % H_kv == 0; D_v may differ from D), with T == S. With `mesh` given, these are global arrays (sharded or not:
       `jax.shard_map` places them as `P(batch_axis, seq_axis, head_axis)`);
       with `mesh=None` the call must be inside a `jax.shard_map` in which
       `seq_axis` is a manual axis, and the arrays are the local shards.
@@ -120,6 +120,9 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       one. With `mesh=None` the batch and head positions are those of the
       local arrays (fold a batch/head shard's index into the key where
       the shard_map shards those too). Served by "xla" and "pallas".
+    sinks: learnable attention sinks [H] (as `jax_flash.attention`; the
+      local heads' inside a shard_map), merged into each row once, after
+      the ring.
     return_lse: also return the natural-log logsumexp [B, H, T].
     implementation: backend for the per-step kernels ("cuda", "pallas",
       "xla" or None for the best available).
@@ -140,7 +143,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       gradient, on every device). Same result.
 
   Returns:
-    out [B, T, H, D] in query.dtype, or (out, lse) if return_lse.
+    out [B, T, H, D_v] in query.dtype, or (out, lse) if return_lse.
   """
   q, k, v = query, key, value
   _check_arrays(q, k, v)
@@ -170,6 +173,7 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
   H_kv = k.shape[2]
   q_seg, kv_seg = checks.check_segment_ids(segment_ids, q.shape[:1],
                                         q.shape[1], k.shape[1]) or (None, None)
+  sinks = checks.check_sinks(sinks, H, q.dtype)
 
   if mesh is None:
     for name, ax in (("batch_axis", batch_axis), ("head_axis", head_axis)):
@@ -221,37 +225,46 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       softcap=checks.check_softcap(softcap), has_segment_ids=q_seg is not None,
       batch=B // n_b, q_len=T // (n if mesh is not None else 1),
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
-      num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name,
+      num_kv_heads=H_kv // n_h, head_dim=D,
+      value_head_dim=AttentionSpec.value_head_dim_of(D, v.shape[-1]),
+      dtype=jnp.dtype(q.dtype).name,
       dropout_rate=rate, dropout_broadcast=rate > 0.0 and dropout_broadcast,
       dropout_origin=rate > 0.0)
-  backend = backends.choose(dataclasses.replace(local, causal=bool(causal)),
-                            implementation, platform)
+  # The step kernels run without the sinks (the ring merges them in at the
+  # end); the backends are asked whether they serve them all the same.
+  backend = backends.choose(dataclasses.replace(
+      local, causal=bool(causal), has_sinks=sinks is not None),
+      implementation, platform)
   key = dropout.key_words(dropout_rng) if rate > 0.0 else ()
   if api.no_rows((B, H)):
-    return api.empty_result(q, return_lse)
+    return api.empty_result(q, return_lse, v.shape[-1])
   ring = _Ring(backend.name, local, seq_axis, n, zigzag, layout == "zigzag",
-               strategy == "all_gather",
+               strategy == "all_gather", sinks is not None,
                batch_axis if mesh is not None else None,
                head_axis if mesh is not None else None)
   segs = () if q_seg is None else (q_seg.astype(jnp.int32),
                                    kv_seg.astype(jnp.int32))
+  sink_args = api.per_batch_sinks(sinks, B)
   body = functools.partial(_local_entry, ring, len(segs))
   if mesh is None:
-    o, lse = body(q, k, v, *segs, *key)
+    o, lse = body(q, k, v, *sink_args, *segs, *key)
   else:
     qkv = P(batch_axis, seq_axis, head_axis, None)
     seg = P(batch_axis, seq_axis)
+    sink = P(batch_axis, head_axis)
     if _has_explicit_axes(mesh):
       # shard_map over explicit axes takes inputs only in its in_specs.
       put = lambda x, p: jax.sharding.reshard(x, jax.NamedSharding(mesh, p))
       q, k, v = (put(x, qkv) for x in (q, k, v))
+      sink_args = [put(x, sink) for x in sink_args]
       segs = tuple(put(x, seg) for x in segs)
       key = tuple(put(x, P()) for x in key)
     o, lse = jax.shard_map(
         body, mesh=mesh,
-        in_specs=(qkv,) * 3 + (seg,) * len(segs) + (P(),) * len(key),
+        in_specs=((qkv,) * 3 + (sink,) * len(sink_args) + (seg,) * len(segs)
+                  + (P(),) * len(key)),
         out_specs=(qkv, P(batch_axis, head_axis, seq_axis)),
-        check_vma=False)(q, k, v, *segs, *key)
+        check_vma=False)(q, k, v, *sink_args, *segs, *key)
   return (o, lse) if return_lse else o
 
 
@@ -332,14 +345,17 @@ class _Ring:
   zigzag: bool  # zigzag layout of the local shards
   reorder: bool  # inputs in natural order: reorder in and out
   gather: bool = False  # all-gather the kv chunks instead of the ring
+  sinks: bool = False  # a sinks [B, H] operand follows v
   # Mesh axes of the batch and heads (the global entry): dropout's origin.
   batch_axis: str | None = None
   head_axis: str | None = None
 
 
 def _local_entry(ring: _Ring, n_segs: int, q, k, v, *rest):
-  """One device's ring: rest = segment ids (n_segs of them), then dropout's
-  key words (core/dropout.py key_words)."""
+  """One device's ring: rest = the sinks [B, H] (with ring.sinks), segment
+  ids (n_segs of them), then dropout's key words (core/dropout.py
+  key_words)."""
+  sinks, rest = rest[:int(ring.sinks)], rest[int(ring.sinks):]
   segs, key = rest[:n_segs], rest[n_segs:]
   if key:  # this device's first batch element and head in the request
     index = lambda ax: 0 if ax is None else lax.axis_index(ax)
@@ -349,7 +365,7 @@ def _local_entry(ring: _Ring, n_segs: int, q, k, v, *rest):
     to = lambda x: _local_to_zigzag(x, ring.axis, ring.n, 1)
     q, k, v = to(q), to(k), to(v)
     segs = tuple(to(s) for s in segs)
-  o, lse = _ring_fn(ring)(q, k, v, *segs, *key)
+  o, lse = _ring_fn(ring)(q, k, v, *sinks, *segs, *key)
   if ring.reorder and ring.n > 1:
     o = _local_from_zigzag(o, ring.axis, ring.n, 1)
     lse = _local_from_zigzag(lse, ring.axis, ring.n, 2)
@@ -358,7 +374,8 @@ def _local_entry(ring: _Ring, n_segs: int, q, k, v, *rest):
 
 @functools.lru_cache(maxsize=None)
 def _ring_fn(ring: _Ring):
-  """fn(q, k, v, *segs) -> (o, lse) over local shards, differentiable."""
+  """fn(q, k, v, [sinks,] *segs, *key words) -> (o, lse) over local shards,
+  differentiable."""
   be = backends.get(ring.backend)
   steps = ring_plan.plan(ring.spec, ring.n, ring.zigzag)
   run = functools.partial(ring_steps.forward, be, steps, ring.axis, ring.n,
@@ -373,8 +390,13 @@ def _ring_fn(ring: _Ring):
     return (segs if segs else (None, None)), (key if key else None)
 
   def forward(q, k, v, *rest):
+    sinks, rest = rest[:int(ring.sinks)], rest[int(ring.sinks):]
     (q_seg, kv_seg), key = split(rest)
     o, lse = run(q, k, v, q_seg, kv_seg, key)
+    if sinks:  # the sink: one more partial, of value 0 and lse = sink
+      sink_lse = jnp.broadcast_to(sinks[0].astype(lse.dtype)[..., None],
+                                  lse.shape)
+      o, lse = softmax.merge_partials((o, lse), (jnp.zeros_like(o), sink_lse))
     return o.astype(q.dtype), lse
 
   def backward(q, k, v, o, lse, do, delta, *rest):
@@ -382,7 +404,7 @@ def _ring_fn(ring: _Ring):
     dq, dk, dv = run_bwd(q, k, v, o, lse, do, delta, q_seg, kv_seg, key)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
-  return differentiable(Kernels(forward, backward))
+  return differentiable(Kernels(forward, backward, sinks=ring.sinks))
 
 
 # ---------------------------------------------------------------------------

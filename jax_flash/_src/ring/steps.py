@@ -50,14 +50,18 @@ def rotate(tree, axis: str, n: int, shift: int = 1):
   return jax.tree.map(lambda x: lax.ppermute(x, axis, perm), tree)
 
 
-def empty_partial(q, acc):
-  """(o, lse) = (0, -inf) for the rows of q [B, T, H, D]: no key seen.
+def empty_partial(q, acc, head_dim):
+  """(o, lse) = (0, -inf) for the rows of q [B, T, H, D]: no key seen; o
+  has the value head dim `head_dim`.
 
   Built with *_like from q: inside a user's shard_map, lax.switch/cond
   branches must agree on which mesh axes their outputs vary over.
   """
   lse_like = jnp.swapaxes(q[..., 0], 1, 2)  # [B, H, T]
-  return (jnp.zeros_like(q, dtype=acc),
+  o = jnp.zeros_like(q, dtype=acc)
+  if head_dim != q.shape[-1]:
+    o = jnp.broadcast_to(o[..., :1], q.shape[:-1] + (head_dim,))
+  return (o,
           jnp.full_like(lse_like, NEG_INF, dtype=acc))
 
 
@@ -224,6 +228,7 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg, key=None,
   m = len(steps[0].cases[0])  # chunks per device
   size = q.shape[1] // m
   me = lax.axis_index(axis)
+  dv = v.shape[-1]
 
   def one_case(case, src, q, kv, q_seg):
     k, v, kv_seg = kv
@@ -238,11 +243,11 @@ def forward(be, steps, axis: str, n: int, q, k, v, q_seg, kv_seg, key=None,
                                             _span(v, c.k0, c.k1, size), qs,
                                             ks, dropout_key=words))
       o, lse = _unless_apart(qs, ks, run, lambda q_c=q_c: empty_partial(
-          q_c, acc))
+          q_c, acc, dv))
       part = (_pad_rows(o.astype(acc), c.q0, c.q1, m, size, 1, 0.0),
               _pad_rows(lse.astype(acc), c.q0, c.q1, m, size, 2, NEG_INF))
       res = part if res is None else softmax.merge_partials(res, part)
-    return empty_partial(q, acc) if res is None else res
+    return empty_partial(q, acc, dv) if res is None else res
 
   def compute(cases, idx, src, kv, travel, res):
     part = _switch(cases, idx, one_case, src, q, kv, q_seg)

@@ -17,11 +17,13 @@ FP8 calls, decoding):
 
 The attention kernels' rule, in Shardy's einsum-like notation, for the
 forward
-    q [b t H d], k [b s n d], v [b s n d], (q_seg [b t], kv_seg [b s])
-        -> o [b t H d], lse [b H t]
+    q [b t H d], k [b s n d], v [b s n e], ([sinks [b H]], q_seg [b t],
+    kv_seg [b s]) -> o [b t H e], lse [b H t]
 and for the backward
-    q, k, v, o [b t H d], lse [b H t], do [b t H d], delta [b H t], (segs)
-        -> dq [b t H d], dk [b s n d], dv [b s n d]
+    q [b t H d], k [b s n d], v [b s n e], o [b t H e], lse [b H t],
+    do [b t H e], delta [b H t], (segs)
+        -> dq [b t H d], dk [b s n d], dv [b s n e]
+(e: the value head dim, a factor of its own as it may differ from d)
 where H = n (plain multi-head), or for GQA the compound factor (n g) with
 g = the group size: the q heads of one kv head share the kv head's factor n,
 so Shardy keeps every q head with its kv head (rule.heads_factor says when
@@ -108,14 +110,15 @@ def by_roles(body, in_roles, out_roles, *, group: int, kv_heads: int):
   return fn
 
 
-def kernel_roles(kind: str, n_segs: int):
+def kernel_roles(kind: str, n_segs: int, sinks: bool = False):
   """(operand roles, result roles) of the attention kernel calls."""
   # Segment ids, then (with spec.has_shifts) the shifts, laid out like them.
   segs = ("qseg", "kvseg", "qseg", "kvseg")[:n_segs]
   if kind == "forward":
-    return ("q", "kv", "kv") + segs, ("q", "lse")
+    return ("q", "kv", "v") + ("sinks",) * sinks + segs, ("o", "lse")
   if kind == "backward":
-    return ("q", "kv", "kv", "q", "lse", "q", "lse") + segs, ("q", "kv", "kv")
+    return (("q", "kv", "v", "o", "lse", "o", "lse") + segs,
+            ("q", "kv", "v"))
   raise ValueError(kind)
 
 
@@ -123,7 +126,7 @@ def partitioned(kind: str, spec, body):
   """The attention kernel call body(local_spec, *arrays) -> tuple of arrays
   under `by_roles`; kind "forward" or "backward" fixes the operands."""
   n_segs = (4 if spec.has_shifts else 2) if spec.has_segment_ids else 0
-  in_roles, out_roles = kernel_roles(kind, n_segs)
+  in_roles, out_roles = kernel_roles(kind, n_segs, spec.has_sinks)
   return by_roles(
       lambda *args: body(local_spec(spec, args[0].shape, args[1].shape),
                          *args),
@@ -138,16 +141,18 @@ def partitioned(kind: str, spec, body):
 def call(fn_for_spec, spec, *args, roles=None):
   """fn_for_spec(local_spec)(*args) -> (o, lse), per shard if needed.
 
-  args: q, k, v, then segment ids (and shifts), then with spec.has_dropout
-  dropout's key words (core/dropout.py key_words: each shard gets the
+  args: q, k, v, then with spec.has_sinks the sinks [B, H], then segment
+  ids (and shifts), then with spec.has_dropout dropout's key words
+  (core/dropout.py key_words: each shard gets the
   words of its own origin, so it draws the request's mask); q, k, v may be
   pytrees (an Fp8Tensor). roles: per argument its role, or a pytree of roles
   matching it (default: q, kv, kv, segment ids, key words).
   """
   n_key = dropout.N_WORDS if spec.has_dropout else 0
   if roles is None:
-    roles = (("q", "kv", "kv") + ("qseg", "kvseg", "qseg", "kvseg")[
-        :len(args) - 3 - n_key] + ("scalar",) * n_key)
+    sinks = ("sinks",) if spec.has_sinks else ()
+    roles = (("q", "kv", "kv") + sinks + ("qseg", "kvseg", "qseg", "kvseg")[
+        :len(args) - 3 - len(sinks) - n_key] + ("scalar",) * n_key)
   found = explicit_spec(jax.tree.leaves(args[0])[0])
   if found is None:
     return fn_for_spec(spec)(*args)

@@ -15,12 +15,16 @@ from jax.sharding import PartitionSpec as P
 
 # Role -> dimensions (one letter per axis). b: batch; H: q heads; n: KV
 # heads; t, s: query and key positions (s also a cache's slots); d: head dim;
+# e: value head dim (a factor of its own: it may differ from d);
 # p: a page pool any sequence may read; x, y, m: block counts, page-table
 # columns.
 DIMS = {
     "q": "b t H d",             # query, output, dO, dQ
     "kv": "b s n d",            # key, value (a cache whose row b is sequence b)
+    "v": "b s n e",             # value, dV (attention kernels)
+    "o": "b t H e",             # output, dO (attention kernels)
     "lse": "b H t",             # logsumexp, delta
+    "sinks": "b H",             # attention sink logits
     "qseg": "b t",              # query segment ids (and shifts)
     "kvseg": "b s",             # key segment ids (and shifts)
     "q_descale": "b H x",       # FP8: per 64 query rows

@@ -47,7 +47,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
   if reverse:
     i = num_q_blocks - 1 - i
   q_start = i * block_q
-  q, do = q_ref[...], do_ref[...]  # [block_q, D]
+  q, do = q_ref[...], do_ref[...]  # [block_q, D], [block_q, D_v]
   lse, delta = lse_ref[...], delta_ref[...]  # [block_q]
   q_pos = common.positions(q_start, block_q, axis=0)
   q_seg = None if q_seg_ref is None else q_seg_ref[...][:, None]
@@ -92,7 +92,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
   batch, kv_head = pl.program_id(1), pl.program_id(2)  # (not inside loops)
 
   k_start = pl.program_id(0) * block_k
-  k, v = k_ref[...], v_ref[...]  # [block_k, D]
+  k, v = k_ref[...], v_ref[...]  # [block_k, D], [block_k, D_v]
   k_pos = common.positions(k_start, block_k, axis=0)
   k_seg = None if kv_seg_ref is None else kv_seg_ref[...][:, None]
 
@@ -100,7 +100,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
     dk, dv = carry
     q_start = common.block_start(i, block_q)
     rows = pl.ds(q_start, block_q)
-    q, do = q_ref[rows, g, :], do_ref[rows, g, :]  # [block_q, D]
+    q, do = q_ref[rows, g, :], do_ref[rows, g, :]  # [block_q, D], [.., D_v]
     lse, delta = lse_ref[g, rows], delta_ref[g, rows]  # [block_q]
     mask_t = None
     k_b, v_b = k, v
@@ -136,11 +136,11 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
     return common.visit_blocks(first, last, full,
                                functools.partial(q_block, g), carry, mode)
 
-  zeros = jnp.zeros(k.shape, acc_dtype)
+  zeros = (jnp.zeros(k.shape, acc_dtype), jnp.zeros(v.shape, acc_dtype))
   if group == 1:
-    dk, dv = q_head(0, (zeros, zeros))
+    dk, dv = q_head(0, zeros)
   else:
-    dk, dv = lax.fori_loop(0, group, q_head, (zeros, zeros))
+    dk, dv = lax.fori_loop(0, group, q_head, zeros)
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -152,7 +152,7 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
   shifts, dropout_key: as forward (the mask is drawn again)."""
   del o  # only needed through delta
   B, T, H, D = q.shape
-  S, H_kv = k.shape[1], k.shape[2]
+  S, H_kv, Dv = k.shape[1], k.shape[2], v.shape[3]
   group = H // H_kv
   acc_dtype = softmax.accum_dtype(q.dtype)
   bq_dq, bk_dq = (common.fit_block(dq_cfg.block_q, T),
@@ -162,11 +162,11 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
   # One padding serves both kernels (block sizes are powers of two).
   Tp = common.round_up(T, max(bq_dq, bq_kv))
   Sp = common.round_up(S, max(bk_dq, bk_kv))
-  Dp = common.padded_head_dim(D)
+  Dp, Dvp = common.padded_head_dim(D), common.padded_head_dim(Dv)
   mode = common.mask_mode(spec, Tp, Sp)
 
-  q, do = (common.pad_to(x, {1: Tp, 3: Dp}) for x in (q, do))
-  k, v = (common.pad_to(x, {1: Sp, 3: Dp}) for x in (k, v))
+  q, do = common.pad_to(q, {1: Tp, 3: Dp}), common.pad_to(do, {1: Tp, 3: Dvp})
+  k, v = common.pad_to(k, {1: Sp, 3: Dp}), common.pad_to(v, {1: Sp, 3: Dvp})
   # Padded rows are masked, so their lse/delta values are never used.
   lse, delta = (common.pad_to(x.astype(acc_dtype), {2: Tp})
                 for x in (lse, delta))
@@ -189,13 +189,13 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg, kv_seg,
   dk, dv = _dkdv(spec, q, k, v, do, lse, delta, segs, bq_kv, bk_kv, group,
                  mode, acc_dtype, dkdv_cfg, interpret, dropout_key)
   return (common.unpad(dq, {1: T, 3: D}), common.unpad(dk, {1: S, 3: D}),
-          common.unpad(dv, {1: S, 3: D}))
+          common.unpad(dv, {1: S, 3: Dv}))
 
 
 def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
         cfg, interpret, dropout_key):
   B, Tp, H, Dp = q.shape
-  Sp = k.shape[1]
+  Sp, Dvp = k.shape[1], v.shape[3]
   nq, nk = Tp // bq, Sp // bk
   reverse = spec.window_right != UNBOUNDED  # heaviest q blocks first
 
@@ -207,10 +207,14 @@ def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
 
   q_tile = pl.BlockSpec((None, bq, None, Dp),
                         lambda i, b, h: (b, q_block(i), h, 0))
+  o_tile = pl.BlockSpec((None, bq, None, Dvp),
+                        lambda i, b, h: (b, q_block(i), h, 0))
   kv_all = pl.BlockSpec((None, Sp, None, Dp),
                         lambda i, b, h: (b, 0, kv_head(h), 0))
+  v_all = pl.BlockSpec((None, Sp, None, Dvp),
+                       lambda i, b, h: (b, 0, kv_head(h), 0))
   row_tile = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, q_block(i)))
-  in_specs = [q_tile, kv_all, kv_all, q_tile, row_tile, row_tile]
+  in_specs = [q_tile, kv_all, v_all, o_tile, row_tile, row_tile]
   mask_args = []
   if segs:
     ids, shifts, spans, _ = segs
@@ -236,14 +240,17 @@ def _dq(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode, acc_dtype,
 def _dkdv(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode,
           acc_dtype, cfg, interpret, dropout_key):
   B, Tp, H, Dp = q.shape
-  Sp, H_kv = k.shape[1], k.shape[2]
+  Sp, H_kv, Dvp = k.shape[1], k.shape[2], v.shape[3]
   nq, nk = Tp // bq, Sp // bk
 
   kv_tile = pl.BlockSpec((None, bk, None, Dp), lambda j, b, h: (b, j, h, 0))
+  v_tile = pl.BlockSpec((None, bk, None, Dvp), lambda j, b, h: (b, j, h, 0))
   # Q-side operands: the whole sequence of the `group` q heads of kv head h.
   q_group = pl.BlockSpec((None, Tp, group, Dp), lambda j, b, h: (b, 0, h, 0))
+  do_group = pl.BlockSpec((None, Tp, group, Dvp),
+                          lambda j, b, h: (b, 0, h, 0))
   rows_group = pl.BlockSpec((None, group, Tp), lambda j, b, h: (b, h, 0))
-  in_specs = [q_group, kv_tile, kv_tile, q_group, rows_group, rows_group]
+  in_specs = [q_group, kv_tile, v_tile, do_group, rows_group, rows_group]
   mask_args = []
   if segs:
     ids, shifts, _, spans = segs
@@ -261,7 +268,7 @@ def _dkdv(spec, q, k, v, do, lse, delta, segs, bq, bk, group, mode,
   dk, dv = common.launch(
       kernel, name="jax_flash_bwd_dkdv", grid=(nk, B, H_kv),
       args=args, in_specs=in_specs,
-      out_specs=[kv_tile, kv_tile],
+      out_specs=[kv_tile, v_tile],
       out_shapes=[common.sds(k.shape, k.dtype), common.sds(v.shape, v.dtype)],
       interpret=interpret, cfg=cfg)
   return dk, dv

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
@@ -33,6 +34,8 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
             block_k: int, num_q_blocks: int, num_kv_blocks: int,
             mode: common.MaskMode, reverse: bool, acc_dtype):
   o_ref, lse_ref = refs[-2:]  # inputs may also hold aliased poison buffers
+  if spec.has_sinks:  # the sink logit of every row, before the mask inputs
+    sink_ref, refs = refs[0], refs[1:]
   q_seg_ref, kv_seg_ref, q_shift_ref, _, span_ref = common.mask_refs(refs, spec)
   # Dropout: the generator's key words follow the segment ids.
   key = common.dropout_key(refs, spec)
@@ -69,7 +72,10 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
                                        num_kv_blocks)
   full = masking.kv_block_full_range(spec, q_start, block_q, block_k)
   first, last, full = common.narrow(span_ref, i, first, last, full)
-  state = softmax.init_state((block_q,), q.shape, acc_dtype)
+  state = softmax.init_state((block_q,), (block_q, v_ref.shape[-1]),
+                             acc_dtype)
+  if spec.has_sinks:
+    state = softmax.with_sink(state, sink_ref[...], base2=True)
   state = common.visit_blocks(first, last, full, kv_block, state, mode)
   o, lse = softmax.finalize(state, base2=True)
   o_ref[...] = o.astype(o_ref.dtype)
@@ -78,17 +84,18 @@ def _kernel(q_ref, k_ref, v_ref, *refs, spec: AttentionSpec, block_q: int,
 
 def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
             cfg: KernelConfig, interpret: bool, shifts=None,
-            dropout_key=None):
-  """(o [B,T,H,D], lse [B,H,T]) for canonical inputs (see spec.py).
+            dropout_key=None, sinks=None):
+  """(o [B,T,H,D_v], lse [B,H,T]) for canonical inputs (see spec.py).
   shifts: None or (q_shift, kv_shift) with spec.has_shifts; dropout_key:
-  None or (k0, k1) with spec.has_dropout, as xla.forward."""
+  None or (k0, k1) with spec.has_dropout; sinks: None or [B, H] with
+  spec.has_sinks, as xla.forward."""
   B, T, H, D = q.shape
-  S, H_kv = k.shape[1], k.shape[2]
+  S, H_kv, Dv = k.shape[1], k.shape[2], v.shape[3]
   group = H // H_kv
   acc_dtype = softmax.accum_dtype(q.dtype)
   bq, bk = common.fit_block(cfg.block_q, T), common.fit_block(cfg.block_k, S)
   Tp, Sp = common.round_up(T, bq), common.round_up(S, bk)
-  Dp = common.padded_head_dim(D)
+  Dp, Dvp = common.padded_head_dim(D), common.padded_head_dim(Dv)
   nq, nk = Tp // bq, Sp // bk
   reverse = spec.window_right != UNBOUNDED
 
@@ -100,13 +107,24 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
 
   args = [common.pad_to(q, {1: Tp, 3: Dp}),
           common.pad_to(k, {1: Sp, 3: Dp}),
-          common.pad_to(v, {1: Sp, 3: Dp})]
+          common.pad_to(v, {1: Sp, 3: Dvp})]
   q_tile = pl.BlockSpec((None, bq, None, Dp),
+                        lambda i, b, h: (b, q_block(i), h, 0))
+  o_tile = pl.BlockSpec((None, bq, None, Dvp),
                         lambda i, b, h: (b, q_block(i), h, 0))
   # K/V: the whole (padded) sequence of one kv head; the kernel slices it.
   kv_all = pl.BlockSpec((None, Sp, None, Dp),
                         lambda i, b, h: (b, 0, kv_head(h), 0))
-  in_specs = [q_tile, kv_all, kv_all]
+  v_all = pl.BlockSpec((None, Sp, None, Dvp),
+                       lambda i, b, h: (b, 0, kv_head(h), 0))
+  row_tile = pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, q_block(i)))
+  in_specs = [q_tile, kv_all, v_all]
+  if spec.has_sinks:
+    # Per row, like the lse: a tile load the Triton lowering handles as any
+    # other (a scalar per (batch, head) would need a gather).
+    args.append(jnp.broadcast_to(sinks.astype(acc_dtype)[..., None],
+                                 (B, H, Tp)))
+    in_specs.append(row_tile)
   if spec.has_segment_ids:
     pad = lambda pair: (common.pad_to(pair[0], {1: Tp}),
                         common.pad_to(pair[1], {1: Sp}))
@@ -121,10 +139,8 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
     args += more
     in_specs += more_specs
   args, in_specs = common.with_dropout_key(args, in_specs, dropout_key)
-  out_specs = [q_tile,
-               pl.BlockSpec((None, None, bq),
-                            lambda i, b, h: (b, h, q_block(i)))]
-  out_shapes = [common.sds((B, Tp, H, Dp), q.dtype),
+  out_specs = [o_tile, row_tile]
+  out_shapes = [common.sds((B, Tp, H, Dvp), q.dtype),
                 common.sds((B, H, Tp), acc_dtype)]
 
   kernel = functools.partial(
@@ -134,4 +150,4 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
   o, lse = common.launch(kernel, name="jax_flash_fwd", grid=(nq, B, H),
                          args=args, in_specs=in_specs, out_specs=out_specs,
                          out_shapes=out_shapes, interpret=interpret, cfg=cfg)
-  return common.unpad(o, {1: T, 3: D}), common.unpad(lse, {2: T})
+  return common.unpad(o, {1: T, 3: Dv}), common.unpad(lse, {2: T})
