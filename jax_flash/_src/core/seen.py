@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from jax_flash._src.core import masking
 from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 
 
@@ -30,9 +31,7 @@ def all_seen(spec: AttentionSpec) -> bool:
   sees some key (trace time; segment ids may still hide tokens)."""
   if spec.has_shifts or spec.q_len == 0 or spec.kv_len == 0:
     return False
-  inf = float("inf")
-  left = inf if spec.window_left == UNBOUNDED else spec.window_left
-  right = inf if spec.window_right == UNBOUNDED else spec.window_right
+  left, right = masking.window_bounds(spec)
   off, T, S = spec.kv_offset, spec.q_len, spec.kv_len
   # Rows' bands move right by one per row: their union is one interval, and
   # a row's band is never empty by itself.
