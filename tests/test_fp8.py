@@ -37,6 +37,7 @@ import jax_flash
 import reference
 from jax_flash._src.backends import registry
 from jax_flash._src.backends.registry import Unsupported
+from jax_flash._src.core import seen
 from jax_flash._src.core.checks import window_fields
 from jax_flash._src.fp8 import checks as fp8_checks
 from jax_flash._src.fp8 import differentiable as fp8_differentiable
@@ -106,6 +107,16 @@ def _inputs(rng, c: Case, dtype=None):
     q_ids[:, -3:] = 7  # in no kv segment: rows that see no key
     segs = (jnp.asarray(q_ids, jnp.int32), jnp.asarray(kv_ids, jnp.int32))
   return q, k, v, segs
+
+
+def _zero_unseen(c: Case, q, k, v, segs=None):
+  """q, k, v with the query rows that see no key and the keys no query sees
+  set to 0, as fp8_attention does before quantising (core/seen.py)."""
+  q_seg, kv_seg = segs if segs is not None else (None, None)
+  rows = seen.rows_seeing(c.spec(), q_seg, kv_seg)[..., None, None]
+  keys = seen.keys_seen(c.spec(), q_seg, kv_seg)[..., None, None]
+  zero = lambda x, ok: jnp.where(ok, x, jnp.zeros((), x.dtype))
+  return zero(q, rows), zero(k, keys), zero(v, keys)
 
 
 def _exact(q, k, v, c: Case, segs=None, scale=None):
@@ -382,8 +393,9 @@ def test_outlier_accuracy_block_rotation_vs_tensor(rng):
 
 
 def test_api_equals_reference(rng):
-  """fp8_attention(implementation="xla") is quantize.py + reference.forward,
-  output sliced to D, with leading batch dims, GQA, segment ids, T != S."""
+  """fp8_attention(implementation="xla") is quantize.py + reference.forward
+  of the inputs with unseen tokens zeroed, output sliced to D, with leading
+  batch dims, GQA, segment ids, T != S."""
   c = Case("api", B=4, T=70, S=90, H=4, Hk=2, D=40, causal=True,
            segments=True)
   q, k, v, segs = _inputs(rng, c)
@@ -395,8 +407,8 @@ def test_api_equals_reference(rng):
   assert o.shape == (2, 2, c.T, c.H, c.D) and o.dtype == jnp.bfloat16
   assert lse.shape == (2, 2, c.H, c.T) and lse.dtype == F32
   want_o, want_lse = jax.jit(lambda q, k, v, segs: fp8_ref.forward(
-      c.spec(), *_fp8_inputs(q, k, v, seed=4), *segs, jnp.bfloat16))(
-          q, k, v, segs)
+      c.spec(), *_fp8_inputs(*_zero_unseen(c, q, k, v, segs), seed=4),
+      *segs, jnp.bfloat16))(q, k, v, segs)
   np.testing.assert_array_equal(o.reshape(want_o[..., :c.D].shape),
                                 want_o[..., :c.D])
   np.testing.assert_array_equal(lse.reshape(want_lse.shape), want_lse)
@@ -406,9 +418,10 @@ def test_api_equals_reference(rng):
 
 def test_fp8_tensor_inputs(rng):
   """Pre-quantised inputs (an FP8 KV cache) give what quantising inside
-  gives; also mixed with a 16-bit query."""
+  gives; also mixed with a 16-bit query. The keys before every window are
+  zero (what quantising inside makes of them, whatever they hold)."""
   c = Case("pre", B=2, T=33, S=140, H=4, Hk=1, D=64, window=(50, 0))
-  q, k, v, _ = _inputs(rng, c, "float16")
+  q, k, v = _zero_unseen(c, *_inputs(rng, c, "float16")[:3])
   f = jax.jit(lambda q, k, v: jax_flash.fp8_attention(
       q, k, v, window=(50, 0), seed=2, return_lse=True,
       implementation="xla"))
@@ -700,7 +713,7 @@ def test_cuda_plumbing(fake_cuda, pre_pass, rng):
   np.testing.assert_array_equal(o, want[0])
   np.testing.assert_array_equal(lse, want[1])
   if pre_pass:  # Fp8Tensor inputs skip the pre-pass
-    vq = quantize_fp8(v, kind="value")
+    vq = quantize_fp8(_zero_unseen(c, q, k, v, segs)[2], kind="value")
     calls = dict(fake.calls)
     o2 = jax.jit(lambda q, k, v: jax_flash.fp8_attention(
         q, k, v, implementation="cuda", **kw))(q, k, vq)[0]

@@ -96,6 +96,18 @@ def _seen_only(mask, i, bq, q_len, *blocks):
   return tuple(jnp.where(seen, x, jnp.zeros((), x.dtype)) for x in blocks)
 
 
+def _seeing_only(mask, q_blk):
+  """The q block [B, H_kv, G, bq, D] with the rows that see no key of the
+  kv block set to 0. Such rows (outside every sequence, in a segment without
+  keys) may hold anything; their probabilities are 0, but their scores still
+  meet the softcap's derivative and dS^T Q in the backward. mask as in
+  `_seen_only`."""
+  if mask is None:
+    return q_blk
+  seeing = jnp.any(mask, axis=-1)[..., None]  # [bq, 1] or [B|1, 1, 1, bq, 1]
+  return jnp.where(seeing, q_blk, jnp.zeros((), q_blk.dtype))
+
+
 def q_seg_blocks(q_seg, shifts, block):
   """The q side's per-block mask data: ids, or (ids, shifts) with shifts."""
   if q_seg is None or shifts is None:
@@ -248,10 +260,11 @@ def backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg=None,
 
     def body(i, carry):
       dk, dv, dq_acc = carry
-      q_blk, do_blk = qb[i], dob[i]
+      do_blk = dob[i]
       qs_blk = None if qsb is None else jax.tree.map(lambda x: x[i], qsb)
       mask = _block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
       k_blk, v_blk = _seen_only(mask, i, bq, spec.q_len, k_raw, v_raw)
+      q_blk = _seeing_only(mask, qb[i])
       k2, v2 = k_blk[:, :, 0], v_blk[:, :, 0]
       qk = _qk(q_blk, k_blk, acc_t)
       s = softmax.scores(spec, qk)

@@ -147,7 +147,7 @@ def q_block_full_range(spec: AttentionSpec, k_start, block_k: int,
 # ---------------------------------------------------------------------------
 
 
-def _bounds(spec: AttentionSpec):
+def window_bounds(spec: AttentionSpec):
   """(left, right) window sides as numbers, unbounded = +-inf."""
   inf = float("inf")
   left = inf if spec.window_left == UNBOUNDED else spec.window_left
@@ -157,7 +157,7 @@ def _bounds(spec: AttentionSpec):
 
 def is_empty(spec: AttentionSpec) -> bool:
   """Whether no (query, key) pair of the block is visible by position."""
-  left, right = _bounds(spec)
+  left, right = window_bounds(spec)
   off = spec.kv_offset
   # row i sees a key iff i + off - left <= kv_len - 1 and i + off + right >= 0
   first_row = max(0, -off - right)
@@ -175,7 +175,7 @@ def simplify(spec: AttentionSpec) -> AttentionSpec | None:
   """
   if is_empty(spec):
     return None
-  left, right = _bounds(spec)
+  left, right = window_bounds(spec)
   off = spec.kv_offset
   left_cuts = spec.q_len - 1 + off - left > 0  # last row, key 0
   right_cuts = spec.kv_len - 1 > off + right  # row 0, last key
@@ -202,7 +202,7 @@ def bottom_right_view(spec: AttentionSpec) -> AttentionSpec | None:
   """
   if is_empty(spec):
     return None
-  left, right = _bounds(spec)
+  left, right = window_bounds(spec)
   off, T, S = spec.kv_offset, spec.q_len, spec.kv_len
   if S - T < off - left:  # band right of the corner: drop late rows
     T = S - off + spec.window_left

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_flash._src.backends.registry import Unsupported
+from jax_flash._src.core import seen
 from jax_flash._src.fp8 import cuda as fp8_cuda
 from jax_flash._src.fp8 import quantize, reference, scheme
 from jax_flash._src.fp8.checks import OUT_DTYPES
@@ -82,9 +83,26 @@ def _cuda_prepass_serves(parts, seed) -> bool:
   return True
 
 
+def _unseen_zeroed(spec, parts, forms, segs):
+  """The 16-bit inputs with the keys/values that no query row sees and the
+  query rows that see no key set to 0, before quantisation: whatever such
+  tokens hold (stale cache data, NaN, Inf) then enters no block or channel
+  scale and no product. Fp8Tensor inputs are taken as they are."""
+  if seen.all_seen(spec) and not segs:
+    return parts
+  q_seg, kv_seg = segs if segs else (None, None)
+  rows = seen.rows_seeing(spec, q_seg, kv_seg)
+  keys = seen.keys_seen(spec, q_seg, kv_seg)
+  keep = (rows, keys, keys)
+  return [x if is_fp8 else jnp.where(ok[:, :, None, None], x,
+                                     jnp.zeros((), x.dtype))
+          for x, is_fp8, ok in zip(parts, forms, keep)]
+
+
 def _kernel_body(impl, local, *args):
   forms, seed = local.fp8.quantized, local.fp8.rotation_seed
   parts, segs = _split_leaves(forms, args)
+  parts = _unseen_zeroed(local, parts, forms, segs)
   q_seg, kv_seg = segs if segs else (None, None)
   out_dtype = jnp.dtype(local.dtype)
   if impl == "xla":

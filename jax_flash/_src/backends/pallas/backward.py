@@ -63,7 +63,8 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
       mask = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
     k, v = common.seen_only(mask, q_pos, spec.q_len, 0, k_ref[rows, :],
                             v_ref[rows, :])
-    qk = common.dot(q, k, acc_dtype, trans_b=True)  # [block_q, block_k]
+    (q_b,) = common.seeing_only(mask, 1, q)
+    qk = common.dot(q_b, k, acc_dtype, trans_b=True)  # [block_q, block_k]
     s = softmax.scores_base2(spec, qk)
     p = softmax.probs_from_lse(s, lse, mask, base2=True)
     keep = common.dropout_keep(spec, key, batch, head, q_pos,
@@ -110,6 +111,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
       q_shift = None if q_shift_ref is None else q_shift_ref[rows][None, :]
       mask_t = masking.visible(spec, q_pos, k_pos, q_seg, k_seg, q_shift)
       k_b, v_b = common.seen_only(mask_t, q_pos, spec.q_len, 1, k, v)
+      (q,) = common.seeing_only(mask_t, 0, q)
     qk_t = common.dot(k_b, q, acc_dtype, trans_b=True)  # [block_k, block_q]
     s_t = softmax.scores_base2(spec, qk_t)
     p_t = softmax.probs_from_lse(s_t, lse, mask_t, base2=True,

@@ -201,6 +201,19 @@ def seen_only(mask, q_pos, q_len, axis: int, *blocks):
                for x in blocks)
 
 
+def seeing_only(mask, axis: int, *blocks):
+  """Query blocks [block_q, D] with the rows that see no key of the tile set
+  to 0 (mask: the tile's visibility, keys along `axis`; None: all visible).
+  Such rows (outside every sequence, in a segment without keys) may hold
+  anything, NaN included; their probabilities are 0, but their scores still
+  meet the softcap's derivative and dS^T Q in the backward."""
+  if mask is None:
+    return blocks
+  seeing = jnp.max(jnp.where(mask, 1, 0), axis=axis) > 0
+  return tuple(jnp.where(seeing[:, None], x, jnp.zeros((), x.dtype))
+               for x in blocks)
+
+
 def block_start(idx, block: int):
   # The hint lets Triton prove alignment and vectorise the tile loads.
   return pl.multiple_of(idx * block, block)
