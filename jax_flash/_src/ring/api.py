@@ -223,7 +223,9 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       kv_len=T // (n if mesh is not None else 1), num_heads=H // n_h,
       num_kv_heads=H_kv // n_h, head_dim=D, dtype=jnp.dtype(q.dtype).name,
       dropout_rate=rate, dropout_broadcast=rate > 0.0 and dropout_broadcast,
-      dropout_origin=rate > 0.0)
+      # Every call's column origin is a multiple of the chunk length.
+      dropout_origin=(T // parts if mesh is not None else
+                      T // (2 if zigzag else 1)) if rate > 0.0 else 0)
   backend = backends.choose(dataclasses.replace(local, causal=bool(causal)),
                             implementation, platform)
   key = dropout.key_words(dropout_rng) if rate > 0.0 else ()
