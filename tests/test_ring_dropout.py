@@ -258,7 +258,7 @@ def test_plan_calls_with_dropout_are_one_pair_each(window):
   one global origin), covering the pairs the merged calls cover."""
   base = AttentionSpec(scale=0.25, window_left=window[0],
                        window_right=window[1], q_len=12, kv_len=12)
-  drop = dataclasses.replace(base, dropout_rate=RATE, dropout_origin=True)
+  drop = dataclasses.replace(base, dropout_rate=RATE, dropout_origin=3)
   for zigzag in (True, False):
     for step, step_d in zip(ring_plan.plan(base, 4, zigzag),
                             ring_plan.plan(drop, 4, zigzag)):
@@ -275,23 +275,31 @@ def test_plan_calls_with_dropout_are_one_pair_each(window):
         assert set(want) <= seen(calls) and len(calls_d) >= len(calls)
 
 
-def test_cuda_refuses_a_block_origin():
-  """The CUDA kernels draw at origin (0, 0): ring blocks with dropout are
-  refused by name, and the default choice falls back to a backend that
-  serves them."""
-  spec = AttentionSpec(scale=0.125, batch=1, q_len=64, kv_len=64,
+@pytest.mark.parametrize("chunk,served", [(96, False), (128, True)])
+def test_cuda_serves_block_origins_on_64_column_chunks(chunk, served):
+  """The CUDA kernels draw dropout in 64-column chunks: ring blocks whose
+  column origins are multiples of 64 are theirs (when the extension and a
+  GPU are there), others are refused naming the chunk length, and the
+  default choice falls back to a backend that serves them."""
+  spec = AttentionSpec(scale=0.125, batch=1, q_len=chunk, kv_len=chunk,
                        num_heads=2, num_kv_heads=2, head_dim=64,
                        dtype="bfloat16", dropout_rate=0.1,
-                       dropout_origin=True)
-  with pytest.raises(backends.Unsupported, match="origin"):
+                       dropout_origin=chunk)
+  if not served:
+    with pytest.raises(backends.Unsupported, match="64-column chunks"):
+      CudaBackend().check(spec, "gpu")
+    assert backends.choose(spec, None, "gpu").name in ("xla", "pallas")
+    return
+  try:
     CudaBackend().check(spec, "gpu")
-  assert backends.choose(spec, None, "gpu").name in ("xla", "pallas")
+  except backends.Unsupported as e:  # no extension or no GPU here
+    assert "64-column" not in str(e), e
 
 
-def test_cuda_implementation_is_refused_in_the_ring(rng):
+def test_cuda_implementation_is_refused_in_the_ring_off_64_columns(rng):
   mesh, axes, _ = _mesh("seq8")
   q, k, v = _qkv(rng, 1, 16, 2, 2, 64, np.float16)
-  with pytest.raises(backends.Unsupported, match="origin"):
+  with pytest.raises(backends.Unsupported, match="64-column chunks"):
     jax_flash.ring_attention(q, k, v, mesh=mesh, implementation="cuda",
                              dropout_rate=0.1, dropout_rng=jax.random.key(0),
                              **axes)
@@ -309,3 +317,38 @@ def test_errors(kw, match, rng):
   q, k, v = _qkv(rng, 1, 16, 2, 2, 8)
   with pytest.raises(ValueError, match=match):
     jax_flash.ring_attention(q, k, v, mesh=mesh, **axes, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_cuda_ring_blocks_draw_the_single_device_mask(layout, rng):
+  """On one GPU a one-device ring still runs block calls at nonzero row and
+  column origins (zigzag: chunk pairs (0, 1) and (1, 0)); the CUDA kernels
+  must draw there what xla draws: same outputs and gradients to bf16
+  rounding. Chunks of 192 tokens (a multiple of 64, not of 128), GQA."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  try:
+    CudaBackend().check(AttentionSpec(
+        scale=0.125, batch=1, q_len=192, kv_len=192, num_heads=4,
+        num_kv_heads=2, head_dim=64, dtype="bfloat16", dropout_rate=RATE,
+        dropout_origin=192), "gpu")
+  except backends.Unsupported as e:
+    pytest.skip(f"cuda: {e}")
+  mesh = Mesh(np.array(jax.devices()[:1]), ("s",))
+  T = 384 if layout == "zigzag" else 192
+  q, k, v = _qkv(rng, 2, T, 4, 2, 64, np.float32)
+  q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  key = jax.random.key(11)
+  run = lambda impl: jax.jit(functools.partial(_fwd_and_grads, functools.partial(
+      jax_flash.ring_attention, mesh=mesh, seq_axis="s", layout=layout,
+      causal=True, dropout_rate=RATE, dropout_rng=key, return_lse=True,
+      implementation=impl)))(q, k, v)
+  f64 = lambda x: np.asarray(x, np.float64)
+  for got, want in zip(jax.tree.leaves(run("cuda")),
+                       jax.tree.leaves(run("xla"))):
+    got, want = f64(got), f64(want)
+    assert np.isfinite(got).all()
+    # A mask drawn elsewhere differs by O(1) in a quarter of the entries.
+    np.testing.assert_allclose(got, want, atol=3e-2 * np.abs(want).max(),
+                               rtol=0)

@@ -128,9 +128,9 @@ inline ffi::Error FillDropout(FwdParams& p, const ffi::Buffer<ffi::U32>& words, 
   }
   p.dropout = DropoutArgs{};
   if (threshold == 0) return ffi::Error::Success();
-  if (words.element_count() != 4) {
-    return Invalid("dropout key words must be uint32 [4] (key0, key1, batch0, head0); got " +
-                   std::to_string(words.element_count()) + " elements");
+  if (words.element_count() != 6) {
+    return Invalid("dropout key words must be uint32 [6] (key0, key1, batch0, head0, row0, col0); "
+                   "got " + std::to_string(words.element_count()) + " elements");
   }
   p.dropout.words = words.typed_data();
   p.dropout.threshold = static_cast<uint32_t>(threshold);

@@ -33,20 +33,26 @@ JF_DEVICE void opaque_words(uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) 
 // tiles): each thread reads them from device memory once (for its first
 // draw), thread 0 also stores them in the slot, and the draws inside the KV
 // loop (after a barrier) read them back with one broadcast load instead of
-// holding four registers across the loop, where the accumulators take
+// holding six registers across the loop, where the accumulators take
 // nearly all of them.
-constexpr int kDropoutSmemBytes = 16;
+constexpr int kDropoutSmemBytes = 32;
 
 JF_DEVICE void stash_dropout_words(char* slot, const Dropout& d, int tid) {
-  if (tid == 0) *reinterpret_cast<uint4*>(slot) = make_uint4(d.key0, d.key1, d.batch0, d.head0);
+  if (tid == 0) {
+    *reinterpret_cast<uint4*>(slot) = make_uint4(d.key0, d.key1, d.batch0, d.head0);
+    *reinterpret_cast<uint2*>(slot + 16) = make_uint2(d.row0, d.chunk0);
+  }
 }
 JF_DEVICE Dropout stashed_dropout(const char* slot, const DropoutArgs& a) {
   const uint4 w = *reinterpret_cast<const uint4*>(slot);
+  const uint2 o = *reinterpret_cast<const uint2*>(slot + 16);
   Dropout d;
   d.key0 = w.x;
   d.key1 = w.y;
   d.batch0 = w.z;
   d.head0 = w.w;
+  d.row0 = o.x;
+  d.chunk0 = o.y;
   d.threshold = a.threshold;
   d.broadcast = a.broadcast;
   return d;

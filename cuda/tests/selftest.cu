@@ -50,8 +50,10 @@ struct Case {
 };
 
 // The dropout key of every case: key words and a nonzero origin (the call
-// as one shard of a larger request), so that both enter the positions.
-constexpr uint32_t kDropoutWords[4] = {0x9E3779B9u, 0x243F6A88u, 3u, 5u};
+// as one shard of a larger request, a block of ring attention: batch0,
+// head0, row0, col0 with col0 a multiple of 64), so that all enter the
+// positions.
+constexpr uint32_t kDropoutWords[6] = {0x9E3779B9u, 0x243F6A88u, 3u, 5u, 77u, 192u};
 
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
 static double err16(const std::vector<uint16_t>& got, const Tensor& layout,

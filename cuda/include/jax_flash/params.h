@@ -15,7 +15,9 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat8E4M3 = 2 };
 // >= threshold, kept elements are scaled by 256 / (256 - threshold). The key
 // comes from a traced jax.random key, so it is device data.
 struct DropoutArgs {
-  const uint32_t* words = nullptr;  // device [4]: key0, key1, batch0, head0
+  // device [6]: key0, key1 and the call's origin in the whole request,
+  // batch0, head0, row0, col0 (col0 a multiple of 64: philox.h Dropout).
+  const uint32_t* words = nullptr;
   uint32_t threshold = 0;           // round(rate * 256); 0 = no dropout
   bool broadcast = false;           // one mask for every (batch, head)
   constexpr bool enabled() const { return threshold != 0; }

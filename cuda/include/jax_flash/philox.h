@@ -83,10 +83,14 @@ JF_HOST_DEVICE float dropout_keep_scale(const DropoutArgs& a) { return 256.f / f
 
 // A call's generator in a kernel (from params.h's DropoutArgs): the key, the
 // call's origin in the whole request (batch0, head0: nonzero in one shard of
-// a sharded call, so every shard draws the single-device mask) and the byte
-// threshold. Positions passed in are the call's.
+// a sharded call; row0, col0: in one block of ring attention; so every call
+// draws the single-device mask) and the byte threshold. Positions passed in
+// are the call's. The column origin enters as whole 64-column chunks (chunk0
+// = col0 / 64): the kernels draw one 64-column chunk's 16 bytes at a time, so
+// a call's columns must start on a chunk (jax_flash/_src/backends/cuda.py
+// serves only col0 % 64 == 0).
 struct Dropout {
-  uint32_t key0 = 0, key1 = 0, batch0 = 0, head0 = 0;
+  uint32_t key0 = 0, key1 = 0, batch0 = 0, head0 = 0, row0 = 0, chunk0 = 0;
   uint32_t threshold = 0;  // keep iff byte >= threshold; 0 = no dropout
   bool broadcast = false;  // every (batch, head) draws at (0, 0)
 
@@ -99,6 +103,8 @@ struct Dropout {
       key1 = a.words[1];
       batch0 = a.words[2];
       head0 = a.words[3];
+      row0 = a.words[4];
+      chunk0 = a.words[5] / 64u;
     }
   }
   // The 16 random bytes of (batch, head, row, 64-column chunk, t): byte
@@ -106,7 +112,7 @@ struct Dropout {
   JF_HOST_DEVICE Philox4x32 bytes(uint32_t batch, uint32_t head, uint32_t row, uint32_t chunk,
                                   uint32_t t) const {
     const uint32_t b = broadcast ? 0u : batch0 + batch, h = broadcast ? 0u : head0 + head;
-    return philox4x32(row, 4u * chunk + t, h, b, key0, key1);
+    return philox4x32(row0 + row, 4u * (chunk0 + chunk) + t, h, b, key0, key1);
   }
   JF_HOST_DEVICE KeepBits keep_bits(uint32_t batch, uint32_t head, uint32_t row, uint32_t chunk,
                                     uint32_t t) const {

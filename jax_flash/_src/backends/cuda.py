@@ -23,6 +23,9 @@ from jax_flash._src.backends.registry import Unsupported, register
 from jax_flash._src.core.spec import AttentionSpec
 
 DTYPES = ("bfloat16", "float16")
+# The kernels draw dropout's bytes for 64 columns at a time (philox.h
+# Dropout): a call's column origin must be a multiple of it.
+DROPOUT_COLUMN_CHUNK = 64
 MAX_HEAD_DIM = kernel_table.max_head_dim("sm80")
 
 
@@ -100,10 +103,13 @@ class CudaBackend:
       from jax_flash._src.fp8 import cuda as fp8_cuda
       fp8_cuda.check(spec, platform)
       return
-    if spec.has_dropout and spec.dropout_origin:
-      raise Unsupported("implementation='cuda' draws dropout at row and "
-                        "column origin 0 only; ring attention's blocks with "
-                        "dropout run on 'xla' or 'pallas'")
+    if spec.has_dropout and spec.dropout_origin % DROPOUT_COLUMN_CHUNK:
+      raise Unsupported(
+          f"implementation='cuda' draws dropout in {DROPOUT_COLUMN_CHUNK}-"
+          f"column chunks: ring attention with dropout needs chunks of a "
+          f"multiple of {DROPOUT_COLUMN_CHUNK} tokens per device (zigzag: "
+          f"per half); got {spec.dropout_origin}. Other chunks run on "
+          f"'xla' or 'pallas'")
     if spec.has_sinks:
       raise Unsupported("implementation='cuda' has no attention sinks (sinks=) "
                         "yet; implementation='pallas' or 'xla' serves them")
@@ -149,25 +155,17 @@ class CudaBackend:
 
 def _dropout(spec: AttentionSpec, dropout_key):
   """(words, attributes) of the handlers' dropout operand: the key words
-  (k0, k1, batch0, head0) as uint32 [4] and the byte threshold; a dummy
-  operand and threshold 0 without dropout.
-
-  core/dropout.py key_words has two more words, the call's row and column
-  origin (row0, col0), nonzero only with spec.dropout_origin, which `check`
-  refuses. For the kernels to serve it: the handlers take uint32 [6]; the
-  kernels' generator (philox.h Dropout) draws element (row, col) of the call
-  at counter (row0 + row, 4 * ((col0 + col) // 64) + ((col0 + col) % 8) // 2)
-  and byte 2 * (((col0 + col) % 64) // 8) + (col0 + col) % 2, i.e. with the
-  origin added before the column is split into its 64-column chunk. The
-  one-draw-per-16-elements fragment layout holds as it is only where col0 %
-  64 == 0 (ring chunks need not be 64-aligned; others need per-element
-  draws or a realigned fragment)."""
+  (k0, k1, batch0, head0, row0, col0: core/dropout.py key_words) as uint32
+  [6] and the byte threshold; a dummy operand and threshold 0 without
+  dropout. The kernels' generator (philox.h Dropout) adds the origin to
+  each position, the column origin in whole 64-column chunks (`check`
+  refuses a spec.dropout_origin that is not a multiple of 64)."""
   if not spec.has_dropout:
-    words = jnp.zeros((4,), jnp.uint32)
+    words = jnp.zeros((dropout_rng.N_WORDS,), jnp.uint32)
     return words, dict(dropout_threshold=np.int32(0), dropout_broadcast=False)
   assert dropout_key is not None and len(dropout_key) == dropout_rng.N_WORDS
   words = jnp.stack([jnp.asarray(w, jnp.uint32).reshape(())
-                     for w in dropout_key[:4]])
+                     for w in dropout_key])
   return words, dict(
       dropout_threshold=np.int32(dropout_rng.threshold(spec.dropout_rate)),
       dropout_broadcast=bool(spec.dropout_broadcast))

@@ -109,10 +109,12 @@ class AttentionSpec:
   # one mask for every batch element and head (Flax's broadcast_dropout).
   dropout_rate: float = 0.0
   dropout_broadcast: bool = False
-  # The call is a block of a larger request (ring attention): its key words'
-  # row and column origin (core/dropout.py key_words) may be nonzero, so a
-  # backend must draw at those positions (the CUDA kernels take no origin).
-  dropout_origin: bool = False
+  # 0, or the call is a block of a larger request (ring attention): its key
+  # words' row and column origin (core/dropout.py key_words) may be nonzero,
+  # so a backend must draw at those positions; the column origin is then a
+  # multiple of dropout_origin (the ring's chunk length: the CUDA kernels
+  # draw whole 64-column chunks and need it to be a multiple of 64).
+  dropout_origin: int = 0
   # FP8 inputs (fp8_attention); None for 16/32/64-bit attention.
   fp8: Fp8Scheme | None = None
   # Head dim of v and o where it differs from q/k's; None = head_dim.

@@ -229,7 +229,9 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       value_head_dim=AttentionSpec.value_head_dim_of(D, v.shape[-1]),
       dtype=jnp.dtype(q.dtype).name,
       dropout_rate=rate, dropout_broadcast=rate > 0.0 and dropout_broadcast,
-      dropout_origin=rate > 0.0)
+      # Every call's column origin is a multiple of the chunk length.
+      dropout_origin=(T // parts if mesh is not None else
+                      T // (2 if zigzag else 1)) if rate > 0.0 else 0)
   # The step kernels run without the sinks (the ring merges them in at the
   # end); the backends are asked whether they serve them all the same.
   backend = backends.choose(dataclasses.replace(
