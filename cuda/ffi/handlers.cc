@@ -98,16 +98,23 @@ ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t strea
 ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    ffi::AnyBuffer v, ffi::AnyBuffer q_seg, ffi::AnyBuffer kv_seg,
                    ffi::AnyBuffer packing, ffi::Buffer<ffi::U32> dropout_words,
-                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                   ffi::Buffer<ffi::F32> sinks, ffi::Result<ffi::AnyBuffer> o,
+                   ffi::Result<ffi::Buffer<ffi::F32>> lse,
                    ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale,
                    float softcap, int32_t window_left, int32_t window_right,
                    bool has_segment_ids, bool has_shifts, int32_t dropout_threshold,
-                   bool dropout_broadcast, int32_t kernel_family) {
+                   bool dropout_broadcast, bool has_sinks, int32_t kernel_family) {
   FwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
   if (auto err = FillDropout(p, dropout_words, dropout_threshold, dropout_broadcast); err.failure())
     return err;
+  if (has_sinks) {
+    if (sinks.element_count() != static_cast<size_t>(p.num_heads))
+      return Invalid("sinks must be float32 [heads] = [" + std::to_string(p.num_heads) + "]; got " +
+                     std::to_string(sinks.element_count()) + " elements");
+    p.sinks = sinks.typed_data();
+  }
   if (!SameShape(q, *o)) return Invalid("o must have q's shape and dtype");
   if (lse->element_count() != static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q) {
     return Invalid("lse must be [batch, heads, seqlen_q] float32");
@@ -266,6 +273,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // kv_segment
         .Arg<ffi::AnyBuffer>()  // packing: tile spans (+ shifts), FillPacking
         .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [4] (FillDropout)
+        .Arg<ffi::Buffer<ffi::F32>>()  // sinks [heads] (1-element dummy without has_sinks)
         .Ret<ffi::AnyBuffer>()  // o
         .Ret<ffi::Buffer<ffi::F32>>()  // lse
         .Ret<ffi::Buffer<ffi::S32>>()  // tile_counter workspace (sm90 dynamic scheduler)
@@ -277,6 +285,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("has_shifts")
         .Attr<int32_t>("dropout_threshold")
         .Attr<bool>("dropout_broadcast")
+        .Attr<bool>("has_sinks")
         .Attr<int32_t>("kernel_family"),
     {xla::ffi::Traits::kCmdBufferCompatible});
 

@@ -26,10 +26,11 @@ JF_DEVICE void write_output(char* smem_o, const float (&acc_o)[Cfg::kMT][Cfg::kN
   store_tile<typename Cfg::QTile, Cfg::kThreads>(smem_o, o, o_row_stride, rows_valid, head_dim, tid);
 }
 
-// A query block that sees no key at all: O = 0, LSE = -inf.
+// A query block that sees no key at all: O = 0, LSE = -inf (or the head's
+// sink logit, jax_flash/sinks.h).
 template <typename Element, typename Cfg>
 JF_DEVICE void write_empty_rows(Element* o, int64_t o_row_stride, float* lse, int rows_valid,
-                                int head_dim, int tid) {
+                                int head_dim, int tid, float sink = -INFINITY) {
   constexpr int kChunksPerRow = Cfg::kHeadDim / 8;
   for (int idx = tid; idx < Cfg::kBlockM * kChunksPerRow; idx += Cfg::kThreads) {
     const int r = idx / kChunksPerRow, c = (idx % kChunksPerRow) * 8;
@@ -37,7 +38,7 @@ JF_DEVICE void write_empty_rows(Element* o, int64_t o_row_stride, float* lse, in
       *reinterpret_cast<uint4*>(o + r * o_row_stride + c) = make_uint4(0, 0, 0, 0);
   }
   for (int r = tid; r < Cfg::kBlockM; r += Cfg::kThreads)
-    if (r < rows_valid) lse[r] = -INFINITY;
+    if (r < rows_valid) lse[r] = sink;
 }
 
 }  // namespace jax_flash::sm80

@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "jax_flash/sinks.h"
 #include "jax_flash/softmax_scale.h"
 #include "mma.cuh"
 
@@ -89,17 +90,24 @@ struct OnlineSoftmax {
 
   // One division at the end: o /= l. Writes the natural-log LSE of each of the
   // lane's rows into lse[kMT][2]. Rows that saw no visible key (l == 0): o = 0,
-  // lse = -inf.
+  // lse = -inf. sink: the head's sink logit (jax_flash/sinks.h; -inf: none),
+  // then an empty row's LSE is the sink.
   template <int kNTO>
-  JF_DEVICE void finalize(float (&o)[kMT][kNTO][4], float scale_eff, float (&lse)[kMT][2]) {
+  JF_DEVICE void finalize(float (&o)[kMT][kNTO][4], float scale_eff, float (&lse)[kMT][2],
+                          float sink = -INFINITY) {
 #pragma unroll
     for (int i = 0; i < kMT; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = quad_sum(l[i][h]);
-        const bool empty = !(sum > 0.f);
-        const float inv = empty ? 0.f : 1.f / sum;
-        lse[i][h] = empty ? -INFINITY : m[i][h] * scale_eff + __logf(sum);
+        float inv;
+        if (sink != -INFINITY) {  // uniform: one sink per head
+          finish_row_with_sink(m[i][h] * scale_eff, sum, sink, lse[i][h], inv);
+        } else {
+          const bool empty = !(sum > 0.f);
+          inv = empty ? 0.f : 1.f / sum;
+          lse[i][h] = empty ? -INFINITY : m[i][h] * scale_eff + __logf(sum);
+        }
 #pragma unroll
         for (int n = 0; n < kNTO; ++n) {
           o[i][n][2 * h] *= inv;

@@ -47,6 +47,7 @@ struct Case {
   int pitch_pad = 0;      // extra elements per row (non-contiguous strides)
   float dropout = 0.f;    // attention dropout rate (threshold round(rate * 256))
   bool drop_broadcast = false;  // one mask for every (batch, head)
+  bool sinks = false;           // learnable sinks: one random logit per head
 };
 
 // The dropout key of every case: key words and a nonzero origin (the call
@@ -115,8 +116,14 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   jax_flash::DropoutArgs host_drop = drop_args;
   host_drop.words = kDropoutWords;
   const jax_flash::Dropout drop_ref(host_drop);
-  const Reference ref =
-      reference(c, q, k, v, &dout, qs, ks, scale, drop_args.enabled() ? &drop_ref : nullptr);
+  std::vector<float> sinks;
+  if (c.sinks) {  // around the logits' range, so that the sink's share matters
+    std::uniform_real_distribution<float> u(-1.f, 3.f);
+    for (int h = 0; h < c.H; ++h) sinks.push_back(u(rng));
+  }
+  const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale,
+                                  drop_args.enabled() ? &drop_ref : nullptr,
+                                  c.sinks ? &sinks : nullptr);
 
   // ---- device buffers
   uint16_t *dq_in = upload(q), *dk_in = upload(k), *dv_in = upload(v), *ddo = upload(dout);
@@ -128,6 +135,11 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   float* d_delta = dev_alloc<float>(nstat);
   int32_t *d_qs = nullptr, *d_ks = nullptr;
   uint32_t* d_words = nullptr;
+  float* d_sinks = nullptr;
+  if (c.sinks) {
+    d_sinks = dev_alloc<float>(sinks.size());
+    CHECK_CUDA(cudaMemcpy(d_sinks, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
+  }
   if (drop_args.enabled()) {
     d_words = dev_alloc<uint32_t>(4);
     CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
@@ -180,6 +192,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   fp.kv_segment = d_ks;
   fp.dtype = fp16 ? DType::kFloat16 : DType::kBFloat16;
   fp.dropout = drop_args;
+  fp.sinks = d_sinks;
   CHECK_CUDA(cudaDeviceGetAttribute(&fp.num_sms, cudaDevAttrMultiProcessorCount, 0));
 
   CHECK_CUDA(cudaMemset(d_o, 0xFF, q.count() * 2));
@@ -187,7 +200,8 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   Row row{c.name, 0, 0, 0, 0, 0, true, true};
   auto free_all = [&] {
     for (void* ptr : std::initializer_list<void*>{dq_in, dk_in, dv_in, ddo, d_o, d_dq, d_dk, d_dv,
-                                                  d_lse, d_delta, d_acc, d_qs, d_ks, d_words})
+                                                  d_lse, d_delta, d_acc, d_qs, d_ks, d_words,
+                                                  d_sinks})
       if (ptr) CHECK_CUDA(cudaFree(ptr));
   };
   cudaError_t launch_err = jax_flash::sm80::run_fwd(fp, 0);
@@ -324,6 +338,19 @@ static std::vector<Case> all_cases(bool quick) {
     c.name = d + " fp16 causal";
     c.causal = true;
     c.fp16 = true;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " sinks causal T>S (empty rows)";
+    c.causal = true;
+    c.T = 53;
+    c.S = 37;
+    c.sinks = true;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " sinks segments fp16";
+    c.segments = true;
+    c.fp16 = true;
+    c.sinks = true;
     cs.push_back(c);
     if (!quick) {
       c = Case{d + " multiblock MQA causal", 1, 300, 517, 2, 1, D};

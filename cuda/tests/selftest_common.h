@@ -80,10 +80,13 @@ inline bool visible(const CaseT& c, int i, int j, const std::vector<int>& qs,
 // With `drop` (host key words): attention dropout, one Dropout::keep per
 // element: LSE of the undropped P, O = (P * Z * keep_scale) V, delta from
 // that O, dS = P (Z keep_scale dP - delta), dV = (P Z keep_scale)^T dO.
+// With `sinks` ([H] logits, jax_flash/sinks.h): e^{sink} joins each row's
+// denominator (and the LSE); a row without a visible key has LSE = sink.
 template <typename CaseT>
 Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor* dout, const std::vector<int>& qs, const std::vector<int>& ks,
-                    double scale, const jax_flash::Dropout* drop = nullptr) {
+                    double scale, const jax_flash::Dropout* drop = nullptr,
+                    const std::vector<float>* sinks = nullptr) {
   const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, G = c.H / c.Hk;
   Reference r;
   r.o.assign(size_t(B) * T * H * D, 0.0);
@@ -109,15 +112,17 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
           p[j] = s;
           if (vis[j]) m = std::max(m, s);
         }
-        double l = 0;
+        const double sink = sinks ? double((*sinks)[h]) : -INFINITY;
+        const size_t li = (size_t(b) * H + h) * T + i;
+        if (m == -INFINITY) {  // no visible key
+          r.lse[li] = sink;
+          continue;  // o, dq stay 0
+        }
+        if (sinks) m = std::max(m, sink);
+        double l = sinks ? std::exp(sink - m) : 0.0;
         for (int j = 0; j < S; ++j) {
           p[j] = vis[j] ? std::exp(p[j] - m) : 0.0;
           l += p[j];
-        }
-        const size_t li = (size_t(b) * H + h) * T + i;
-        if (l == 0) {
-          r.lse[li] = -INFINITY;
-          continue;  // o, dq stay 0
         }
         r.lse[li] = m + std::log(l);
         for (int j = 0; j < S; ++j) p[j] /= l;

@@ -71,6 +71,7 @@ struct Case {
   // (x4, scale 1) / nearly all (x8, scale 2) of the warp x block steps
   // rescale; skipping those rescales gives O errors > 100x the tolerance).
   float k_ramp = 0.f;
+  bool sinks = false;  // learnable sinks: one random logit per head
 };
 
 // ------------------------------------------------------------------ device helpers
@@ -165,7 +166,13 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     fill(qs, c.T);
     fill(ks, c.S);
   }
-  const Reference ref = reference(c, q, k, v, nullptr, qs, ks, scale);  // forward only
+  std::vector<float> sinks;
+  if (c.sinks) {  // around the logits' range, so that the sink's share matters
+    std::uniform_real_distribution<float> u(-1.f, 3.f);
+    for (int h = 0; h < c.H; ++h) sinks.push_back(u(rng));
+  }
+  const Reference ref = reference(c, q, k, v, nullptr, qs, ks, scale, nullptr,
+                                  c.sinks ? &sinks : nullptr);  // forward only
 
   uint16_t *dq = upload(q), *dk = upload(k), *dv = upload(v);
   uint16_t* d_o = dev_alloc<uint16_t>(q.count());
@@ -179,6 +186,12 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(d_ks, ks.data(), ks.size() * 4, cudaMemcpyHostToDevice));
   }
   FwdParams fp = make_params(c, q, k, v, dq, dk, dv, d_o, d_lse, d_qs, d_ks, scale);
+  float* d_sinks = nullptr;
+  if (c.sinks) {
+    d_sinks = dev_alloc<float>(sinks.size());
+    CHECK_CUDA(cudaMemcpy(d_sinks, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
+    fp.sinks = d_sinks;
+  }
 
   Row row;
   std::vector<uint16_t> o_bits(q.count());
@@ -236,7 +249,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       row.failed += (row.failed.empty() ? "" : ",") + std::string(name);
     }
   }
-  for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_lse, d_qs, d_ks})
+  for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_lse, d_qs, d_ks, d_sinks})
     if (ptr) CHECK_CUDA(cudaFree(ptr));
   return row;
 }
@@ -278,6 +291,20 @@ static std::vector<Case> all_cases(bool quick) {
     cs.push_back(c);
     c = Case{d + " multiblock causal T=1000 S=1531", 1, 1000, 1531, 2, 1, D};
     c.causal = true;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " sinks causal T>S (empty rows)";
+    c.causal = true;
+    c.T = 53;
+    c.S = 37;
+    c.sinks = true;
+    cs.push_back(c);
+    c = Case{d + " sinks persistent 2 CTAs window+seg fp16", 2, 300, 517, 4, 2, D};
+    c.wl = 100;
+    c.segments = true;
+    c.fp16 = true;
+    c.sms = 2;
+    c.sinks = true;
     cs.push_back(c);
     c = Case{d + " persistent 3 CTAs plain strided", 2, 300, 517, 4, 2, D};
     c.pitch_pad = 8;

@@ -79,6 +79,11 @@ struct FwdParams {
   // draws the same Z (BwdParams inherits it).
   DropoutArgs dropout;
 
+  // Learnable sinks (jax_flash/sinks.h): [num_heads] float32 logits that join
+  // every row's softmax denominator, or nullptr. The forward's LSE includes
+  // them, so the backward (which inherits the pointer) ignores them.
+  const float* sinks = nullptr;
+
   // sm90 dynamic tile scheduler workspace (jax_flash::sm90 only): device
   // pointer to ONE int32 (4 bytes, 4-byte aligned), contents undefined on
   // entry; the launcher zeroes it on the stream (cudaMemsetAsync) before the

@@ -33,6 +33,7 @@
 #include <cmath>
 
 #include "jax_flash/fast_math.cuh"
+#include "jax_flash/sinks.h"
 #include "jax_flash/softmax_scale.h"
 #include "sm90/ptx/common.cuh"
 
@@ -198,18 +199,22 @@ struct OnlineSoftmaxT {
 
   // Natural-log LSE of the thread's 2 rows and the 1/l factor for O; rows that
   // saw no visible key: inv = 0 (O = 0), lse = -inf. scale_eff: the call's
-  // logit scale (SoftmaxScale), for the raw max.
-  JF_DEVICE void finalize(float scale_eff, float (&inv)[2], float (&lse)[2]) const {
+  // logit scale (SoftmaxScale), for the raw max. sink: the head's sink logit
+  // (jax_flash/sinks.h; -inf: none), then an empty row's LSE is the sink.
+  JF_DEVICE void finalize(float scale_eff, float (&inv)[2], float (&lse)[2],
+                          float sink = -INFINITY) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float sum = quad_sum(l[h]);
+      // The natural-log max that l and O are relative to.
+      const float m_ln = kScaledMax ? (kOffsetLog2_ == 0 ? m[h] : m[h] - kOffsetLog2) * kLn2 : m[h] * scale_eff;
+      if (sink != -INFINITY) {  // uniform: one sink per head
+        finish_row_with_sink(m_ln, sum, sink, lse[h], inv[h]);
+        continue;
+      }
       const bool empty = !(sum > 0.f);
       inv[h] = empty ? 0.f : 1.f / sum;
-      if constexpr (kScaledMax) {
-        lse[h] = empty ? -INFINITY : (kOffsetLog2_ == 0 ? m[h] : m[h] - kOffsetLog2) * kLn2 + __logf(sum);
-      } else {
-        lse[h] = empty ? -INFINITY : m[h] * scale_eff + __logf(sum);
-      }
+      lse[h] = empty ? -INFINITY : m_ln + __logf(sum);
     }
   }
 };

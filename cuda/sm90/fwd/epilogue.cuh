@@ -4,7 +4,7 @@
 // 128-byte row per column block of the head dim; TMA clips rows >= seqlen_q
 // and columns >= head_dim, so the tails need no special code). LSE (natural
 // log) goes straight from registers; rows without a visible key get O = 0 and
-// LSE = -inf.
+// LSE = -inf (the head's sink logit with sinks).
 //
 // Where O is staged (kOStage):
 // - kOwnTile: its own tile after the mainloop's, when it fits;
@@ -78,6 +78,7 @@ struct FwdEpilogue {
     const float* v_descale = nullptr;  // kVDescale: [batch, heads_k, kHeadDim]
     int heads_per_kv = 1;
     float o_scale = 1.f;  // Mainloop::kDropout: the keep scale 1 / (1 - rate), times 1 / l
+    const float* sinks = nullptr;  // [heads] sink logits (jax_flash/sinks.h) or nullptr
   };
   struct Params {
     CUtensorMap tm_o;  // box {kRowElems, 64, 1, 1} (one consumer warpgroup's rows)
@@ -88,6 +89,7 @@ struct FwdEpilogue {
     int seqlen_q;
     float scale_eff;
     float o_scale;
+    const float* sinks;
   };
   static bool to_params(const Arguments& a, Params& p) {
     if (!encode_bshd(&p.tm_o, tma_element<Element>(), a.o, 64)) return false;
@@ -95,6 +97,7 @@ struct FwdEpilogue {
     p.v_descale = a.v_descale;
     p.scale_eff = a.scale_eff;
     p.o_scale = a.o_scale;
+    p.sinks = a.sinks;
     p.num_heads = a.o.heads;
     p.heads_per_kv = a.heads_per_kv;
     p.seqlen_q = a.o.seqlen;
@@ -112,7 +115,7 @@ struct FwdEpilogue {
     using namespace ptx;
     const int tid_wg = warp * 32 + lane;
     float inv[2], lse[2];
-    smx.finalize(a.scale_eff, inv, lse);
+    smx.finalize(a.scale_eff, inv, lse, sink_of(a.sinks, head));
     if constexpr (Mainloop::kDropout) {  // the LSE stays the undropped one
       inv[0] *= a.o_scale;
       inv[1] *= a.o_scale;

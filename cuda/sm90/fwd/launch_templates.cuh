@@ -74,7 +74,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const float o_scale = kDropout ? dropout_keep_scale(p.dropout) : 1.f;
   const typename Kernel::Arguments args{
       {fwd_q(p), fwd_k(p), fwd_v(p), mask, sm, heads_per_kv, {}, kDropout ? p.dropout : DropoutArgs{}},
-      {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv, o_scale},
+      {fwd_o(p), p.lse, sm.scale_eff, nullptr, heads_per_kv, o_scale, p.sinks},
       fwd_scheduler_args<Kernel>(p, mask, stream, err)};
   if (err != cudaSuccess) return err;
   return launch_kernel<Kernel>(args, p.num_sms, p.sm90_tile_counter, stream);

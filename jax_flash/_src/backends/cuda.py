@@ -183,8 +183,10 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
   out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
                 jax.ShapeDtypeStruct((1 + order,), jnp.int32))
+  sinks = jnp.zeros((1,), jnp.float32)  # the handler ignores it
   o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg, packing,
-                       words, kernel_family=ffi.kernel_family(),
+                       words, sinks, has_sinks=False,
+                       kernel_family=ffi.kernel_family(),
                        **dropout_attrs, **ffi.mask_attrs(spec))
   return o, lse
 
