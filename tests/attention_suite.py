@@ -194,7 +194,7 @@ PALLAS_GPU = Support(dtypes=("bfloat16", "float16", "float32"),
 # kernels do not serve to the sm80 kernels, so from Python both look alike.
 CUDA_SM80 = Support(dtypes=("bfloat16", "float16"), head_dim_range=(8, 256),
                     head_dim_multiple=8, supports_nonpositive_scale=False,
-                    supports_sinks=False, supports_value_head_dim=False)
+                    supports_value_head_dim=False)
 CUDA_SM90 = CUDA_SM80
 
 

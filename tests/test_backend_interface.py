@@ -25,15 +25,14 @@ MODEL_SHAPE_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("option, match", MODEL_SHAPE_OPTIONS)
-def test_cuda_refuses_sinks_and_value_head_dim(option, match):
-  """The CUDA kernels have neither yet: an explicit request says so (before
-  any platform or build reason), the default chooser takes pallas on a GPU
-  and xla elsewhere."""
-  spec = dataclasses.replace(SPEC, dtype="bfloat16", **option)
+def test_cuda_refuses_value_head_dim():
+  """The CUDA kernels have no distinct value head dim yet: an explicit
+  request says so (before any platform or build reason), the default
+  chooser takes pallas on a GPU and xla elsewhere."""
+  spec = dataclasses.replace(SPEC, dtype="bfloat16", value_head_dim=32)
   for platform in ("gpu", "cpu"):
     with pytest.raises(backends.Unsupported,
-                       match=f"implementation='cuda'.*{match}"):
+                       match="implementation='cuda'.*value head_dim"):
       backends.choose(spec, "cuda", platform)
   assert backends.choose(spec, None, "gpu").name == "pallas"
   assert backends.choose(spec, None, "cpu").name == "xla"
@@ -41,6 +40,18 @@ def test_cuda_refuses_sinks_and_value_head_dim(option, match):
   assert set(staged) == {"default"} and staged["default"].name == "xla"
   for name in ("xla", "pallas"):
     backends.get(name).check(spec, "cpu")  # served
+
+
+def test_sinks_choice():
+  """The CUDA forwards fold the sinks into each row's LSE: the default on a
+  GPU where the extension is built, pallas on one without it, xla on a CPU;
+  an explicit cuda request on a CPU fails for the platform, not the sinks."""
+  spec = dataclasses.replace(SPEC, dtype="bfloat16", has_sinks=True)
+  want = "cuda" if ffi.available() else "pallas"
+  assert backends.choose(spec, None, "gpu").name == want
+  assert backends.choose(spec, None, "cpu").name == "xla"
+  with pytest.raises(backends.Unsupported, match="needs an NVIDIA GPU"):
+    backends.choose(spec, "cuda", "cpu")
 
 
 @pytest.mark.parametrize("option, match", MODEL_SHAPE_OPTIONS)

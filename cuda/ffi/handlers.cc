@@ -110,9 +110,10 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   if (auto err = FillDropout(p, dropout_words, dropout_threshold, dropout_broadcast); err.failure())
     return err;
   if (has_sinks) {
-    if (sinks.element_count() != static_cast<size_t>(p.num_heads))
-      return Invalid("sinks must be float32 [heads] = [" + std::to_string(p.num_heads) + "]; got " +
-                     std::to_string(sinks.element_count()) + " elements");
+    if (sinks.element_count() != static_cast<size_t>(p.batch) * p.num_heads)
+      return Invalid("sinks must be float32 [batch, heads] = [" + std::to_string(p.batch) + ", " +
+                     std::to_string(p.num_heads) + "]; got " + std::to_string(sinks.element_count()) +
+                     " elements");
     p.sinks = sinks.typed_data();
   }
   if (!SameShape(q, *o)) return Invalid("o must have q's shape and dtype");
@@ -273,7 +274,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // kv_segment
         .Arg<ffi::AnyBuffer>()  // packing: tile spans (+ shifts), FillPacking
         .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [4] (FillDropout)
-        .Arg<ffi::Buffer<ffi::F32>>()  // sinks [heads] (1-element dummy without has_sinks)
+        .Arg<ffi::Buffer<ffi::F32>>()  // sinks [batch, heads] (1-element dummy without has_sinks)
         .Ret<ffi::AnyBuffer>()  // o
         .Ret<ffi::Buffer<ffi::F32>>()  // lse
         .Ret<ffi::Buffer<ffi::S32>>()  // tile_counter workspace (sm90 dynamic scheduler)

@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   }
   if (n_last <= n_first) {  // every row fully masked: O = 0, LSE = -inf (or the sink)
     write_empty_rows<Element, Cfg>(o_ptr(batch, head), p.o_row_stride, lse_ptr(batch, head),
-                                   rows_valid, p.head_dim, tid, sink_of(p.sinks, head));
+                                   rows_valid, p.head_dim, tid,
+                                   sink_of(p.sinks, batch, head, p.num_heads));
     return;
   }
 
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   }
 
   float lse_rows[Cfg::kMT][2];
-  softmax.finalize(acc_o, args.sm.scale_eff, lse_rows, sink_of(p.sinks, head));
+  softmax.finalize(acc_o, args.sm.scale_eff, lse_rows, sink_of(p.sinks, batch, head, p.num_heads));
   if constexpr (kDropout) {  // O = (sum of dropped-P V) * keep_scale / rowsum
     const float keep_scale = dropout_keep_scale(p.dropout);
 #pragma unroll

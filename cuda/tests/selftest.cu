@@ -47,7 +47,7 @@ struct Case {
   int pitch_pad = 0;      // extra elements per row (non-contiguous strides)
   float dropout = 0.f;    // attention dropout rate (threshold round(rate * 256))
   bool drop_broadcast = false;  // one mask for every (batch, head)
-  bool sinks = false;           // learnable sinks: one random logit per head
+  bool sinks = false;           // learnable sinks: one random logit per (batch, head)
 };
 
 // The dropout key of every case: key words and a nonzero origin (the call
@@ -119,7 +119,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   std::vector<float> sinks;
   if (c.sinks) {  // around the logits' range, so that the sink's share matters
     std::uniform_real_distribution<float> u(-1.f, 3.f);
-    for (int h = 0; h < c.H; ++h) sinks.push_back(u(rng));
+    for (int i = 0; i < c.B * c.H; ++i) sinks.push_back(u(rng));
   }
   const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale,
                                   drop_args.enabled() ? &drop_ref : nullptr,

@@ -80,7 +80,7 @@ inline bool visible(const CaseT& c, int i, int j, const std::vector<int>& qs,
 // With `drop` (host key words): attention dropout, one Dropout::keep per
 // element: LSE of the undropped P, O = (P * Z * keep_scale) V, delta from
 // that O, dS = P (Z keep_scale dP - delta), dV = (P Z keep_scale)^T dO.
-// With `sinks` ([H] logits, jax_flash/sinks.h): e^{sink} joins each row's
+// With `sinks` ([B, H] logits, jax_flash/sinks.h): e^{sink} joins each row's
 // denominator (and the LSE); a row without a visible key has LSE = sink.
 template <typename CaseT>
 Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -112,7 +112,7 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
           p[j] = s;
           if (vis[j]) m = std::max(m, s);
         }
-        const double sink = sinks ? double((*sinks)[h]) : -INFINITY;
+        const double sink = sinks ? double((*sinks)[size_t(b) * H + h]) : -INFINITY;
         const size_t li = (size_t(b) * H + h) * T + i;
         if (m == -INFINITY) {  // no visible key
           r.lse[li] = sink;

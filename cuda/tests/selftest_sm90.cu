@@ -71,7 +71,7 @@ struct Case {
   // (x4, scale 1) / nearly all (x8, scale 2) of the warp x block steps
   // rescale; skipping those rescales gives O errors > 100x the tolerance).
   float k_ramp = 0.f;
-  bool sinks = false;  // learnable sinks: one random logit per head
+  bool sinks = false;  // learnable sinks: one random logit per (batch, head)
 };
 
 // ------------------------------------------------------------------ device helpers
@@ -169,7 +169,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   std::vector<float> sinks;
   if (c.sinks) {  // around the logits' range, so that the sink's share matters
     std::uniform_real_distribution<float> u(-1.f, 3.f);
-    for (int h = 0; h < c.H; ++h) sinks.push_back(u(rng));
+    for (int i = 0; i < c.B * c.H; ++i) sinks.push_back(u(rng));
   }
   const Reference ref = reference(c, q, k, v, nullptr, qs, ks, scale, nullptr,
                                   c.sinks ? &sinks : nullptr);  // forward only

@@ -79,8 +79,8 @@ struct FwdParams {
   // draws the same Z (BwdParams inherits it).
   DropoutArgs dropout;
 
-  // Learnable sinks (jax_flash/sinks.h): [num_heads] float32 logits that join
-  // every row's softmax denominator, or nullptr. The forward's LSE includes
+  // Learnable sinks (jax_flash/sinks.h): [batch, num_heads] float32 logits
+  // that join every row's softmax denominator, or nullptr. The forward's LSE includes
   // them, so the backward (which inherits the pointer) ignores them.
   const float* sinks = nullptr;
 

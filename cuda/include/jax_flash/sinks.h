@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 namespace jax_flash {
 
@@ -30,9 +31,10 @@ __device__ __forceinline__ void finish_row_with_sink(float m_ln, float l, float 
   o_factor = __expf(m_ln - lse);
 }
 
-// The sink logit of `head` (-inf: none, the plain softmax).
-__device__ __forceinline__ float sink_of(const float* sinks, int head) {
-  return sinks == nullptr ? -INFINITY : __ldg(sinks + head);
+// The sink logit of (batch, head) in sinks [batch, heads] (-inf: none, the
+// plain softmax). Per batch element: jax.vmap folds its axis into the batch.
+__device__ __forceinline__ float sink_of(const float* sinks, int batch, int head, int num_heads) {
+  return sinks == nullptr ? -INFINITY : __ldg(sinks + int64_t(batch) * num_heads + head);
 }
 
 }  // namespace jax_flash

@@ -78,7 +78,7 @@ struct FwdEpilogue {
     const float* v_descale = nullptr;  // kVDescale: [batch, heads_k, kHeadDim]
     int heads_per_kv = 1;
     float o_scale = 1.f;  // Mainloop::kDropout: the keep scale 1 / (1 - rate), times 1 / l
-    const float* sinks = nullptr;  // [heads] sink logits (jax_flash/sinks.h) or nullptr
+    const float* sinks = nullptr;  // [batch, heads] sink logits (jax_flash/sinks.h) or nullptr
   };
   struct Params {
     CUtensorMap tm_o;  // box {kRowElems, 64, 1, 1} (one consumer warpgroup's rows)
@@ -115,7 +115,7 @@ struct FwdEpilogue {
     using namespace ptx;
     const int tid_wg = warp * 32 + lane;
     float inv[2], lse[2];
-    smx.finalize(a.scale_eff, inv, lse, sink_of(a.sinks, head));
+    smx.finalize(a.scale_eff, inv, lse, sink_of(a.sinks, batch, head, a.num_heads));
     if constexpr (Mainloop::kDropout) {  // the LSE stays the undropped one
       inv[0] *= a.o_scale;
       inv[1] *= a.o_scale;

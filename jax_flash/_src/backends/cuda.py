@@ -110,9 +110,6 @@ class CudaBackend:
           f"multiple of {DROPOUT_COLUMN_CHUNK} tokens per device (zigzag: "
           f"per half); got {spec.dropout_origin}. Other chunks run on "
           f"'xla' or 'pallas'")
-    if spec.has_sinks:
-      raise Unsupported("implementation='cuda' has no attention sinks (sinks=) "
-                        "yet; implementation='pallas' or 'xla' serves them")
     if spec.v_head_dim != spec.head_dim:
       raise Unsupported(
           f"implementation='cuda' needs the value head_dim equal to the "
@@ -141,9 +138,12 @@ class CudaBackend:
 
   def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
               *, shifts=None, dropout_key=None, sinks=None):
-    assert sinks is None, "check() refuses sinks"
     # Prefixes (bottom_right) keep row and column positions: the same mask.
-    kernel = functools.partial(_forward, dropout_key=dropout_key)
+    # (Their rows past the prefix would need the sink as their LSE: calls
+    # with sinks are always bottom-right; ring attention adds them itself.)
+    assert sinks is None or spec.bottom_right, "sinks on a ring block"
+    kernel = functools.partial(_forward, dropout_key=dropout_key,
+                               sinks=sinks)
     return bottom_right.forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts)
 
   def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta,
@@ -172,7 +172,7 @@ def _dropout(spec: AttentionSpec, dropout_key):
 
 
 def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
-             dropout_key=None):
+             dropout_key=None, sinks=None):
   B, T, H, _ = q.shape
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
   words, dropout_attrs = _dropout(spec, dropout_key)
@@ -183,9 +183,13 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
   out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
                 jax.ShapeDtypeStruct((1 + order,), jnp.int32))
-  sinks = jnp.zeros((1,), jnp.float32)  # the handler ignores it
+  # Learnable sinks [B, H] (the kernels fold them into each row's
+  # denominator and LSE: cuda/include/jax_flash/sinks.h); else a dummy.
+  has_sinks = sinks is not None
+  sinks = (sinks.astype(jnp.float32) if has_sinks else
+           jnp.zeros((1,), jnp.float32))
   o, lse, _ = ffi.call(ffi.FWD, out_shapes, q, k, v, q_seg, kv_seg, packing,
-                       words, sinks, has_sinks=False,
+                       words, sinks, has_sinks=has_sinks,
                        kernel_family=ffi.kernel_family(),
                        **dropout_attrs, **ffi.mask_attrs(spec))
   return o, lse

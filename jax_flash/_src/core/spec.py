@@ -80,8 +80,8 @@ class AttentionSpec:
 
   Backends refuse (`Unsupported`) the options they do not serve; served by:
   dropout (xla, pallas, cuda; with a block origin, `dropout_origin`: xla,
-  pallas, and cuda for origins on 64-column chunks), FP8 (xla simulated, cuda), sinks and a distinct value head dim
-  (xla, pallas).
+  pallas, and cuda for origins on 64-column chunks), FP8 (xla simulated,
+  cuda), sinks (xla, pallas, cuda), a distinct value head dim (xla, pallas).
   """
 
   scale: float
