@@ -11,6 +11,8 @@ mix its rows into it).
 
 Implementations (--impls, comma separated):
   jax_flash_cuda     jax_flash.attention(implementation="cuda")
+  jax_flash_cuda_det   the same with deterministic=True
+  jax_flash_cuda_sinks the same with learnable sinks (sinks=[H])
   jax_flash_pallas   jax_flash.attention(implementation="pallas")
   jax_flash_xla      jax_flash.attention(implementation="xla")
   cudnn              jax.nn.dot_product_attention(implementation="cudnn")
@@ -143,6 +145,14 @@ def _fa3(q, k, v, causal):
   return flash_mha(q, k, v, is_causal=causal)
 
 
+def _jax_flash_sinks(q, k, v, causal):
+  """Learnable sinks (one logit per head, spread around the scores' range):
+  timed beside jax_flash_cuda, their cost."""
+  sinks = jnp.linspace(-1.0, 2.0, q.shape[2], dtype=jnp.float32)
+  return jax_flash.attention(q, k, v, causal=causal, implementation="cuda",
+                             sinks=sinks)
+
+
 def _jax_flash_deterministic(q, k, v, causal):
   return jax_flash.attention(q, k, v, causal=causal, implementation="cuda",
                              deterministic=True)
@@ -151,6 +161,7 @@ def _jax_flash_deterministic(q, k, v, causal):
 IMPLS = {
     "jax_flash_cuda": _jax_flash("cuda"),
     "jax_flash_cuda_det": _jax_flash_deterministic,
+    "jax_flash_cuda_sinks": _jax_flash_sinks,
     "fa3": _fa3,
     "jax_flash_pallas": _jax_flash("pallas"),
     "jax_flash_xla": _jax_flash("xla"),
@@ -275,6 +286,8 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
                    T=shape.T, S=shape.S, H=shape.H, H_kv=shape.H_kv,
                    D=shape.D, causal=shape.causal, ms=None, tflops=None,
                    date=date, command=command, device=device)
+        if impl.startswith("jax_flash_cuda"):
+          rec["sinks"] = impl.endswith("_sinks")
         ms = timed[impl]
         if isinstance(ms, Exception):
           rec["error"] = f"{type(ms).__name__}: {ms}"[:500]

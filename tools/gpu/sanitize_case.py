@@ -20,6 +20,12 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
   fp8       fp8_attention (the quantisation pre-pass and the FP8 forward, its
             V transpose in shared memory), T=200 S=333, D = 64 and 128
             causal, D = 256 not
+  sinks     forward + backward with learnable sinks: D = 64 and 128 causal
+            (T > S: rows without keys) and window + segment ids
+  packed    segment ids at T = 333 and a varlen call of five short
+            sequences (200 tokens): few query blocks, the packed tile order
+  ring_dropout  ring attention with dropout on a one-device mesh (zigzag:
+            kernel calls at nonzero row and column origins), fwd + bwd
 Each case prints "== case NAME" before it and "== case NAME: ok|FAILED ..."
 after its results are ready (a pause then lets compute-sanitizer print that
 case's reports before the next marker). Exits non-zero if a result is not
@@ -111,6 +117,45 @@ def dropout():
           + dense_calls((256,), causal_only, grad=True, **drop))
 
 
+def sinks():
+  s = dict(sinks=jnp.asarray(RNG.normal(0.5, 1.5, 4), jnp.float32))
+  return (dense_calls((64, 128), causal_only, grad=True, **s)
+          + dense_calls((64,), window_only, grad=True, **s))
+
+
+def packed():
+  T, H, Hk, D = 333, 4, 2, 128
+  q, k, v = normal(1, T, H, D), normal(1, T, Hk, D), normal(1, T, Hk, D)
+  ids = jnp.asarray(np.repeat(np.arange(5), [70, 1, 120, 64, 78])[None],
+                    jnp.int32)
+  o = jax_flash.attention(q, k, v, causal=True, segment_ids=ids,
+                          implementation="cuda")
+  results = [(f"segment ids T={T}", finite(o))]
+  lens = [40, 40, 40, 40, 40]
+  cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+  qv, kv_, vv = normal(200, H, D), normal(200, Hk, D), normal(200, Hk, D)
+  o = jax_flash.varlen_attention(qv, kv_, vv, cu, cu, max_seqlen_q=40,
+                                 max_seqlen_k=40, causal=True,
+                                 implementation="cuda")
+  results.append((f"varlen {lens}", finite(o)))
+  return results
+
+
+def ring_dropout():
+  from jax.sharding import Mesh
+  mesh = Mesh(np.array(jax.devices()[:1]), ("s",))
+  q, k, v = normal(1, 256, 4, 64), normal(1, 256, 2, 64), normal(1, 256, 2, 64)
+
+  def loss(q, k, v):
+    o = jax_flash.ring_attention(q, k, v, mesh=mesh, seq_axis="s",
+                                 causal=True, dropout_rate=0.1,
+                                 dropout_rng=jax.random.key(5),
+                                 implementation="cuda")
+    return jnp.sum(o.astype(jnp.float32))
+  out = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+  return [("one-device zigzag ring, chunks of 128", finite(out))]
+
+
 def varlen():
   lens = [37, 0, 113, 61]
   cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
@@ -157,7 +202,8 @@ def fp8():
 
 
 CASES = dict(dense=dense, sm90_fwd=sm90_fwd, sm90_bwd=sm90_bwd, sm80=sm80,
-             dropout=dropout, varlen=varlen, decode=decode, fp8=fp8)
+             dropout=dropout, varlen=varlen, decode=decode, fp8=fp8,
+             sinks=sinks, packed=packed, ring_dropout=ring_dropout)
 
 
 def main(names):
