@@ -29,6 +29,7 @@ import reference
 from jax_flash._src.core import masking
 from jax_flash._src.ring import api as ring
 from jax_flash._src.ring import plan as ring_plan
+from jax_flash._src.ring import zigzag
 from jax_flash._src.core.spec import AttentionSpec
 
 # B, T, H, H_kv, D: GQA; T divisible by 2 * 8 (zigzag over 8 devices).
@@ -278,18 +279,18 @@ def test_zigzag_permutation_round_trips(rng):
   _need(8)
   n, T = 8, 48
   x = jnp.asarray(rng.standard_normal((2, T, 3)), jnp.float32)
-  idx = ring.zigzag_indices(T, n)
+  idx = zigzag.zigzag_indices(T, n)
   c = T // (2 * n)
   # device i holds chunks i and 2n-1-i
   assert list(idx[:2 * c]) == list(range(c)) + list(range(T - c, T))
-  z = ring.zigzag_permute(x, n)
-  np.testing.assert_array_equal(ring.zigzag_unpermute(z, n), x)
+  z = zigzag.zigzag_permute(x, n)
+  np.testing.assert_array_equal(zigzag.zigzag_unpermute(z, n), x)
   # The in-shard_map reordering (two ppermutes) equals the global one, and
   # its inverse round-trips.
   mesh = Mesh(np.array(jax.devices()[:n]), ("s",))
-  to = jax.shard_map(lambda x: ring._local_to_zigzag(x, "s", n, 1), mesh=mesh,
+  to = jax.shard_map(lambda x: zigzag.local_to_zigzag(x, "s", n, 1), mesh=mesh,
                      in_specs=P(None, "s"), out_specs=P(None, "s"))
-  back = jax.shard_map(lambda x: ring._local_from_zigzag(x, "s", n, 1),
+  back = jax.shard_map(lambda x: zigzag.local_from_zigzag(x, "s", n, 1),
                        mesh=mesh, in_specs=P(None, "s"),
                        out_specs=P(None, "s"))
   np.testing.assert_array_equal(jax.jit(to)(x), z)
@@ -313,9 +314,9 @@ def test_inside_shard_map(mesh_name, layout, window, rng):
   q, k, v = _qkv(rng)
   segs = _segments(rng, *q.shape[:2])
   pre = layout == "zigzag_preordered"
-  perm = (lambda x, a=1: ring.zigzag_permute(x, n, a)) if pre else (
+  perm = (lambda x, a=1: zigzag.zigzag_permute(x, n, a)) if pre else (
       lambda x, a=1: x)
-  unperm = (lambda x, a=1: ring.zigzag_unpermute(x, n, a)) if pre else (
+  unperm = (lambda x, a=1: zigzag.zigzag_unpermute(x, n, a)) if pre else (
       lambda x, a=1: x)
 
   def local(q, k, v, qs, ks):

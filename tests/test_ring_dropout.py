@@ -32,6 +32,7 @@ from jax_flash._src.core import dropout
 from jax_flash._src.core.spec import AttentionSpec
 from jax_flash._src.ring import api as ring
 from jax_flash._src.ring import plan as ring_plan
+from jax_flash._src.ring import zigzag
 
 RATE = 0.25
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -232,8 +233,8 @@ def test_inside_shard_map_preordered(rng):
   B, T, H, Hk, D = 1, 40, 2, 2, 16
   q, k, v = _qkv(rng, B, T, H, Hk, D)
   key = jax.random.key(int(rng.integers(1 << 30)))
-  perm = lambda x, a=1: ring.zigzag_permute(x, n, a)
-  unperm = lambda x, a=1: ring.zigzag_unpermute(x, n, a)
+  perm = lambda x, a=1: zigzag.zigzag_permute(x, n, a)
+  unperm = lambda x, a=1: zigzag.zigzag_unpermute(x, n, a)
 
   def local(q, k, v):
     return jax_flash.ring_attention(q, k, v, seq_axis="s", causal=True,

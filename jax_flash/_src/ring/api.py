@@ -44,7 +44,7 @@ half of the local shard), and the output is put back the same way. That costs
 about one ring step of communication per tensor and no compute; for causal
 attention it pays for itself as soon as n > 2 or so. Models that keep their
 activations in zigzag order throughout can skip it: `zigzag_permute` /
-`zigzag_unpermute` here are the (global-array) permutations, and
+`zigzag_unpermute` (ring/zigzag.py) are the (global-array) permutations, and
 `layout="zigzag_preordered"` says the inputs are already in that order
 (the output then is too).
 
@@ -69,7 +69,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -78,6 +77,7 @@ from jax_flash._src.backends import registry as backends
 from jax_flash._src.core import checks, dropout, softmax
 from jax_flash._src.ring import plan as ring_plan
 from jax_flash._src.ring import steps as ring_steps
+from jax_flash._src.ring import zigzag as zigzag_layout
 from jax_flash._src.autodiff.differentiable import Kernels, differentiable
 from jax_flash._src.core.spec import UNBOUNDED, AttentionSpec
 
@@ -277,63 +277,6 @@ def _has_explicit_axes(mesh) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Zigzag order.
-# ---------------------------------------------------------------------------
-
-
-def zigzag_indices(length: int, n: int) -> np.ndarray:
-  """Natural positions in zigzag order: chunks (0, 2n-1, 1, 2n-2, ...)."""
-  if length % (2 * n):
-    raise ValueError(f"length {length} is not divisible by 2 * {n}")
-  c = length // (2 * n)
-  order = [ch for i in range(n) for ch in (i, 2 * n - 1 - i)]
-  return np.concatenate([np.arange(ch * c, (ch + 1) * c) for ch in order])
-
-
-def zigzag_permute(x, n: int, axis: int = 1):
-  """Global array, natural order -> zigzag order along `axis`."""
-  return jnp.take(x, zigzag_indices(x.shape[axis], n), axis=axis)
-
-
-def zigzag_unpermute(x, n: int, axis: int = 1):
-  """Inverse of `zigzag_permute`."""
-  return jnp.take(x, np.argsort(zigzag_indices(x.shape[axis], n)), axis=axis)
-
-
-def _dest(ch: int, n: int) -> int:
-  """Device that holds natural chunk `ch` (of 2n) in the zigzag layout."""
-  return ch if ch < n else 2 * n - 1 - ch
-
-
-def _local_to_zigzag(x, axis_name, n, axis):
-  """Inside shard_map: local shard of natural order -> local zigzag shard.
-
-  Device d holds natural chunks 2d, 2d+1; zigzag device j needs j, 2n-1-j.
-  The first halves of all devices go in one ppermute, the second halves in
-  another (each is a permutation of the devices); an even device gets its
-  first slot from the first-halves permute, an odd one from the second.
-  """
-  h0, h1 = jnp.split(x, 2, axis=axis)
-  r0 = lax.ppermute(h0, axis_name, [(d, _dest(2 * d, n)) for d in range(n)])
-  r1 = lax.ppermute(h1, axis_name,
-                    [(d, _dest(2 * d + 1, n)) for d in range(n)])
-  even = lax.axis_index(axis_name) % 2 == 0
-  return jnp.concatenate([jnp.where(even, r0, r1), jnp.where(even, r1, r0)],
-                         axis=axis)
-
-
-def _local_from_zigzag(x, axis_name, n, axis):
-  """Inverse of `_local_to_zigzag`."""
-  s0, s1 = jnp.split(x, 2, axis=axis)
-  even = lax.axis_index(axis_name) % 2 == 0
-  ev, od = jnp.where(even, s0, s1), jnp.where(even, s1, s0)
-  r0 = lax.ppermute(ev, axis_name, [(_dest(2 * d, n), d) for d in range(n)])
-  r1 = lax.ppermute(od, axis_name,
-                    [(_dest(2 * d + 1, n), d) for d in range(n)])
-  return jnp.concatenate([r0, r1], axis=axis)
-
-
-# ---------------------------------------------------------------------------
 # The ring (runs per device, inside shard_map).
 # ---------------------------------------------------------------------------
 
@@ -364,13 +307,13 @@ def _local_entry(ring: _Ring, n_segs: int, q, k, v, *rest):
     key = dropout.with_origin(key, index(ring.batch_axis) * ring.spec.batch,
                               index(ring.head_axis) * ring.spec.num_heads)
   if ring.reorder and ring.n > 1:
-    to = lambda x: _local_to_zigzag(x, ring.axis, ring.n, 1)
+    to = lambda x: zigzag_layout.local_to_zigzag(x, ring.axis, ring.n, 1)
     q, k, v = to(q), to(k), to(v)
     segs = tuple(to(s) for s in segs)
   o, lse = _ring_fn(ring)(q, k, v, *sinks, *segs, *key)
   if ring.reorder and ring.n > 1:
-    o = _local_from_zigzag(o, ring.axis, ring.n, 1)
-    lse = _local_from_zigzag(lse, ring.axis, ring.n, 2)
+    o = zigzag_layout.local_from_zigzag(o, ring.axis, ring.n, 1)
+    lse = zigzag_layout.local_from_zigzag(lse, ring.axis, ring.n, 2)
   return o, lse
 
 
