@@ -64,9 +64,10 @@ PROGRAM = r"""
 #include <cstdio>
 #include "jax_flash/philox.h"
 int main() {
-  unsigned k0, k1, thr, b0, h0, b, h, i, j;
-  while (std::scanf("%u %u %u %u %u %u %u %u %u", &k0, &k1, &thr, &b0, &h0, &b, &h, &i, &j) == 9) {
-    const unsigned words[4] = {k0, k1, b0, h0};
+  unsigned k0, k1, thr, b0, h0, r0, c0, b, h, i, j;
+  while (std::scanf("%u %u %u %u %u %u %u %u %u %u %u", &k0, &k1, &thr, &b0, &h0, &r0, &c0, &b, &h,
+                    &i, &j) == 11) {
+    const unsigned words[6] = {k0, k1, b0, h0, r0, c0};
     jax_flash::DropoutArgs a;
     a.words = words;
     a.threshold = thr;
@@ -101,19 +102,21 @@ def test_cuda_header_equals_jax(cpp_keep, rng):
   k0, k1 = (rng.integers(0, 2**32, n, dtype=np.uint64) for _ in range(2))
   rates = rng.choice([0.0, 0.1, 0.25, 0.5, 0.9, 0.999], n)
   b, h = rng.integers(0, 64, n), rng.integers(0, 128, n)
-  # The call's origin in the request (a shard's first batch element, head).
+  # The call's origin in the request (a shard's first batch element, head;
+  # a ring block's first row and column, the column on a 64-column chunk).
   b0, h0 = rng.integers(0, 64, n), rng.integers(0, 128, n)
-  i, j = rng.integers(0, 1 << 20, n), rng.integers(0, 1 << 20, n)
+  r0, c0 = rng.integers(0, 1 << 19, n), 64 * rng.integers(0, 1 << 13, n)
+  i, j = rng.integers(0, 1 << 19, n), rng.integers(0, 1 << 19, n)
   thr = np.array([dropout.threshold(r) for r in rates])
-  want = cpp_keep(zip(k0, k1, thr, b0, h0, b, h, i, j))
+  want = cpp_keep(zip(k0, k1, thr, b0, h0, r0, c0, b, h, i, j))
   got = np.zeros(n, bool)
   u32 = lambda x: jnp.asarray(x.astype(np.uint32))
   for r in np.unique(rates):  # one vectorised call per rate
     sel = rates == r
     got[sel] = np.asarray(dropout.keep_mask(
         (u32(k0[sel]), u32(k1[sel])), u32(b[sel] + b0[sel]),
-        u32(h[sel] + h0[sel]), u32(i[sel]),
-        u32(j[sel]), float(r)))
+        u32(h[sel] + h0[sel]), u32(i[sel] + r0[sel]),
+        u32(j[sel] + c0[sel]), float(r)))
   np.testing.assert_array_equal(got, want)
 
 
