@@ -83,6 +83,7 @@ inline float atomicAdd(float* p, float v) {  // one OS thread: a plain add is at
   return old;
 }
 inline float __logf(float x) { return std::log(x); }
+inline float __expf(float x) { return std::exp(x); }
 inline float __uint_as_float(uint32_t x) {
   float f;
   std::memcpy(&f, &x, 4);
