@@ -122,3 +122,35 @@ def test_first_order_op_delta_and_raw_cotangents():
     np.testing.assert_allclose(dk, 2.0)
     # delta = rowsum(do * o) - dlse = 2 * 10 - 0.5, or the raw dlse.
     np.testing.assert_allclose(seen["delta"], 19.5 if with_delta else 0.5)
+
+
+def test_first_order_op_with_sinks_and_raw_cotangents(rng):
+  """delta=False with sinks (a backward that recomputes the forward): the
+  backward gets the raw cotangents and the sinks, no cotangent for them;
+  the sinks' one is sinks.py's, from the op's o and lse."""
+  from jax_flash._src.autodiff.sinks import sink_cotangent
+  seen = {}
+
+  def forward(q, k, v, sinks, n):
+    o = q * (k + v) * n
+    lse = jnp.logaddexp(jnp.sum(o, -1).transpose(0, 2, 1), sinks[..., None])
+    return o, lse
+
+  def backward(q, k, v, o, lse, do, dlse, sinks, n):
+    seen["sinks"], seen["dlse"] = sinks, dlse
+    return do * (k + v) * n, do * q * n, do * q * n
+
+  fn = differentiable(Kernels(forward, backward, delta=False, sinks=True))
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 3, 4, 5)), jnp.float32)
+             for _ in range(3))
+  sinks = jnp.asarray(rng.standard_normal((2, 4)), jnp.float32)
+  n = jnp.int32(2)
+  (o, lse), vjp = jax.vjp(lambda q, k, v, s: fn(q, k, v, s, n), q, k, v, sinks)
+  do = jnp.asarray(rng.standard_normal(o.shape), jnp.float32)
+  dlse = jnp.asarray(rng.standard_normal(lse.shape), jnp.float32)
+  dq, _, _, dsinks = vjp((do, dlse))
+  np.testing.assert_array_equal(seen["sinks"], sinks)
+  np.testing.assert_array_equal(seen["dlse"], dlse)
+  np.testing.assert_allclose(dq, do * (k + v) * 2)
+  np.testing.assert_allclose(dsinks, sink_cotangent(sinks, o, lse, do, dlse),
+                             rtol=1e-6)

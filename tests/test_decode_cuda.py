@@ -5,7 +5,9 @@ JAX_FLASH_POISON_OUTPUTS=1, so every output and split partial is NaN before
 the kernels run. Each case: random caches at odd sizes, every slot that no
 sequence may read NaN, shuffled page tables, ragged lengths (0, 1, odd,
 full), against float64 per sequence; the error bound is 2x that of the
-same-dtype dense XLA attention (reference.dense_attention_jax).
+same-dtype dense XLA attention (reference.dense_attention_jax). Learnable
+sinks (one split and several, FP8 caches) and long chunks of new tokens,
+which run on the dense forward kernels instead, too.
 """
 
 from __future__ import annotations
@@ -67,19 +69,24 @@ def _case(rng, *, B, T, H, H_kv, D, capacity, page, dtype, seqlens=None):
 
 
 def _references(dense, kw, dtype):
-  """(o64, lse64, o_xla, lse_xla): per sequence, its first seqlens[b] keys."""
+  """(o64, lse64, o_xla, lse_xla): per sequence, its first seqlens[b] keys
+  (kw may hold sinks [H])."""
   q, k_seq, v_seq, seqlens = dense
   o64, l64, ox, lx = [], [], [], []
   for b in range(q.shape[0]):
     L = int(seqlens[b])
     sl = lambda x: x[b:b + 1, :L]
+    if L == 0:  # nothing visible: O = 0, LSE = the sink (-inf), exactly
+      sink = np.asarray(kw.get("sinks", np.full(q.shape[2], -np.inf)))
+      for out in (o64, ox):
+        out.append(np.zeros(q.shape[1:3] + v_seq.shape[-1:]))
+      for out in (l64, lx):
+        out.append(np.repeat(np.asarray(sink, np.float64)[:, None],
+                             q.shape[1], 1))
+      continue
     o, l = reference.attention(q[b:b + 1], sl(k_seq), sl(v_seq), **kw)
     o64.append(o[0])
     l64.append(l[0])
-    if L == 0:  # nothing visible: the criterion's baseline is exact there
-      ox.append(np.zeros_like(o[0]))
-      lx.append(np.full_like(l[0], -np.inf))
-      continue
     cast = lambda x: jnp.asarray(x, dtype)
     o, l = reference.dense_attention_jax(cast(q[b:b + 1]), cast(sl(k_seq)),
                                          cast(sl(v_seq)), **kw)
@@ -235,3 +242,89 @@ def test_fp8_cache_matches_float64(case, rng):
   # products: an atol for that on top of the 2x criterion.
   assert_close_to_reference("out", o, o64, ox, atol=2e-3)
   assert_close_to_reference("lse", lse, l64, lx, atol=2e-3)
+
+
+SINK_CASES = [
+    # B, T, H, H_kv, D, capacity, page, dtype, kw, num_splits
+    (3, 1, 16, 4, 128, 700, 64, "bfloat16", dict(causal=True), 1),
+    (3, 1, 16, 4, 128, 700, 64, "bfloat16", dict(causal=True), 4),
+    (2, 6, 8, 2, 64, 333, None, "float16", dict(causal=True, window=(90, 0)),
+     None),
+]
+
+
+@pytest.mark.parametrize("case", SINK_CASES, ids=lambda c: "-".join(map(
+    str, c[:8] + (c[9],))))
+def test_sinks_match_float64(case, rng):
+  """Each head's sink enters every row once: in one split's finalize or in
+  the combine of several; an empty sequence has O = 0 and LSE = the sink."""
+  B, T, H, H_kv, D, cap, page, dtype, kw, splits = case
+  seqlens = np.array([0] + [cap] + [cap // 3] * (B - 2), np.int32)
+  args, extra, dense = _case(rng, B=B, T=T, H=H, H_kv=H_kv, D=D,
+                             capacity=cap, page=page, dtype=dtype,
+                             seqlens=seqlens)
+  sinks = jnp.asarray(rng.normal(1.0, 2.0, H), jnp.float32)
+  fn = jax.jit(lambda *a: jax_flash.attention_with_kvcache(
+      *a, **extra, **kw, sinks=sinks, return_lse=True, num_splits=splits,
+      implementation="cuda"))
+  assert "jax_flash_decode" in fn.lower(*args).as_text()
+  o, lse = fn(*args)
+  o64, l64, ox, lx = _references(dense, dict(kw, sinks=np.asarray(sinks)),
+                                 dtype)
+  assert_close_to_reference("out", o, o64, ox)
+  assert_close_to_reference("lse", lse, l64, lx)
+
+
+def test_sinks_on_an_fp8_cache_and_their_gradient(rng):
+  B, T, H, H_kv, D, cap = 2, 2, 8, 2, 128, 260
+  args, extra, _ = _case(rng, B=B, T=T, H=H, H_kv=H_kv, D=D, capacity=cap,
+                         page=32, dtype="bfloat16",
+                         seqlens=np.array([0, 201], np.int32))
+  q, k_cache, v_cache, seqlens = args
+  kq, vq = (jax_flash.quantize_kv_cache(jnp.nan_to_num(c), seed=1)
+            for c in (k_cache, v_cache))
+  sinks = jnp.asarray(rng.normal(1.0, 2.0, H), jnp.float32)
+
+  def loss(impl):
+    def f(q, s):
+      o, lse = jax_flash.attention_with_kvcache(
+          q, kq, vq, seqlens, **extra, sinks=s, return_lse=True,
+          num_splits=3, implementation=impl)
+      return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(jnp.sin(lse))
+    return f
+
+  lowered = jax.jit(loss("cuda")).lower(q, sinks).as_text()
+  assert "jax_flash_decode" in lowered
+  got = jax.jit(jax.value_and_grad(loss("cuda"), argnums=(0, 1)))(q, sinks)
+  want = jax.jit(jax.value_and_grad(loss("xla"), argnums=(0, 1)))(q, sinks)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    np.testing.assert_allclose(a, b, atol=3e-2 * max(1.0, np.abs(b).max()))
+
+
+@pytest.mark.parametrize("page", [None, 64], ids=["contiguous", "paged"])
+def test_long_chunks_run_on_the_dense_kernels(page, rng, monkeypatch):
+  """More than PREFILL_MIN_TOKENS new tokens: the dense forward kernels, no
+  decoding kernel; float64 within the criterion, as the decoding kernels on
+  the same chunk (forced)."""
+  B, H, H_kv, D, cap = 2, 8, 2, 128, 700
+  T = decode_cuda.PREFILL_MIN_TOKENS + 37
+  seqlens = np.array([0, 411], np.int32)
+  args, extra, dense = _case(rng, B=B, T=T, H=H, H_kv=H_kv, D=D,
+                             capacity=cap, page=page, dtype="bfloat16",
+                             seqlens=seqlens + T)
+  q, k_cache, v_cache, _ = args
+  kw = dict(causal=True, window=(300, 0))
+  step = lambda *a: jax_flash.attention_with_kvcache(
+      *a, **extra, **kw, return_lse=True, implementation="cuda")
+  # The chunk's own keys are already in the cache (at seqlens[b] ...).
+  lens = jnp.asarray(seqlens + T)
+  text = jax.jit(step).lower(q, k_cache, v_cache, lens).as_text()
+  assert ffi.FWD in text and ffi.DECODE not in text
+  o64, l64, ox, lx = _references(dense, kw, "bfloat16")
+  routed = jax.jit(step)(q, k_cache, v_cache, lens)
+  monkeypatch.setattr(decode_cuda, "PREFILL_MIN_TOKENS", T)
+  decoded = jax.jit(lambda *a: step(*a))(q, k_cache, v_cache, lens)
+  for o, lse in (routed, decoded):
+    assert_close_to_reference("out", o, o64, ox)
+    assert_close_to_reference("lse", lse, l64, lx)

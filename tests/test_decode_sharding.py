@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 from jax_flash._src.sharding import decode as decode_sharding
-from jax_flash._src.decode.kvcache import _gather
+from jax_flash._src.decode.sequences import gather as _gather
 
 B, T, H, H_KV, D, S = 4, 2, 8, 4, 16, 24
 CALLS = []

@@ -114,7 +114,7 @@ def test_kernel_path_rotation_wiring(rng, monkeypatch):
   data and descales, rotates the output back."""
   from jax_flash._src.api import attention as api
   from jax_flash._src.decode import cuda as decode_cuda
-  from jax_flash._src.decode.kvcache import _gather
+  from jax_flash._src.decode.sequences import gather as _gather
   calls = []
 
   def forward(q, k8, v8, kd, vd, table, seqlens, *, scale, softcap,

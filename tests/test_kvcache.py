@@ -144,7 +144,7 @@ def kernel_path_on_cpu(monkeypatch):
   `decode_cuda.forward`'s contract on the CPU."""
   from jax_flash._src.api import attention as api
   from jax_flash._src.decode import cuda as decode_cuda
-  from jax_flash._src.decode.kvcache import _gather
+  from jax_flash._src.decode.sequences import gather as _gather
   calls = []
 
   def forward(q, k_pages, v_pages, table, seqlens, *, scale, softcap,

@@ -145,7 +145,8 @@ def test_varlen(impl, rng, x64):
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_kvcache(paged, rng, x64):
-  """Reference path (the decoding kernels have neither feature yet)."""
+  """Both features together: the reference path (the decoding kernels need
+  D_v == D; their sinks: test_kvcache_sinks.py, test_decode_cuda.py)."""
   B, T, H, Hk, D, Dv, S_max = 2, 3, 4, 2, 40, 24, 32
   q, _, _, sinks = _problem(rng, B=B, T=T, H=H, Hk=Hk, D=D)
   mk = lambda *s: jnp.asarray(rng.standard_normal(s))
@@ -308,17 +309,13 @@ def test_bad_value_shapes_are_refused(rng):
 
 def test_cuda_refuses_by_name(rng):
   """implementation='cuda' names the argument it has no kernel for (before
-  any platform or build reason: the value head dim, the decoding kernels'
-  sinks); the default picks another backend."""
+  any platform or build reason: the value head dim); the default picks
+  another backend."""
   q, k, v, sinks = (x.astype(jnp.bfloat16) for x in _problem(
       rng, B=1, T=5, S=5, D=64, Dv=32))
   sinks = sinks.astype(jnp.float32)
-  k64 = jnp.zeros(k.shape[:-1] + (64,), k.dtype)
   with pytest.raises(jax_flash.Unsupported, match="'cuda'.*value head_dim"):
     jax_flash.attention(q, k, v, implementation="cuda")
-  with pytest.raises(jax_flash.Unsupported, match="'cuda'.*sinks"):
-    jax_flash.attention_with_kvcache(q, k, k64, jnp.asarray([3]),
-                                     sinks=sinks, implementation="cuda")
   with pytest.raises(jax_flash.Unsupported, match="'cuda'.*value head_dim"):
     jax_flash.attention_with_kvcache(q, k, v, jnp.asarray([3]),
                                      implementation="cuda")

@@ -1,7 +1,9 @@
 // Split-KV combine: merges the num_splits normalised fp32 partials of each
 // (batch, head, token) row by their LSE,
-//   lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s,
-// and writes o in the output dtype and lse. One warp per row, two columns per
+//   lse = log (sum_s exp(lse_s) + exp(sink)),   o = sum_s exp(lse_s - lse) o_s,
+// and writes o in the output dtype and lse. The head's learnable sink
+// (jax_flash/sinks.h; none: -inf) enters here once, never in a split's
+// partial; a row that no split saw has O = 0 and LSE = the sink. One warp per row, two columns per
 // lane and step; splits that saw no key (lse_s = -inf) are skipped, so their
 // partial rows are never read.
 #pragma once
@@ -23,18 +25,20 @@ __global__ void __launch_bounds__(kCombineWarps * 32)
   const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
   const int64_t row = int64_t(blockIdx.x) * kCombineWarps + warp;  // (b * H + h) * T + t
   if (row >= rows) return;
+  const int t = int(row % p.seqlen_q);
+  const int64_t bh = row / p.seqlen_q;
+  const int h = int(bh % p.num_heads), b = int(bh / p.num_heads);
   const float* lse_s = p.lse_partial + row;
   float mx = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, lse_s[s * rows]);
-  float lse = -INFINITY;
+  const float sink = sink_of(p.sinks, b, h, p.num_heads);
+  float lse = sink;  // a row no split saw: O = 0, LSE = the sink (-inf without)
   if (mx != -INFINITY) {
     float sum = 0.f;
     for (int s = 0; s < p.num_splits; ++s) sum += exp2_approx((lse_s[s * rows] - mx) * kLog2e);
     lse = mx + __logf(sum);
+    if (sink != -INFINITY) lse = lse_with_sink(lse, sink);
   }
-  const int t = int(row % p.seqlen_q);
-  const int64_t bh = row / p.seqlen_q;
-  const int h = int(bh % p.num_heads), b = int(bh / p.num_heads);
   Element* o = static_cast<Element*>(p.o) + b * p.o_batch_stride + t * p.o_row_stride + h * p.o_head_stride;
   for (int c = 2 * lane; c < p.head_dim; c += 64) {
     float x = 0.f, y = 0.f;

@@ -17,8 +17,9 @@
 //
 // At the end the four warps' (max, sum, O) are merged through shared memory
 // (the K/V ring is free by then) and the CTA writes either the output (one
-// split) or its split's normalised fp32 partial and LSE for the combine
-// kernel (decode_combine.cuh).
+// split, with the head's sink folded in) or its split's normalised fp32
+// partial and LSE for the combine kernel (decode_combine.cuh, which adds the
+// sink).
 #pragma once
 
 #include "decode/decode_block.cuh"
@@ -200,6 +201,24 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
       if (m != -INFINITY) L += s_sum[w * Cfg::kRows + r] * exp2_approx((m - M) * scale_log2);
     }
   };
+  // Row r's LSE and the factor that normalises its O (relative to M). One
+  // split folds the head's sink in here; several leave it to the combine, so
+  // that it enters each row once.
+  const bool partial = p.num_splits > 1;
+  auto row_finish = [&](int r, float& lse, float& inv) {
+    float M, L;
+    row_stats(r, M, L);
+    const int head = d.hk * d.blk.group + (d.r0 + r) % d.blk.group;
+    const float sink = partial ? -INFINITY : sink_of(p.sinks, d.b, head, p.num_heads);
+    if (sink != -INFINITY) {
+      finish_row_with_sink(M * p.sm.scale_eff, L, sink, lse, inv);
+    } else {
+      const bool empty = M == -INFINITY || !(L > 0.f);
+      inv = empty ? 0.f : 1.f / L;
+      lse = empty ? -INFINITY : M * p.sm.scale_eff + __logf(L);
+    }
+    return M;
+  };
   float* merge = reinterpret_cast<float*>(smem + Cfg::kSmemMerge);
   const float o_unscale = kFp8 ? kFp8Unscale : 1.f;
 #pragma unroll
@@ -207,10 +226,10 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = mt * 16 + g + 8 * h;
-      float M, L;
-      row_stats(r, M, L);
+      float lse, inv;
+      const float M = row_finish(r, lse, inv);
       const float m = softmax.m[mt][h];
-      const float f = (m == -INFINITY || !(L > 0.f)) ? 0.f : exp2_approx((m - M) * scale_log2) * o_unscale / L;
+      const float f = (m == -INFINITY || inv == 0.f) ? 0.f : exp2_approx((m - M) * scale_log2) * o_unscale * inv;
       float* dst = merge + (warp * Cfg::kRows + r) * Cfg::kMergePitch;
 #pragma unroll
       for (int n = 0; n < Cfg::kNT_O; ++n)
@@ -225,7 +244,6 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
 
   // ---- write: 8 columns per thread and step, summed over the warps
   constexpr int kChunks = kHeadDim / 8;
-  const bool partial = p.num_splits > 1;
   for (int idx = tid; idx < Cfg::kRows * kChunks; idx += Cfg::kThreads) {
     const int r = idx / kChunks, c = (idx % kChunks) * 8;
     const int pr = d.r0 + r;
@@ -259,9 +277,8 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
   }
   if (tid < Cfg::kRows && d.r0 + tid < d.blk.packed_rows()) {
     const int pr = d.r0 + tid;
-    float M, L;
-    row_stats(tid, M, L);
-    const float lse = (M == -INFINITY || !(L > 0.f)) ? -INFINITY : M * p.sm.scale_eff + __logf(L);
+    float lse, inv;
+    row_finish(tid, lse, inv);
     const int t = pr / d.blk.group, h = d.hk * d.blk.group + pr % d.blk.group;
     const int64_t row = (int64_t(d.b) * p.num_heads + h) * p.seqlen_q + t;
     if (partial)

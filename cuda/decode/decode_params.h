@@ -11,7 +11,10 @@
 // Masking is FwdParams' bottom-right convention per sequence: query row t
 // sits at position t + seqlens[b] - seqlen_q; key j visible iff
 //   j < seqlens[b] && (wl < 0 || j >= pos - wl) && (wr < 0 || j <= pos + wr)
-// (causal is wr = 0). Rows that see no key: O = 0, LSE = -inf.
+// (causal is wr = 0). Rows that see no key: O = 0, LSE = -inf (the sink).
+// Learnable sinks (jax_flash/sinks.h): e^{sink} joins each row's denominator
+// and its LSE exactly once: in the finalize of a single split, else in the
+// combine (the split partials never include it).
 #pragma once
 
 #include <cstdint>
@@ -47,6 +50,7 @@ struct DecodeParams {
   int window_left, window_right;  // -1 = unbounded
   SoftmaxScale sm;
   DType dtype;
+  const float* sinks;  // [batch, num_heads] float32 sink logits, or nullptr (none)
 
   // Split-KV: each sequence's keys are cut into num_splits ranges of whole
   // tiles, one CTA each. With num_splits > 1 the CTAs write fp32 partials,

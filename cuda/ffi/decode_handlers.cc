@@ -1,6 +1,6 @@
 // XLA FFI handler of the decoding kernels (cuda/decode): new queries against
 // a paged KV cache (a contiguous cache is passed as one page per sequence),
-// 16-bit or e4m3 with per-key descales.
+// 16-bit or e4m3 with per-key descales, with optional learnable sinks.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -18,11 +18,13 @@ using decode::DecodeParams;
 ffi::Error DecodeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_cache,
                       ffi::AnyBuffer v_cache, ffi::Buffer<ffi::F32> k_descale,
                       ffi::Buffer<ffi::F32> v_descale, ffi::Buffer<ffi::S32> page_table,
-                      ffi::Buffer<ffi::S32> seqlens, ffi::Result<ffi::AnyBuffer> o,
+                      ffi::Buffer<ffi::S32> seqlens, ffi::Buffer<ffi::F32> sinks,
+                      ffi::Result<ffi::AnyBuffer> o,
                       ffi::Result<ffi::Buffer<ffi::F32>> lse,
                       ffi::Result<ffi::Buffer<ffi::F32>> o_partial,
                       ffi::Result<ffi::Buffer<ffi::F32>> lse_partial, float scale, float softcap,
-                      int32_t window_left, int32_t window_right, int32_t num_splits) {
+                      int32_t window_left, int32_t window_right, int32_t num_splits,
+                      bool has_sinks) {
   const auto qd = q.dimensions(), kd = k_cache.dimensions(), td = page_table.dimensions();
   if (qd.size() != 4 || kd.size() != 4) {
     return Invalid("decode: q must be [batch, seqlen_q, heads, head_dim] and the caches "
@@ -81,6 +83,14 @@ ffi::Error DecodeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k_ca
     p.k_descale = k_descale.typed_data();
     p.v_descale = v_descale.typed_data();
   }
+  if (has_sinks) {  // one logit per (batch, head), folded in once per row (decode_params.h)
+    if (sinks.element_count() != static_cast<size_t>(p.batch) * p.num_heads) {
+      return Invalid("decode: sinks must be float32 [batch, heads] = [" + std::to_string(p.batch) +
+                     ", " + std::to_string(p.num_heads) + "]; got " +
+                     std::to_string(sinks.element_count()) + " elements");
+    }
+    p.sinks = sinks.typed_data();
+  }
   p.num_splits = num_splits;
   switch (q.element_type()) {
     case ffi::DataType::BF16: p.dtype = DType::kBFloat16; break;
@@ -129,6 +139,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::Buffer<ffi::F32>>()  // v_descale
         .Arg<ffi::Buffer<ffi::S32>>()  // page_table [batch, max_pages]
         .Arg<ffi::Buffer<ffi::S32>>()  // seqlens [batch]
+        .Arg<ffi::Buffer<ffi::F32>>()  // sinks [batch, heads] (1-element dummy without has_sinks)
         .Ret<ffi::AnyBuffer>()  // o
         .Ret<ffi::Buffer<ffi::F32>>()  // lse [batch, heads, seqlen_q]
         .Ret<ffi::Buffer<ffi::F32>>()  // o_partial workspace (num_splits > 1)
@@ -137,5 +148,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<float>("softcap")
         .Attr<int32_t>("window_left")
         .Attr<int32_t>("window_right")
-        .Attr<int32_t>("num_splits"),
+        .Attr<int32_t>("num_splits")
+        .Attr<bool>("has_sinks"),
     {xla::ffi::Traits::kCmdBufferCompatible});

@@ -1,5 +1,5 @@
 // Self-test of the decoding kernels (cuda/decode): split-KV, pack-GQA, paged
-// and contiguous caches, against a float64 reference.
+// and contiguous caches, learnable sinks, against a float64 reference.
 //
 // For each case: random 16-bit Q and cache on the host, every cache slot that
 // no sequence may read (past its length, unused pages) NaN, a shuffled page
@@ -45,6 +45,9 @@ struct Case {
   float softcap = 0.f;
   bool fp16 = false;
   bool fp8 = false;  // an e4m3 cache with a descale per (key, head)
+  // Learnable sinks: random [B, H] logits ~ N(sink_mean, 2^2) (jax_flash/sinks.h).
+  bool sinks = false;
+  float sink_mean = 0.f;
 };
 
 // Per-key e4m3 quantisation of one row of D values (descale = amax / 448,
@@ -146,7 +149,14 @@ Result run_case(const Case& c, std::mt19937& rng) {
     qval[i] = from_bits(q_bits[i], c.fp16);
   }
 
-  // float64 reference.
+  std::vector<float> sinks;
+  if (c.sinks) {
+    sinks.resize(size_t(c.B) * c.H);
+    for (float& x : sinks) x = c.sink_mean + 2.f * nd(rng);
+  }
+
+  // float64 reference: e^{sink} joins each row's denominator; a row that sees
+  // no key has O = 0 and LSE = the sink.
   const double scale = 1.0 / std::sqrt(double(D));
   std::vector<double> ref_o(q_bits.size(), 0.0), ref_lse(size_t(c.B) * c.H * c.T, -INFINITY);
   for (int b = 0; b < c.B; ++b) {
@@ -169,8 +179,13 @@ Result run_case(const Case& c, std::mt19937& rng) {
           s[j] = acc;
           m = std::max(m, acc);
         }
-        if (m == -INFINITY) continue;
-        double l = 0;
+        const double sink = c.sinks ? double(sinks[size_t(b) * c.H + h]) : -INFINITY;
+        if (m == -INFINITY) {
+          ref_lse[(size_t(b) * c.H + h) * c.T + t] = sink;
+          continue;
+        }
+        m = std::max(m, sink);
+        double l = c.sinks ? std::exp(sink - m) : 0.0;
         for (int j = 0; j < L; ++j) l += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - m);
         ref_lse[(size_t(b) * c.H + h) * c.T + t] = m + std::log(l);
         for (int d = 0; d < D; ++d) {
@@ -196,6 +211,8 @@ Result run_case(const Case& c, std::mt19937& rng) {
   const size_t rows = size_t(c.B) * c.H * c.T;
   float* d_op = dev_alloc<float>(size_t(c.splits) * rows * D);
   float* d_lp = dev_alloc<float>(size_t(c.splits) * rows);
+  float* d_sinks = dev_alloc<float>(sinks.size());
+  if (c.sinks) CHECK_CUDA(cudaMemcpy(d_sinks, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dq, q_bits.data(), q_bits.size() * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dk, k_bytes.data(), k_bytes.size(), cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dv, v_bytes.data(), v_bytes.size(), cudaMemcpyHostToDevice));
@@ -238,6 +255,7 @@ Result run_case(const Case& c, std::mt19937& rng) {
   p.k_descale = d_kdesc;
   p.v_descale = d_vdesc;
   p.dtype = c.fp16 ? DType::kFloat16 : DType::kBFloat16;
+  p.sinks = c.sinks ? d_sinks : nullptr;
   p.num_splits = c.splits;
   p.o_partial = d_op;
   p.lse_partial = d_lp;
@@ -263,7 +281,8 @@ Result run_case(const Case& c, std::mt19937& rng) {
   const double tol_o = c.fp16 ? 4e-3 : 2e-2;
   r.pass = r.launch_ok && r.o <= tol_o && r.lse <= 2e-3;
   for (void* ptr : {(void*)dq, (void*)dk, (void*)dv, (void*)d_o, (void*)d_lse, (void*)d_table,
-                    (void*)d_len, (void*)d_op, (void*)d_lp, (void*)d_kdesc, (void*)d_vdesc})
+                    (void*)d_len, (void*)d_op, (void*)d_lp, (void*)d_kdesc, (void*)d_vdesc,
+                    (void*)d_sinks})
     CHECK_CUDA(cudaFree(ptr));
   return r;
 }
@@ -328,6 +347,43 @@ std::vector<Case> all_cases(bool quick) {
   c = Case{"cache shorter than T causal", 1, 4, 2, 1, 64, 0, 64, {2}};
   c.wr = 0;
   c.splits = 2;
+  cs.push_back(c);
+  // Sinks: in the single split's finalize or once in the combine; empty
+  // cache rows and rows that see no key get LSE = the sink.
+  c = Case{"sinks mqa contiguous split1 empty row", 2, 1, 4, 1, 128, 0, 200, {200, 0}};
+  c.sinks = true;
+  cs.push_back(c);
+  c = Case{"sinks gqa4 paged16 split3 ragged", 3, 1, 8, 2, 128, 16, 300, {0, 1, 299}};
+  c.sinks = true;
+  c.splits = 3;
+  cs.push_back(c);
+  c = Case{"sinks 32-row tiles T8 gqa4 paged64", 2, 8, 8, 2, 64, 64, 300, {300, 77}};
+  c.sinks = true;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"sinks dominant hdim96 window split4", 2, 3, 4, 2, 96, 100, 333, {333, 150}};
+  c.sinks = true;
+  c.sink_mean = 8.f;
+  c.wl = 40;
+  c.wr = 0;
+  c.splits = 4;
+  cs.push_back(c);
+  c = Case{"sinks cache shorter than T split2", 1, 4, 2, 1, 64, 0, 64, {2}};
+  c.sinks = true;
+  c.wr = 0;
+  c.splits = 2;
+  cs.push_back(c);
+  c = Case{"sinks fp8 cache gqa4 paged16 split3", 3, 1, 8, 2, 128, 16, 300, {0, 1, 299}};
+  c.sinks = true;
+  c.fp8 = true;
+  c.splits = 3;
+  cs.push_back(c);
+  c = Case{"sinks fp8 cache softcap fp16 split1", 1, 2, 2, 1, 256, 32, 190, {190}};
+  c.sinks = true;
+  c.fp8 = true;
+  c.fp16 = true;
+  c.softcap = 20.f;
+  c.wr = 0;
   cs.push_back(c);
   if (!quick) {
     c = Case{"gqa4 T16 paged32 split5 window", 2, 16, 8, 2, 128, 32, 400, {400, 211}};

@@ -4,7 +4,8 @@
 //   lse = log(sum_j e^{x_j} + e^{sink}),
 // and the backward needs nothing else: P = e^{x - lse} with this lse, and
 // d sink = -sum over rows of e^{sink - lse} * rowsum(dO * O) (computed in
-// JAX from the saved LSE). Shared by the sm80 and sm90 forwards' finalize.
+// JAX from the saved LSE). Shared by the sm80 and sm90 forwards' finalize
+// and the decoding kernels' finalize and split combine (cuda/decode).
 #pragma once
 
 #include <cmath>
@@ -12,12 +13,18 @@
 
 namespace jax_flash {
 
+// log(e^{lse_keys} + e^{sink}) for a row whose keys' LSE is finite; stable
+// for any sink: log(e^a + e^b) = max + log1p(e^{-|a - b|}).
+__device__ __forceinline__ float lse_with_sink(float lse_keys, float sink) {
+  const float hi = fmaxf(lse_keys, sink), lo = fminf(lse_keys, sink);
+  return hi + log1pf(__expf(lo - hi));
+}
+
 // A row's online-softmax result with the sink folded in. m_ln: the max (in
 // natural-log logit units) that the row's sum l and its O accumulator are
 // relative to (l = sum_j e^{x_j - m_ln}); l = 0 for a row that saw no
 // visible key. Returns in lse the row's LSE and in o_factor the factor of the
 // O accumulator (e^{m_ln - lse}; 0 for an empty row, whose LSE is the sink).
-// Stable for any sink: log(e^a + e^b) = max + log1p(e^{-|a - b|}).
 __device__ __forceinline__ void finish_row_with_sink(float m_ln, float l, float sink, float& lse,
                                                      float& o_factor) {
   if (!(l > 0.f)) {
@@ -25,9 +32,7 @@ __device__ __forceinline__ void finish_row_with_sink(float m_ln, float l, float 
     o_factor = 0.f;
     return;
   }
-  const float lse_keys = m_ln + __logf(l);
-  const float hi = fmaxf(lse_keys, sink), lo = fminf(lse_keys, sink);
-  lse = hi + log1pf(__expf(lo - hi));
+  lse = lse_with_sink(m_ln + __logf(l), sink);
   o_factor = __expf(m_ln - lse);
 }
 

@@ -7,7 +7,8 @@ outputs are differentiable too). The operands are q, k, v (differentiable)
 and `rest`: integer or key arrays (segment ids, shifts, dropout key words,
 descales...) that get no cotangent, led, for an op with learnable sinks
 (`Kernels.sinks`), by the sink logits [B, H]: differentiable too, an operand
-of the forward only (their derivative is sinks.py's, the same for every op).
+of the forward (and of a backward that recomputes it); their derivative is
+sinks.py's, the same for every op.
 
 With `spec` (the AttentionSpec whose math the kernels compute; rest = its
 mask operands), the op is a `jax.custom_jvp`: its primal is the forward
@@ -70,10 +71,14 @@ class Kernels:
     kernel call; operands batch-major, rest included).
   delta: False gives the backward the raw cotangents (do, dlse) in place of
     (do in o's dtype, delta): for a backward that is not attention's own
-    (FP8's straight-through gradient); first-order only.
+    (FP8's straight-through gradient, a reference path that recomputes the
+    forward); first-order only.
   sinks: rest[0] is the sink logits [B, H] (differentiable): the forward
-    takes them, the backward does not (rest less the sinks), the lse the
-    forward returns includes them.
+    takes them, the lse it returns includes them, and their cotangent is
+    sinks.py's. Attention's own backward (delta=True) does not take them
+    (rest less the sinks: the lse is all it needs); a delta=False backward
+    gets them (a recomputed forward needs them) but returns no cotangent
+    for them.
   """
 
   forward: Callable
@@ -89,9 +94,6 @@ def differentiable(kernels: Kernels):
   forward = kernels.forward
   if kernels.fold_vmap:
     forward = fold_into_batch(forward)
-  if kernels.sinks and not kernels.delta:
-    raise ValueError("Kernels(sinks=True, delta=False): the sinks' gradient "
-                     "needs attention's own backward")
   if kernels.spec is None:
     return _first_order(forward, kernels.backward, kernels.delta,
                         kernels.sinks)
@@ -116,11 +118,12 @@ def _first_order(forward, backward, with_delta, with_sinks):
     dsinks = ()
     if with_sinks:
       dsinks = (sink_cotangent(rest[0], o, lse, do, dlse),)
-      rest = rest[1:]
+    masks = rest[len(dsinks):]  # no cotangent
     if with_delta:
       do, dlse = do.astype(o.dtype), softmax_delta(o, do, dlse)
+      rest = masks
     dq, dk, dv = backward(q, k, v, o, lse, do, dlse, *rest)
-    return (dq, dk, dv) + dsinks + tuple(None for _ in rest)
+    return (dq, dk, dv) + dsinks + tuple(None for _ in masks)
 
   attention.defvjp(attention_fwd, attention_bwd)
   return attention

@@ -8,7 +8,10 @@ sequence). Each sequence's lengths are read on the device, so they may be
 traced; the split count is chosen at trace time from the cache's capacity
 (the kernels' own policy, cuda/decode/decode_plan.h, asked through the
 extension) unless the caller fixes `num_splits`, and the fp32 partials of
-the splits are a workspace output sized here.
+the splits are a workspace output sized here. Learnable sinks [B, H] enter
+each row once: in the finalize of a single split, else in the combine.
+Chunks of more than PREFILL_MIN_TOKENS new tokens do not come here
+(`attention_with_kvcache` sends them to the dense forward kernels).
 
 The kernels have no backward: `attention_with_kvcache` differentiates the
 reference path instead (a custom_vjp around this call). Under vmap the call
@@ -27,6 +30,15 @@ DECODE = ffi.DECODE
 DTYPES = ("bfloat16", "float16")
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 128  # decode_params.h kDecodeMaxSplits
+# The decoding kernels are built for a few new tokens (a CTA packs the T_new *
+# group query rows of a KV head into 16 or 32 rows, and every CTA streams the
+# whole cache); a longer chunk (a prompt's prefill) costs one more pass over
+# the keys per 16-32 rows, where the dense forward kernels read each key tile
+# once per 64-128 rows at full tensor-core shapes. Calls with more new tokens
+# than this go to the dense forward kernels. The value is a first guess, to
+# be measured on the GPU (benchmarks: decode vs dense forward over T_new at
+# long caches) and set where the two cross.
+PREFILL_MIN_TOKENS = 64
 
 
 def unsupported_reason(q, k_cache, platform: str) -> str | None:
@@ -69,11 +81,13 @@ def num_splits_for(B: int, T: int, H: int, H_kv: int, D: int,
 
 
 def forward(q, k_pages, v_pages, *args, scale: float, softcap: float | None,
-            window_left: int, window_right: int, num_splits: int | None):
+            window_left: int, window_right: int, num_splits: int | None,
+            sinks=None):
   """(o [B, T, H, D], lse [B, H, T] float32) from the kernels.
 
   args: (page_table, seqlens), or for e4m3 pages (k_descale, v_descale,
   page_table, seqlens) with the descales [num_pages, H_kv, page_size].
+  sinks: the learnable sink logits [B, H] (the lse includes them), or None.
   """
   *descales, page_table, seqlens = args
   fp8 = bool(descales)
@@ -88,6 +102,9 @@ def forward(q, k_pages, v_pages, *args, scale: float, softcap: float | None,
   rows = B * H * T
   partial = (splits * rows * D,) if splits > 1 else (1,)
   lse_partial = (splits * rows,) if splits > 1 else (1,)
+  has_sinks = sinks is not None
+  sinks = (sinks.astype(jnp.float32) if has_sinks else
+           jnp.zeros((1,), jnp.float32))  # the handler ignores the dummy
   ffi._load()
   call = jax.ffi.ffi_call(
       DECODE,
@@ -98,9 +115,10 @@ def forward(q, k_pages, v_pages, *args, scale: float, softcap: float | None,
       vmap_method="sequential")
   o, lse, _, _ = call(q, k_pages, v_pages, *descales,
                       page_table.astype(jnp.int32),
-                      seqlens.astype(jnp.int32), scale=np.float32(scale),
+                      seqlens.astype(jnp.int32), sinks,
+                      scale=np.float32(scale),
                       softcap=np.float32(softcap or 0.0),
                       window_left=np.int32(window_left),
                       window_right=np.int32(window_right),
-                      num_splits=np.int32(splits))
+                      num_splits=np.int32(splits), has_sinks=has_sinks)
   return o, lse

@@ -9,31 +9,32 @@ H_kv, D] with a page table [B, max_pages].
 
 On a GPU with the CUDA extension (implementation None or "cuda") the
 decoding kernels read the cache where it lies (cuda/decode: split-KV over
-the keys, the query heads of a KV head packed into one tile, paged loads;
-decode/cuda.py). Otherwise, and for gradients, the reference path gathers
-each sequence's cache and attends through `attention(..., kv_seq_lengths=)`,
-so every backend and transformation applies. The updated caches are
+the keys, the query heads of a KV head packed into one tile, paged loads,
+learnable sinks; decode/kernel_op.py). A long chunk of new tokens (more than
+decode/cuda.py's PREFILL_MIN_TOKENS: a prompt's prefill) and everything the
+kernels do not serve take the dense path instead: each sequence's keys as
+one array (the cache itself when its row b is sequence b, else the rows or
+pages gathered: sequences.py) through `attention(..., kv_seq_lengths=)`, so
+the dense forward kernels or any other backend and every transformation
+apply; gradients always come from that path. The updated caches are
 returned as arrays; under `jax.jit` with the caches donated, XLA writes them
 in place.
 """
 
 from __future__ import annotations
 
-import functools
 import numbers
-from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jax_flash._src.api import attention as api
-from jax_flash._src.autodiff.differentiable import Kernels, differentiable
+from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.core import checks
 from jax_flash._src.decode import cuda as decode_cuda
-from jax_flash._src.sharding import decode as decode_sharding
 from jax_flash._src.decode import fp8_cache
-from jax_flash._src.backends.registry import Unsupported
+from jax_flash._src.decode import kernel_op
+from jax_flash._src.decode import sequences
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
@@ -171,12 +172,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     out-of-range page or row indices are clamped when read.
     causal, scale, window, softcap, implementation: as `jax_flash.attention`,
       aligned to each sequence's end (the queries are its last T_new tokens).
-    sinks: learnable attention sinks [H], as `jax_flash.attention` (the
-      decoding kernels have none yet: such calls take the reference path).
+      With None or "cuda" on a GPU, up to PREFILL_MIN_TOKENS (64) new tokens
+      run on the decoding kernels, longer chunks on the dense forward kernels.
+    sinks: learnable attention sinks [H], as `jax_flash.attention`.
     return_lse: also return the logsumexp [B, H, T_new].
     num_splits: how many parts each sequence's keys are split into (the
-      CUDA kernels; None: chosen from the batch, the heads and the cache
-      length). Other backends run one pass over the keys.
+      CUDA decoding kernels; None: chosen from the batch, the heads and the
+      cache length). Other paths run one pass over the keys.
 
   Returns:
     out [B, T_new, H, D_v], then lse if return_lse, then (with k_new) the
@@ -222,46 +224,40 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     table = rows[:, None]
   else:
     table = page_table.astype(jnp.int32)
+  identity_rows = (page_table is None and cache_batch_idx is None and
+                   k_cache.shape[0] == B)
   lengths = jnp.clip(seqlens, 0, capacity)
   sinks = checks.check_sinks(sinks, q.shape[2], q.dtype)
-  reason = "not requested"
-  if implementation in (None, "cuda"):
-    reason = decode_cuda.unsupported_reason(q, k_cache, api._platform(q))
-    if sinks is not None:
-      reason = ("the decoding kernels have no attention sinks (sinks=) yet; "
-                "implementation=None or 'xla' serves them")
-    elif v_cache.shape[-1] != q.shape[-1]:
-      reason = (f"the decoding kernels need the value head_dim equal to the "
-                f"query/key head_dim; got {v_cache.shape[-1]} and "
-                f"{q.shape[-1]}; implementation=None or 'xla' serves it")
-    if implementation == "cuda" and reason:
-      raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
-                        f"{reason}")
   fp8 = isinstance(k_cache, fp8_cache.Fp8KVCache)
-  if reason is None and not api.no_rows(q.shape[:3]):
-    opts = _KernelOptions(
+  if (_decoding_kernels_serve(q, k_cache, v_cache, implementation) and
+      not api.no_rows(q.shape[:3])):
+    opts = kernel_op.KernelOptions(
         scale=checks.check_scale(scale, q.shape[-1]),
         softcap=checks.check_softcap(softcap),
         **checks.window_fields(window, causal),
-        num_splits=num_splits,
-        identity_rows=(page_table is None and cache_batch_idx is None and
-                       k_cache.shape[0] == B))
+        num_splits=num_splits, identity_rows=identity_rows)
+    op = kernel_op.decode_op(opts, fp8, sinks is not None)
+    # Per sequence (the kernels' operand; a vmap folds it like q).
+    sink_rows = api.per_batch_sinks(sinks, B)
     if fp8:
       seed = k_cache.rotation_seed
       qr = q if seed is None else fp8_cache.rotate(q, seed).astype(q.dtype)
-      o, lse = _decode_op(opts, True)(qr, k_cache.data, v_cache.data,
-                                      k_cache.descale, v_cache.descale,
-                                      table, lengths)
+      o, lse = op(qr, k_cache.data, v_cache.data, *sink_rows,
+                  k_cache.descale, v_cache.descale, table, lengths)
       if seed is not None:  # the values were rotated: o R^T
         o = fp8_cache.unrotate(o, seed).astype(q.dtype)
     else:
-      o, lse = _decode_op(opts, False)(q, k_cache, v_cache, table, lengths)
+      o, lse = op(q, k_cache, v_cache, *sink_rows, table, lengths)
     res = (o, lse) if return_lse else o
   else:
-    pool = lambda c: c.dequantize(q.dtype) if fp8 else c
-    k, v = _gather(pool(k_cache), table), _gather(pool(v_cache), table)
-    res = api.attention(q, k, v, causal=causal, scale=scale, window=window,
-                        softcap=softcap, kv_seq_lengths=lengths, sinks=sinks,
+    # The reference path, and the dense forward kernels' for long chunks:
+    # attention over each sequence's keys, its first lengths[b] valid. The
+    # queries are the last T_new of them, which is kv_seq_lengths' alignment
+    # of causal and window bands.
+    view = lambda c: sequences.per_sequence(c, table, q.dtype, identity_rows)
+    res = api.attention(q, view(k_cache), view(v_cache), causal=causal,
+                        scale=scale, window=window, softcap=softcap,
+                        kv_seq_lengths=lengths, sinks=sinks,
                         return_lse=return_lse, implementation=implementation)
   out = res if isinstance(res, tuple) else (res,)
   if k_new is not None:
@@ -269,66 +265,25 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
   return out if len(out) > 1 else out[0]
 
 
-def _gather(pages, table):
-  """Each sequence's keys [B, max_pages * page_size, H_kv, D] from the pages."""
-  B, n = table.shape
-  return pages[table].reshape((B, n * pages.shape[1]) + pages.shape[2:])
+def _decoding_kernels_serve(q, k_cache, v_cache, implementation) -> bool:
+  """Whether the decoding kernels run this call (implementation None or
+  "cuda"; "cuda" raises Unsupported, naming why, where they cannot).
 
-
-class _KernelOptions(NamedTuple):
-  """The static options of the kernel call (hashable: one op per options)."""
-  scale: float
-  softcap: float | None
-  window_left: int
-  window_right: int
-  num_splits: int | None
-  identity_rows: bool  # contiguous cache, row b = sequence b (sharding)
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_op(opts: _KernelOptions, fp8: bool):
-  """fn(q, k_pages, v_pages, *rest) -> (o, lse): the decoding kernels, with
-  gradients through the reference path (the kernels have no backward).
-  rest: (k_descale, v_descale with fp8,) table, lengths."""
-
-  def forward(q, k_pages, v_pages, *rest):
-    return _call(opts, q, k_pages, v_pages, *rest)
-
-  def attend(q, k, v, lengths):
-    return api.attention(
-        q, k, v, scale=opts.scale, softcap=opts.softcap,
-        window=(opts.window_left, opts.window_right), kv_seq_lengths=lengths,
-        return_lse=True)
-
-  def backward(q, k_pages, v_pages, o, lse, do, dlse, *rest):
-    del o, lse
-    if fp8:
-      # d/dq on the dequantised cache (the cache itself is data, not a
-      # parameter: no cotangent).
-      k_descale, v_descale, table, lengths = rest
-      deq = lambda x8, d: fp8_cache.dequantize_rows(x8, d, q.dtype)
-      k = _gather(deq(k_pages, k_descale), table)
-      v = _gather(deq(v_pages, v_descale), table)
-      _, vjp = jax.vjp(lambda q: attend(q, k, v, lengths), q)
-      (dq,) = vjp((do, dlse))
-      return dq, None, None
-    table, lengths = rest
-    _, vjp = jax.vjp(
-        lambda q, k_pages, v_pages: attend(q, _gather(k_pages, table),
-                                           _gather(v_pages, table), lengths),
-        q, k_pages, v_pages)
-    return vjp((do, dlse))
-
-  return differentiable(Kernels(forward, backward, delta=False))
-
-
-def _call(opts, q, *caches_table_lengths):
-  body = lambda *a: decode_cuda.forward(
-      *a, scale=opts.scale, softcap=opts.softcap,
-      window_left=opts.window_left, window_right=opts.window_right,
-      num_splits=opts.num_splits)
-  H_kv = caches_table_lengths[0].shape[2]
-  return decode_sharding.decode_call(
-      body, identity_rows=opts.identity_rows, group=q.shape[2] // H_kv,
-      kv_heads=H_kv, fp8=len(caches_table_lengths) == 6)(
-          q, *caches_table_lengths)
+  A chunk of more than PREFILL_MIN_TOKENS new tokens (a prompt's prefill)
+  goes to `attention` instead, the dense forward kernels on a GPU: they are
+  built for long query blocks, the decoding kernels for a few tokens.
+  """
+  T = q.shape[1]
+  if implementation not in (None, "cuda") or (
+      isinstance(T, int) and T > decode_cuda.PREFILL_MIN_TOKENS):
+    return False
+  if v_cache.shape[-1] != q.shape[-1]:
+    reason = (f"the decoding kernels need the value head_dim equal to the "
+              f"query/key head_dim; got {v_cache.shape[-1]} and "
+              f"{q.shape[-1]}; implementation=None or 'xla' serves it")
+  else:
+    reason = decode_cuda.unsupported_reason(q, k_cache, api._platform(q))
+  if implementation == "cuda" and reason:
+    raise Unsupported(f"attention_with_kvcache(implementation='cuda'): "
+                      f"{reason}")
+  return reason is None
