@@ -35,7 +35,7 @@ if has test; then
   t0=$SECONDS
   XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_FLASH_POISON_OUTPUTS=1 timeout ${TEST_TIMEOUT:-420} \
     python3 -m pytest -v -m gpu -n 8 -p no:cacheprovider \
-    ${GPU_TESTS:-tests/test_sinks_value_dim.py tests/test_unseen_inputs.py tests/test_ring_dropout.py tests/test_cuda.py tests/test_dropout.py} \
+    ${GPU_TESTS:-tests/test_sinks_value_dim.py tests/test_unseen_inputs.py tests/test_ring_dropout.py tests/test_decode_cuda.py tests/test_cuda.py tests/test_dropout.py} \
     ${PYTEST_K:+-k "$PYTEST_K"} >"$OUT/test.log" 2>&1
   grep -E "FAILED|ERROR" "$OUT/test.log" | head -30
   SUMMARY+=("test: $(grep -c ' PASSED' "$OUT/test.log") passed, $(grep -c ' FAILED' "$OUT/test.log") failed, $(tail -1 "$OUT/test.log" | cut -c1-80) ($((SECONDS-t0)) s)")
@@ -44,7 +44,7 @@ if has sanitize; then
   for tool in memcheck racecheck; do
     t0=$SECONDS
     timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 1 \
-      python3 tools/gpu/sanitize_case.py ${SANITIZE_CASES:-sinks packed ring_dropout dropout fp8} \
+      python3 tools/gpu/sanitize_case.py ${SANITIZE_CASES:-sinks packed ring_dropout decode dropout fp8} \
       >"$OUT/sanitize_$tool.log" 2>&1
     SUMMARY+=("$tool: rc=$? $(grep -E 'SUMMARY' "$OUT/sanitize_$tool.log" | tail -1) $(grep -E '^== case .*: ' "$OUT/sanitize_$tool.log" | tr '\n' ' ') ($((SECONDS-t0)) s)")
   done
