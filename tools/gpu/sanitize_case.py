@@ -13,7 +13,8 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
   varlen    varlen_attention forward + backward: four sequences (one empty),
             causal, through the packing pre-pass
   decode    attention_with_kvcache, one new token: a contiguous cache with
-            ragged lengths split in three, and a paged one (shuffled pages)
+            ragged lengths split in three (with and without sinks), and a
+            paged one (shuffled pages)
   dropout   forward + backward with attention dropout (rate 0.1): D = 64 and
             128 causal, D = 64 window + segment ids (the sm90 kernels), and
             D = 256 (forward sm90, backward sm80)
@@ -179,6 +180,10 @@ def decode():
   o = jax_flash.attention_with_kvcache(q, k, v, lengths, num_splits=3,
                                        implementation="cuda")
   results = [("contiguous, 3 splits", finite(o))]
+  sinks = jnp.asarray(RNG.normal(0.5, 1.5, H), jnp.float32)
+  o = jax_flash.attention_with_kvcache(q, k, v, lengths, num_splits=3,
+                                       sinks=sinks, implementation="cuda")
+  results.append(("contiguous, 3 splits, sinks", finite(o)))
   n = S // page
   table = jnp.asarray(RNG.permutation(B * n).reshape(B, n), jnp.int32)
   k_pages, v_pages = normal(B * n, page, Hk, D), normal(B * n, page, Hk, D)
