@@ -212,6 +212,35 @@ def test_dot_product_attention(dense, rng, x64):
   _close(grads, reference.attention_vjp(q, k, v, do, **kw))
 
 
+@pytest.mark.gpu
+def test_dot_product_attention_top_left_sinks_on_gpu(rng):
+  """jax.nn's top-left alignment with T > S and a window leaves rows that
+  see no key; on the CUDA kernels (a prefix of the rows) their LSE must be
+  the sink, or the sinks' gradient meets exp(sink + inf) * 0 = NaN."""
+  if jax.default_backend() != "gpu":
+    pytest.skip("needs a GPU")
+  T, S, H, D = 70, 40, 4, 64
+  q, k, v, sinks = _problem(rng, T=T, S=S, H=H, Hk=2, D=D, Dv=D)
+  q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+  sinks = sinks.astype(jnp.float32)
+  f = lambda q, k, v, s: jax_flash.dot_product_attention(
+      q, k, v, is_causal=True, local_window_size=(3, 0), sinks=s)
+  do = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+  o, grads = jax.jit(lambda *a: _vjp(f, a, do))(q, k, v, sinks)
+  i, j = np.arange(T)[:, None], np.arange(S)[None, :]
+  vis = (j <= i) & (j >= i - 3)
+  assert not vis[-1].any()  # rows that see no key
+  f64 = lambda x: np.asarray(x, np.float64)
+  kw = dict(visibility=vis[None], sinks=f64(sinks))
+  want_o = reference.attention(f64(q), f64(k), f64(v), **kw)[0]
+  want_g = reference.attention_vjp(f64(q), f64(k), f64(v), f64(do), **kw)
+  for got, want in zip((o,) + tuple(grads), (want_o,) + tuple(want_g)):
+    got = f64(got)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=0,
+                               atol=3e-2 * max(np.abs(want).max(), 1e-3))
+
+
 def test_flax_self_attention(rng, x64):
   """use_sinks adds a learnable 'sinks' [num_heads] parameter, value_head_dim
   the value projection's width; value and gradients match the module's

@@ -248,6 +248,28 @@ def test_unseen_inputs(name, impl, grads, rng):
   _check(CASES[name](rng, impl), grads)
 
 
+@pytest.mark.parametrize("name", ["kv_seq_lengths_window_softcap",
+                                  "segment_ids_causal_softcap",
+                                  "varlen_window_softcap"])
+def test_unseen_inputs_forward_mode(name, rng):
+  """jax.jvp (and so Hessians, which go through the same tangent) with
+  poisoned unseen slots: the output tangent is finite and equals the one
+  with finite values there (the tangents are finite everywhere)."""
+  case = CASES[name](rng, "xla")
+  poisoned = tuple(x if m is None else _poison(x, m)
+                   for x, m in zip(case.args, case.bad))
+  tangents = tuple(_normal(np.random.default_rng(1), x.shape, x.dtype)
+                   for x in case.args)
+  jvp = jax.jit(lambda *a: jax.jvp(case.f, a, tangents))
+  (o, t), (o_p, t_p) = jvp(*case.args), jvp(*poisoned)
+  tol = _tol(o.dtype)
+  for want, have, what in ((o, o_p, "o"), (t, t_p, "tangent")):
+    have = np.asarray(have, np.float32)
+    assert np.isfinite(have).all(), what
+    np.testing.assert_allclose(have, np.asarray(want, np.float32),
+                               err_msg=what, **tol)
+
+
 # ---------------------------------------------------------------------------
 # FP8: quantisation zeroes unseen tokens, so the block scales match too.
 # ---------------------------------------------------------------------------

@@ -117,8 +117,9 @@ inline ffi::Error FillOptions(FwdParams& p, float scale, float softcap,
   return ffi::Error::Success();
 }
 
-// Attention dropout: the key words (uint32 [4]: key0, key1, batch0, head0,
-// device data from a traced jax.random key; a dummy without dropout) and the
+// Attention dropout: the key words (uint32 [6]: key0, key1, batch0, head0,
+// row0, col0, device data from a traced jax.random key and the call's origin;
+// a dummy without dropout) and the
 // byte threshold round(rate * 256) in [0, 255] (0 = no dropout).
 inline ffi::Error FillDropout(FwdParams& p, const ffi::Buffer<ffi::U32>& words, int32_t threshold,
                               bool broadcast) {

@@ -273,7 +273,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // q_segment (1-element dummy when absent)
         .Arg<ffi::AnyBuffer>()  // kv_segment
         .Arg<ffi::AnyBuffer>()  // packing: tile spans (+ shifts), FillPacking
-        .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [4] (FillDropout)
+        .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [6] (FillDropout)
         .Arg<ffi::Buffer<ffi::F32>>()  // sinks [batch, heads] (1-element dummy without has_sinks)
         .Ret<ffi::AnyBuffer>()  // o
         .Ret<ffi::Buffer<ffi::F32>>()  // lse
@@ -304,7 +304,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // q_segment
         .Arg<ffi::AnyBuffer>()  // kv_segment
         .Arg<ffi::AnyBuffer>()  // packing
-        .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [4]
+        .Arg<ffi::Buffer<ffi::U32>>()  // dropout key words [6]
         .Ret<ffi::AnyBuffer>()  // dq
         .Ret<ffi::AnyBuffer>()  // dk
         .Ret<ffi::AnyBuffer>()  // dv

@@ -101,9 +101,9 @@ struct OnlineSoftmax {
       for (int h = 0; h < 2; ++h) {
         const float sum = quad_sum(l[i][h]);
         float inv;
-        if (sink != -INFINITY) {  // uniform: one sink per head
+        if (sink != -INFINITY) {  // uniform: one sink per (batch, head)
           finish_row_with_sink(m[i][h] * scale_eff, sum, sink, lse[i][h], inv);
-        } else {
+        } else {  // without a sink: the same result in fewer instructions
           const bool empty = !(sum > 0.f);
           inv = empty ? 0.f : 1.f / sum;
           lse[i][h] = empty ? -INFINITY : m[i][h] * scale_eff + __logf(sum);

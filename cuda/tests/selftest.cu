@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -141,7 +142,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(d_sinks, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
   }
   if (drop_args.enabled()) {
-    d_words = dev_alloc<uint32_t>(4);
+    d_words = dev_alloc<uint32_t>(std::size(kDropoutWords));
     CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
     drop_args.words = d_words;
   }

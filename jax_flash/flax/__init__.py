@@ -35,7 +35,7 @@ Attention dropout (`dropout_rate > 0`, `deterministic=False`) is honoured,
 `broadcast_dropout` included (one mask for every batch element and head, as
 flax draws it), with jax_flash's own generator (the masks differ from flax's
 `jax.random.bernoulli` ones; rates are realised in steps of 1/256); it runs
-on the xla backend, or pallas with implementation="pallas".
+on every backend (inside the CUDA kernels on a GPU).
 
 `precision` and `force_fp32_for_softmax` are accepted and ignored: every
 backend accumulates q·k and p·v and runs the softmax in float32 (float64 for

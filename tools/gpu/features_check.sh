@@ -5,7 +5,8 @@
 # sets them up:
 #   tools/gpu/features_check.sh [selftest] [test] [sanitize] [bench] [generate]
 # selftest: cuda/tests/selftest.cu (sm80: sinks, dropout at a nonzero
-#   origin) and selftest_sm90 (sinks), built with nvcc and filtered;
+#   origin) and selftest_sm90 (the sm90 forward's sinks; built by
+#   tools/build/build_sm90_tests.sh), run with filters;
 # test: their GPU tests, outputs NaN-poisoned (-v: one PASSED/FAILED line
 #   per test, so a timeout still leaves the results);
 # sanitize: compute-sanitizer memcheck and racecheck over
@@ -16,7 +17,7 @@
 # generate: examples/generate.py (one-call prefill, then decode) against
 #   Flax's decode.
 # Environment: GPU_TESTS, PYTEST_K, TEST_TIMEOUT, SANITIZE_CASES,
-#   SANITIZE_TIMEOUT, BENCH_TIMEOUT.
+#   SANITIZE_TIMEOUT, BENCH_TIMEOUT, GEN_TIMEOUT.
 # Logs and the results file go to $OUT (or ./gpu_out); a table is printed last.
 DEFAULT_STAGES="test sanitize bench"
 source "$(dirname "$0")/carried.sh" "$@"
@@ -30,6 +31,10 @@ if has selftest; then
     timeout 120 "$OUT/selftest" "$f" 2>&1 | tee -a "$OUT/selftest.log" | tail -3
   done
   SUMMARY+=("selftest sm80: $(grep -cE 'PASS$' "$OUT/selftest.log") PASS, $(grep -cE 'FAIL$' "$OUT/selftest.log") FAIL ($((SECONDS-t0)) s)")
+  t0=$SECONDS
+  [[ -x build_carry/selftest_sm90 ]] || tools/build/build_sm90_tests.sh >"$OUT/sm90_build.log" 2>&1
+  timeout 200 build_carry/selftest_sm90 sinks 2>&1 | tee "$OUT/selftest_sm90.log" | tail -8
+  SUMMARY+=("selftest sm90 sinks: $(grep -E 'passed, [0-9]+ failed' "$OUT/selftest_sm90.log" | tail -1) ($((SECONDS-t0)) s)")
 fi
 if has test; then
   t0=$SECONDS

@@ -1,10 +1,10 @@
-// Learnable attention sinks (jax_flash/_src/core/sinks.py): one logit per
+// Learnable attention sinks (jax_flash/_src/autodiff/sinks.py): one logit per
 // head joins every row's softmax denominator and takes no value,
 //   out = sum_j e^{x_j} v_j / (sum_j e^{x_j} + e^{sink}),
 //   lse = log(sum_j e^{x_j} + e^{sink}),
 // and the backward needs nothing else: P = e^{x - lse} with this lse, and
-// d sink = -sum over rows of e^{sink - lse} * rowsum(dO * O) (computed in
-// JAX from the saved LSE). Shared by the sm80 and sm90 forwards' finalize
+// d sink = -sum over rows of e^{sink - lse} * (rowsum(dO * O) - dLSE)
+// (computed in JAX from the saved LSE). Shared by the sm80 and sm90 forwards' finalize
 // and the decoding kernels' finalize and split combine (cuda/decode).
 #pragma once
 

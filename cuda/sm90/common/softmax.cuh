@@ -208,10 +208,11 @@ struct OnlineSoftmaxT {
       const float sum = quad_sum(l[h]);
       // The natural-log max that l and O are relative to.
       const float m_ln = kScaledMax ? (kOffsetLog2_ == 0 ? m[h] : m[h] - kOffsetLog2) * kLn2 : m[h] * scale_eff;
-      if (sink != -INFINITY) {  // uniform: one sink per head
+      if (sink != -INFINITY) {  // uniform: one sink per (batch, head)
         finish_row_with_sink(m_ln, sum, sink, lse[h], inv[h]);
         continue;
       }
+      // Without a sink: the same result in fewer instructions (1 / sum).
       const bool empty = !(sum > 0.f);
       inv[h] = empty ? 0.f : 1.f / sum;
       lse[h] = empty ? -INFINITY : m_ln + __logf(sum);

@@ -61,14 +61,16 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
       row's softmax has exp(sinks[h]) in its denominator, and the sink takes
       no value: out = sum_j exp(s_j) v_j / (exp(sinks[h]) + sum_j exp(s_j)).
       Differentiable (computed in float32, float64 for float64 inputs).
-      Served by the xla and pallas backends.    dropout_rate: attention dropout on the probabilities (a static float in
+      Every backend serves them; the LSE includes the sink.
+    dropout_rate: attention dropout on the probabilities (a static float in
       [0, 1); rates are realised in steps of 1/256): out = (P * Z / (1 -
       rate)) V, the LSE from the undropped P. Needs dropout_rng.
     dropout_rng: a jax.random key. The mask is a pure function of the key
       and the global (batch, head, query, key) position, the same on every
       backend and mesh (core/dropout.py); vmap over keys gives each element its
-      own mask, one key shared across a vmap the same one. Runs on the xla
-      backend (the default) and "pallas"; reverse-mode differentiable.
+      own mask, one key shared across a vmap the same one. Runs on every
+      backend (inside the CUDA kernels: the default on a GPU); reverse-mode
+      differentiable.
     dropout_broadcast: one dropout mask for every batch element and head
       (Flax's broadcast_dropout).
     return_lse: also return the natural-log logsumexp [..., H, T] (float32,

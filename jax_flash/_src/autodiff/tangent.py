@@ -77,16 +77,20 @@ def attention_tangent(spec: AttentionSpec, res, lin, *, sparse: bool):
 
     def body(j, carry):
       acc, dlse = carry
-      k_blk, dk_blk, v_blk, dv_blk = kb[j], dkb[j], vb[j], dvb[j]
       ks_blk = None if ksb is None else ksb[j]
-      s_raw = qk(q_blk, k_blk)
       mask = xla._block_mask(spec, i, j, bq, bk, qs_blk, ks_blk)
+      # Keys no row sees and rows that see no key may hold anything (NaN
+      # included): zeroed as in the xla backend, so 0 * NaN never forms.
+      k_blk, dk_blk, v_blk, dv_blk = xla._seen_only(
+          mask, i, bq, spec.q_len, kb[j], dkb[j], vb[j], dvb[j])
+      q_b, dq_b = (xla._seeing_only(mask, x) for x in (q_blk, dq_blk))
+      s_raw = qk(q_b, k_blk)
       # Masking the scores before the exp (not the probabilities after it)
       # keeps every derivative of P finite: exp(-inf) = 0 has derivative 0.
       s = jnp.where(mask, softmax.scores(spec, s_raw), softmax.NEG_INF)
       p = softmax.probs_from_lse(s, lse_blk, None)
-      ds = softmax.scores_grad(spec, s_raw, qk(dq_blk, k_blk) +
-                               qk(q_blk, dk_blk))
+      ds = softmax.scores_grad(spec, s_raw, qk(dq_b, k_blk) +
+                               qk(q_b, dk_blk))
       pds = jnp.where(mask, p * ds, 0.0)
       return acc + pv(p, dv_blk) + pv(pds, v_blk), dlse + pds.sum(-1)
 

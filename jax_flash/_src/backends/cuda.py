@@ -139,12 +139,15 @@ class CudaBackend:
   def forward(self, spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
               *, shifts=None, dropout_key=None, sinks=None):
     # Prefixes (bottom_right) keep row and column positions: the same mask.
-    # (Their rows past the prefix would need the sink as their LSE: calls
-    # with sinks are always bottom-right; ring attention adds them itself.)
-    assert sinks is None or spec.bottom_right, "sinks on a ring block"
     kernel = functools.partial(_forward, dropout_key=dropout_key,
                                sinks=sinks)
-    return bottom_right.forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts)
+    o, lse = bottom_right.forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts)
+    if sinks is not None and not spec.bottom_right:
+      # Rows past the prefix see no key: their LSE is the sink (the kernel
+      # gives every row it computes a finite LSE when there are sinks).
+      lse = jnp.where(jnp.isneginf(lse), sinks[:, :, None].astype(lse.dtype),
+                      lse)
+    return o, lse
 
   def backward(self, spec: AttentionSpec, q, k, v, o, lse, do, delta,
                q_seg=None, kv_seg=None, *, shifts=None, dropout_key=None):

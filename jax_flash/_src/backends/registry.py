@@ -44,8 +44,9 @@ Unsupported.__module__ = "jax_flash"  # its public name, in reprs and tracebacks
 class Backend(Protocol):
   """One attention implementation. Arrays are batch-major (core/spec.py);
   q_seg/kv_seg are given with spec.has_segment_ids, shifts = (q_shift,
-  kv_shift) with spec.has_shifts, dropout_key = (k0, k1) uint32 scalars
-  with spec.has_dropout (None otherwise)."""
+  kv_shift) with spec.has_shifts, dropout_key = the key words (core/dropout.py
+  key_words: k0, k1 and the call's origin) with spec.has_dropout, sinks [B, H]
+  with spec.has_sinks (None otherwise)."""
 
   name: str
 

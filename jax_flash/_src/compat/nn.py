@@ -119,10 +119,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   name = IMPLEMENTATIONS[implementation]
   scale = 1.0 / math.sqrt(H) if scale is None else scale
 
-  reason = _not_blockwise(q, bias, mask, scale, window)
+  reason = _not_blockwise(q, v, bias, mask, scale, window)
   backend = None
   if reason is None:
-    spec = _spec(q, k, scale, is_causal, window, kv_len is not None,
+    spec = _spec(q, k, v, scale, is_causal, window, kv_len is not None,
                  sinks is not None)
     try:
       backend = backends.choose(spec, name, _platform(q))
@@ -197,7 +197,7 @@ def _rows_may_be_empty(T, S, window) -> bool:
   return window is not None and T - 1 > S - 1 + window[0]
 
 
-def _spec(q, k, scale, is_causal, window, has_segment_ids,
+def _spec(q, k, v, scale, is_causal, window, has_segment_ids,
           has_sinks) -> AttentionSpec:
   B, T, N, H = q.shape
   S, K = k.shape[1], k.shape[2]
@@ -214,11 +214,12 @@ def _spec(q, k, scale, is_causal, window, has_segment_ids,
       scale=float(scale), causal=right == 0, window_left=left,
       window_right=right, has_segment_ids=has_segment_ids, batch=B, q_len=T,
       kv_len=S, num_heads=N, num_kv_heads=K, head_dim=H,
+      value_head_dim=AttentionSpec.value_head_dim_of(H, v.shape[-1]),
       dtype=jnp.dtype(q.dtype).name, q_offset=0 if bounded else None,
       has_sinks=has_sinks)
 
 
-def _not_blockwise(q, bias, mask, scale, window) -> str | None:
+def _not_blockwise(q, v, bias, mask, scale, window) -> str | None:
   """Why the blockwise backends cannot express the request (None if they can)."""
   if bias is not None:
     return "a dense bias array"
@@ -233,6 +234,8 @@ def _not_blockwise(q, bias, mask, scale, window) -> str | None:
     return f"dtype {dt} (supported: {', '.join(BLOCKWISE_DTYPES)})"
   if q.shape[-1] > BLOCKWISE_MAX_HEAD_DIM:
     return f"head_dim {q.shape[-1]} (> {BLOCKWISE_MAX_HEAD_DIM})"
+  if v.shape[-1] > BLOCKWISE_MAX_HEAD_DIM:
+    return f"value head_dim {v.shape[-1]} (> {BLOCKWISE_MAX_HEAD_DIM})"
   if window is not None and min(window) < 0:
     return (f"local_window_size={window} (a negative side leaves the diagonal "
             "out of the band)")

@@ -119,7 +119,8 @@ def ring_attention(query, key, value, *, mesh=None, seq_axis: str,
       (batch, head, query, key) positions, so the result is the single-device
       one. With `mesh=None` the batch and head positions are those of the
       local arrays (fold a batch/head shard's index into the key where
-      the shard_map shards those too). Served by "xla" and "pallas".
+      the shard_map shards those too). Served by "xla", "pallas" and, for
+      chunks of a multiple of 64 tokens (zigzag: each half), "cuda".
     sinks: learnable attention sinks [H] (as `jax_flash.attention`; the
       local heads' inside a shard_map), merged into each row once, after
       the ring.

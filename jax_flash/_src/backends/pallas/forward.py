@@ -87,7 +87,7 @@ def forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, *,
             dropout_key=None, sinks=None):
   """(o [B,T,H,D_v], lse [B,H,T]) for canonical inputs (see spec.py).
   shifts: None or (q_shift, kv_shift) with spec.has_shifts; dropout_key:
-  None or (k0, k1) with spec.has_dropout; sinks: None or [B, H] with
+  None or the key words (core/dropout.py key_words) with spec.has_dropout; sinks: None or [B, H] with
   spec.has_sinks, as xla.forward."""
   B, T, H, D = q.shape
   S, H_kv, Dv = k.shape[1], k.shape[2], v.shape[3]
