@@ -53,12 +53,11 @@ struct BwdKernelArgs {
 };
 
 // A thread's lane and its warp's origins in the three warp layouts (see
-// kernel_traits.cuh; dK's and dV's columns apart). Built from opaque_tid() in
-// each phase of the loop so the values are recomputed (a few integer ops)
-// rather than held in registers.
+// kernel_traits.cuh). Built from opaque_tid() in each phase of the loop so the
+// values are recomputed (a few integer ops) rather than held in registers.
 template <typename Cfg>
 struct BwdCoords {
-  int lane, s_row, s_col, kv_row, k_col, v_col, q_row, q_col;
+  int lane, s_row, s_col, kv_row, k_col, q_row, q_col;
   JF_DEVICE explicit BwdCoords(int tid) {
     const int warp = tid / 32;
     lane = tid % 32;
@@ -66,9 +65,14 @@ struct BwdCoords {
     s_col = (warp / Cfg::kWarpsM_S) * Cfg::kColsS;
     kv_row = (warp % Cfg::kWarpsN_KV) * Cfg::kRowsKV;
     k_col = (warp / Cfg::kWarpsN_KV) * Cfg::kColsK;
-    v_col = (warp / Cfg::kWarpsN_KV) * Cfg::kColsV;
     q_row = (warp % Cfg::kWarpsM_Q) * Cfg::kRowsQ;
     q_col = (warp / Cfg::kWarpsM_Q) * Cfg::kColsQ;
+  }
+  // dV's column origin: dK's warp column in units of dV's warp tile.
+  // Computed on use, not stored: with one head dim it is k_col itself.
+  JF_DEVICE int v_col() const {
+    if constexpr (Cfg::kColsV == Cfg::kColsK) return k_col;
+    else return k_col / Cfg::kColsK * Cfg::kColsV;
   }
 };
 
@@ -254,7 +258,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     {
       const BwdCoords<Cfg> c(opaque_tid());
       gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_V, Cfg::kBlockM, true, true, PTile, dOTile>(
-          acc_dv, sP, c.kv_row, sdO, c.v_col, LdsmLane{c.lane});
+          acc_dv, sP, c.kv_row, sdO, c.v_col(), LdsmLane{c.lane});
     }
     {
       const BwdCoords<Cfg> c(opaque_tid());
@@ -330,7 +334,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     store_c<Element, Cfg::kMT_KV, Cfg::kNT_K, KTile>(smem + Cfg::kSmemK, acc_dk, c.kv_row,
                                                      c.k_col, c.lane);
     store_c<Element, Cfg::kMT_KV, Cfg::kNT_V, VTile>(smem + Cfg::kSmemV, acc_dv, c.kv_row,
-                                                     c.v_col, c.lane);
+                                                     c.v_col(), c.lane);
   }
   __syncthreads();
   Element* dk = static_cast<Element*>(p.dk) + batch * p.k_batch_stride + head_k * p.k_head_stride +
