@@ -63,7 +63,8 @@ class Case:
   S: Any = None               # int, LONG, or None (= T)
   H: int = 4
   Hk: int | None = None       # None = H (MHA)
-  d: str = "mid"              # "small" | "mid" | "large": pick from head_dims
+  d: str | int = "mid"        # "small" | "mid" | "large": pick from head_dims;
+                              # an int: that head dim
   batch: tuple | None = None  # leading dims; None = (cls.batch,); () = rank 3
   causal: bool = False
   window: tuple | None = None
@@ -129,6 +130,10 @@ CASES = (
          dv=40, causal=True, dlse=True),
     Case("value_dim_larger_sinks_segments", T=45, S=61, H=4, Hk=2, d="small",
          dv=72, segments="pair", sinks=True, softcap=3.0),
+    # DeepSeek MLA's head dims (the CUDA kernels' head-dim pair); T > S:
+    # the first T - S rows see no key.
+    Case("value_dim_mla_causal_gqa_empty_rows", T=LONG, S=53, H=4, Hk=2,
+         d=192, dv=128, causal=True, dlse=True),
 )
 
 
@@ -152,6 +157,9 @@ class Support:
   supports_nonpositive_scale: bool = True
   supports_sinks: bool = True
   supports_value_head_dim: bool = True  # v's head dim other than q/k's
+  # The (head_dim, value head_dim) pairs with a distinct value head dim that
+  # are served; None: every pair of supported head dims.
+  value_head_dims: tuple | None = None
 
   def supports_dtype(self, dtype) -> bool:
     return jnp.dtype(dtype).name in self.dtypes
@@ -166,8 +174,10 @@ class Support:
     reasons = [
         (not self.supports_dtype(dtype), f"dtype {jnp.dtype(dtype).name}"),
         (not self.supports_head_dim(head_dim), f"head_dim {head_dim}"),
-        (case.dv is not None and not (self.supports_value_head_dim and
-                                      self.supports_head_dim(case.dv)),
+        (case.dv is not None and not (
+            self.supports_value_head_dim and self.supports_head_dim(case.dv)
+            and (self.value_head_dims is None or
+                 (head_dim, case.dv) in self.value_head_dims)),
          f"value head_dim {case.dv}"),
         (case.sinks and not self.supports_sinks, "sinks"),
         (case.softcap is not None and not self.supports_softcap, "softcap"),
@@ -190,11 +200,13 @@ XLA = Support()
 PALLAS_CPU = Support(head_dim_range=(32, 256))  # interpret mode: float64 too
 PALLAS_GPU = Support(dtypes=("bfloat16", "float16", "float32"),
                      head_dim_range=(32, 256))
-# 16-byte row loads: head_dim % 8 == 0. The sm90 family hands what its own
-# kernels do not serve to the sm80 kernels, so from Python both look alike.
+# 16-byte row loads: head_dim % 8 == 0. A distinct value head dim: the
+# head-dim pairs the sm80 kernels instantiate (DeepSeek MLA's). The sm90
+# family hands what its own kernels do not serve to the sm80 kernels, so from
+# Python both look alike.
 CUDA_SM80 = Support(dtypes=("bfloat16", "float16"), head_dim_range=(8, 256),
                     head_dim_multiple=8, supports_nonpositive_scale=False,
-                    supports_value_head_dim=False)
+                    value_head_dims=((192, 128),))
 CUDA_SM90 = CUDA_SM80
 
 
@@ -301,6 +313,8 @@ class AttentionSuite:
     return self.long_seq if n == LONG else n
 
   def head_dim_of(self, case):
+    if isinstance(case.d, int):
+      return case.d
     dims = self.head_dims
     return {"small": dims[0], "mid": dims[len(dims) // 2],
             "large": dims[-1]}[case.d]
@@ -538,6 +552,7 @@ PROBES = (
         ("scale_negative", None, dict(scale=-0.3)),
         ("sinks", None, dict(sinks=True)),
         ("value_head_dim", None, dict(dv=40)),
+        ("value_head_dim_mla", None, dict(d=192, dv=128)),
     ))
 
 
@@ -559,7 +574,8 @@ class BackendSuite(AttentionSuite):
     name, value, changes = probe
     case = dataclasses.replace(PROBE_BASE, **changes)
     dtype = value if name == "dtype" else self.dtypes[0]
-    head_dim = value if name == "head_dim" else self.head_dims[0]
+    head_dim = (value if name == "head_dim" else case.d if isinstance(
+        case.d, int) else self.head_dims[0])
     with contextlib.ExitStack() as stack:
       if jnp.dtype(dtype) == jnp.float64:
         stack.enter_context(reference.enable_x64())

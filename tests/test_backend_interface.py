@@ -25,14 +25,16 @@ MODEL_SHAPE_OPTIONS = [
 ]
 
 
-def test_cuda_refuses_value_head_dim():
-  """The CUDA kernels have no distinct value head dim yet: an explicit
-  request says so (before any platform or build reason), the default
-  chooser takes pallas on a GPU and xla elsewhere."""
+def test_cuda_refuses_value_head_dim_without_kernels():
+  """The CUDA kernels have a distinct value head dim only for their head-dim
+  pairs (DeepSeek MLA's 192 / 128): another pair is refused naming it and
+  the served ones (before any platform or build reason), the default chooser
+  takes pallas on a GPU and xla elsewhere."""
   spec = dataclasses.replace(SPEC, dtype="bfloat16", value_head_dim=32)
   for platform in ("gpu", "cpu"):
     with pytest.raises(backends.Unsupported,
-                       match="implementation='cuda'.*value head_dim"):
+                       match=r"implementation='cuda'.*value head_dim.*"
+                       r"\(192, 128\).*got \(64, 32\)"):
       backends.choose(spec, "cuda", platform)
   assert backends.choose(spec, None, "gpu").name == "pallas"
   assert backends.choose(spec, None, "cpu").name == "xla"
@@ -40,6 +42,24 @@ def test_cuda_refuses_value_head_dim():
   assert set(staged) == {"default"} and staged["default"].name == "xla"
   for name in ("xla", "pallas"):
     backends.get(name).check(spec, "cpu")  # served
+  # The pair the other way round has no kernel either.
+  swapped = dataclasses.replace(SPEC, dtype="bfloat16", head_dim=128,
+                                value_head_dim=192)
+  with pytest.raises(backends.Unsupported, match="got \\(128, 192\\)"):
+    backends.choose(swapped, "cuda", "gpu")
+
+
+def test_cuda_serves_its_head_dim_pairs():
+  """(192, 128) passes the value head dim check: on a CPU the explicit
+  request fails for the platform; on a GPU with the extension built the
+  default chooser takes cuda."""
+  spec = dataclasses.replace(SPEC, dtype="bfloat16", head_dim=192,
+                             value_head_dim=128)
+  with pytest.raises(backends.Unsupported, match="needs an NVIDIA GPU"):
+    backends.choose(spec, "cuda", "cpu")
+  want = "cuda" if ffi.available() else "pallas"
+  assert backends.choose(spec, None, "gpu").name == want
+  assert backends.choose(spec, None, "cpu").name == "xla"
 
 
 def test_sinks_choice():

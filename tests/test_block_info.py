@@ -239,6 +239,48 @@ def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
     assert sems == cuda_backend.sm90_bwd_semaphore_ints(b, h, t), (b, h, t)
 
 
+# The head-dim pairs (a value head dim of its own): one query "d dv" per
+# line; one output line: rounded_head_dim(d, dv) (the dq_accum pitch, 0 for a
+# pair without kernels) and Sm80HeadDimPairs::contains(d, dv).
+PAIRS_PROGRAM = r"""
+#include <cstdio>
+#include "jax_flash/head_dim.h"
+int main() {
+  int d, dv;
+  while (std::scanf("%d %d", &d, &dv) == 2)
+    std::printf("%d %d\n", jax_flash::rounded_head_dim(d, dv),
+                int(jax_flash::Sm80HeadDimPairs::contains(d, dv)));
+  return 0;
+}
+"""
+
+
+def test_cpp_head_dim_pairs_match_cuda_backend(tmp_path):
+  from jax_flash._src.backends import cuda as cuda_backend, kernel_table
+  cxx = _compiler()
+  if cxx is None:
+    pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH to build the "
+                "head_dim.h check program")
+  src, exe = tmp_path / "pairs.cpp", tmp_path / "pairs"
+  src.write_text(PAIRS_PROGRAM)
+  subprocess.run([cxx, "-std=c++17", "-Wall", "-Werror", f"-I{INCLUDE}", str(src),
+                  "-o", str(exe)], check=True, capture_output=True, timeout=300)
+  queries = [(d, dv) for d in range(8, 257, 8) for dv in range(8, 257, 8)]
+  out = subprocess.run([str(exe)], input="".join(f"{d} {dv}\n" for d, dv in queries),
+                       capture_output=True, text=True, check=True, timeout=60)
+  served = 0
+  for (d, dv), line in zip(queries, out.stdout.splitlines(), strict=True):
+    pitch, contains = (int(x) for x in line.split())
+    pair = d != dv and kernel_table.serves_pair("sm80", d, dv)
+    assert contains == pair, (d, dv)
+    if d == dv or pair:
+      assert pitch == cuda_backend.dq_accum_pitch(d, dv), (d, dv)
+    else:
+      assert pitch == 0, (d, dv)
+    served += pair
+  assert served == len(kernel_table.HEAD_DIM_PAIRS["sm80"])
+
+
 # Per batch element (seqlen_info.h): BatchSeqlens from cumulative offsets and
 # used lengths. One query per input line: B T S flags, then B + 1 cumulative
 # q offsets, B + 1 cumulative k offsets, B used q lengths, B used k lengths

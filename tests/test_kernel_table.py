@@ -58,3 +58,22 @@ def test_cuda_backend_rounds_with_the_table():
   assert cuda_backend.MAX_HEAD_DIM == kernel_table.HEAD_DIMS["sm80"][-1]
   for d in range(1, cuda_backend.MAX_HEAD_DIM + 1):
     assert cuda_backend.rounded_head_dim(d) == kernel_table.bucket("sm80", d)
+
+
+def test_head_dim_pairs(gen):
+  """Each pair: two distinct head dims of whole 16-byte rows, within the
+  family's largest bucket, the value one not wider (the forward's output
+  tile takes Q's shared memory), and kernels for it in every sm80 launcher."""
+  for family, pairs in kernel_table.HEAD_DIM_PAIRS.items():
+    assert list(pairs) == sorted(set(pairs)), family
+    for d, dv in pairs:
+      assert d != dv and d % 8 == 0 and dv % 8 == 0, (family, d, dv)
+      assert dv <= d <= kernel_table.max_head_dim(family), (family, d, dv)
+      assert kernel_table.serves_pair(family, d, dv)
+      assert not kernel_table.serves_pair(family, dv, d)
+      assert cuda_backend.dq_accum_pitch(d, dv) == d
+      files = list(ROOT.glob(f"cuda/instantiations/*_hdim{d}v{dv}_{family}.cu"))
+      for f in files:
+        assert f"{d}, {dv}>" in f.read_text(), f
+      launchers = [l for l in gen.LAUNCHERS if l.family == family]
+      assert len(files) == len(launchers) * len(kernel_table.DTYPES), (family, d, dv)

@@ -338,13 +338,20 @@ def test_bad_value_shapes_are_refused(rng):
 
 def test_cuda_refuses_by_name(rng):
   """implementation='cuda' names the argument it has no kernel for (before
-  any platform or build reason: the value head dim); the default picks
-  another backend."""
+  any platform or build reason: a value head dim outside the kernels'
+  head-dim pairs); the default picks another backend. The pair (192, 128)
+  passes that check (on a CPU it then fails for the platform)."""
   q, k, v, sinks = (x.astype(jnp.bfloat16) for x in _problem(
       rng, B=1, T=5, S=5, D=64, Dv=32))
   sinks = sinks.astype(jnp.float32)
-  with pytest.raises(jax_flash.Unsupported, match="'cuda'.*value head_dim"):
+  with pytest.raises(jax_flash.Unsupported,
+                     match=r"'cuda'.*value head_dim.*\(192, 128\).*got \(64, 32\)"):
     jax_flash.attention(q, k, v, implementation="cuda")
+  q192, k192, v128, _ = (x.astype(jnp.bfloat16) for x in _problem(
+      rng, B=1, T=5, S=5, D=192, Dv=128))
+  if jax.default_backend() == "cpu":
+    with pytest.raises(jax_flash.Unsupported, match="'cuda'.*NVIDIA GPU"):
+      jax_flash.attention(q192, k192, v128, implementation="cuda")
   with pytest.raises(jax_flash.Unsupported, match="'cuda'.*value head_dim"):
     jax_flash.attention_with_kvcache(q, k, v, jnp.asarray([3]),
                                      implementation="cuda")

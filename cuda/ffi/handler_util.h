@@ -60,28 +60,32 @@ inline bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
 }
 
 // Shapes, contiguous [batch, seq, heads, head_dim] strides (elements) and
-// pointers of q, k, v (q and k give the shapes; v only its pointer, and its
-// strides as k's).
+// pointers of q, k, v (q and k give the shapes, v its head dim; o, which the
+// caller checks, is q's shape with v's head dim).
 inline void FillShapes(FwdParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                 const ffi::AnyBuffer& v) {
-  auto qd = q.dimensions(), kd = k.dimensions();
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   p.batch = static_cast<int>(qd[0]);
   p.seqlen_q = static_cast<int>(qd[1]);
   p.num_heads = static_cast<int>(qd[2]);
   p.head_dim = static_cast<int>(qd[3]);
+  p.head_dim_v = static_cast<int>(vd[3]);
   p.seqlen_k = static_cast<int>(kd[1]);
   p.num_heads_k = static_cast<int>(kd[2]);
   // Contiguous BTHD strides (elements).
-  const int64_t D = p.head_dim;
+  const int64_t D = p.head_dim, Dv = p.head_dim_v;
   p.q_head_stride = D;
   p.q_row_stride = D * p.num_heads;
   p.q_batch_stride = p.q_row_stride * p.seqlen_q;
-  p.k_head_stride = p.v_head_stride = D;
-  p.k_row_stride = p.v_row_stride = D * p.num_heads_k;
-  p.k_batch_stride = p.v_batch_stride = p.k_row_stride * p.seqlen_k;
-  p.o_head_stride = p.q_head_stride;
-  p.o_row_stride = p.q_row_stride;
-  p.o_batch_stride = p.q_batch_stride;
+  p.k_head_stride = D;
+  p.k_row_stride = D * p.num_heads_k;
+  p.k_batch_stride = p.k_row_stride * p.seqlen_k;
+  p.v_head_stride = Dv;
+  p.v_row_stride = Dv * p.num_heads_k;
+  p.v_batch_stride = p.v_row_stride * p.seqlen_k;
+  p.o_head_stride = Dv;
+  p.o_row_stride = Dv * p.num_heads;
+  p.o_batch_stride = p.o_row_stride * p.seqlen_q;
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();

@@ -14,6 +14,7 @@
 
 #include "ffi/handler_util.h"
 #include "jax_flash/device_attribute.h"
+#include "jax_flash/head_dim.h"
 #include "jax_flash/packing_layout.h"
 #include "jax_flash/params.h"
 #include "packing/tile_spans.h"
@@ -28,7 +29,18 @@ namespace ffi = xla::ffi;
 namespace jax_flash {
 namespace {
 
-// Q/K/V/O: rank-4 [batch, seq, heads, head_dim], contiguous.
+// "(192, 128), ...": the head-dim pairs of a family.
+template <typename... Pairs>
+std::string PairList(HeadDimPairs<Pairs...>) {
+  std::string s;
+  ((s += (s.empty() ? "(" : ", (") + std::to_string(Pairs::kHeadDim) + ", " +
+         std::to_string(Pairs::kHeadDimV) + ")"),
+   ...);
+  return s;
+}
+
+// Q/K/V/O: rank-4 [batch, seq, heads, head_dim], contiguous; v (and o) may
+// have a head dim of their own where the sm80 kernels have that pair.
 ffi::Error CheckQkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                     const ffi::AnyBuffer& v, DType* dtype) {
   if (q.dimensions().size() != 4 || k.dimensions().size() != 4 ||
@@ -45,12 +57,17 @@ ffi::Error CheckQkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
   }
   *dtype = t == ffi::DataType::BF16 ? DType::kBFloat16 : DType::kFloat16;
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
-  for (int i = 0; i < 4; ++i) {
-    if (kd[i] != vd[i]) return Invalid("k and v shapes differ: " + ShapeStr(k) + " vs " + ShapeStr(v));
+  for (int i = 0; i < 3; ++i) {
+    if (kd[i] != vd[i]) return Invalid("k and v differ in batch, length or heads: " + ShapeStr(k) + " vs " + ShapeStr(v));
   }
   if (qd[0] != kd[0]) return Invalid("batch of q and k differ");
   if (qd[3] != kd[3]) return Invalid("head_dim of q and k differ");
   if (qd[3] < 1 || qd[3] > 256) return Invalid("head_dim must be in 1..256, got " + std::to_string(qd[3]));
+  if (vd[3] != qd[3] && !Sm80HeadDimPairs::contains(static_cast<int>(qd[3]), static_cast<int>(vd[3]))) {
+    return Invalid("no kernel for head_dim " + std::to_string(qd[3]) + " with value head_dim " +
+                   std::to_string(vd[3]) + "; the (head_dim, value head_dim) pairs with kernels: " +
+                   PairList(Sm80HeadDimPairs{}));
+  }
   // Zero heads (an empty call) only on both sides: q heads without kv heads
   // have nothing to attend to, and kv heads without q heads would still owe
   // their (zero) gradients.
@@ -58,6 +75,13 @@ ffi::Error CheckQkv(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
     return Invalid("q heads must be a multiple of kv heads");
   }
   return ffi::Error::Success();
+}
+
+// o and dout: q's batch, length and heads, v's head dim, q's dtype.
+bool IsOutputShape(const ffi::AnyBuffer& q, const ffi::AnyBuffer& v, const ffi::AnyBuffer& o) {
+  auto qd = q.dimensions(), vd = v.dimensions(), od = o.dimensions();
+  return od.size() == 4 && od[0] == qd[0] && od[1] == qd[1] && od[2] == qd[2] && od[3] == vd[3] &&
+         o.element_type() == q.element_type();
 }
 
 // Forward kernel family: 0 = the best that serves the request (sm90 on an
@@ -72,7 +96,7 @@ ffi::Error LaunchForward(const FwdParams& p, int32_t family, cudaStream_t stream
 #endif
   if (family == 90) {
     return Invalid("the sm90 forward cannot serve this call (needs an sm_90 GPU, a build with "
-                   "sm90, 16-byte aligned rows); use kernel_family 0 or 80");
+                   "sm90, 16-byte aligned rows, v's head_dim equal to q's); use kernel_family 0 or 80");
   }
   return LaunchError(sm80::run_fwd(p, stream), "forward");
 }
@@ -89,7 +113,8 @@ ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t strea
 #endif
   if (family == 90) {
     return Invalid("the sm90 backward cannot serve this call (needs an sm_90 GPU, a build with sm90, "
-                   "head_dim <= 256, 16-byte aligned rows; deterministic=True needs the dq_semaphore "
+                   "head_dim <= 256, v's head_dim equal to q's, 16-byte aligned rows; deterministic=True "
+                   "needs the dq_semaphore "
                    "workspace); use kernel_family 0 or 80");
   }
   return LaunchError(sm80::run_bwd(p, stream), "backward");
@@ -116,7 +141,7 @@ ffi::Error FwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                      " elements");
     p.sinks = sinks.typed_data();
   }
-  if (!SameShape(q, *o)) return Invalid("o must have q's shape and dtype");
+  if (!IsOutputShape(q, v, *o)) return Invalid("o must have q's shape with v's head_dim, and q's dtype");
   if (lse->element_count() != static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q) {
     return Invalid("lse must be [batch, heads, seqlen_q] float32");
   }
@@ -163,11 +188,11 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   FillShapes(p, q, k, v);
   if (auto err = FillDropout(p, dropout_words, dropout_threshold, dropout_broadcast); err.failure())
     return err;
-  if (!SameShape(q, o) || !SameShape(q, dout) || !SameShape(q, *dq)) {
-    return Invalid("o, dout and dq must have q's shape and dtype");
+  if (!IsOutputShape(q, v, o) || !IsOutputShape(q, v, dout)) {
+    return Invalid("o and dout must have q's shape with v's head_dim, and q's dtype");
   }
-  if (!SameShape(k, *dk) || !SameShape(v, *dv)) {
-    return Invalid("dk and dv must have k's shape and dtype");
+  if (!SameShape(q, *dq) || !SameShape(k, *dk) || !SameShape(v, *dv)) {
+    return Invalid("dq, dk and dv must have the shapes and dtypes of q, k and v");
   }
   const size_t rows = static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q;
   if (lse.element_count() != rows || delta.element_count() != rows) {
@@ -181,7 +206,7 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   if (auto err = FillPacking(p, packing, has_shifts); err.failure()) return err;
   p.seqlen_q_rounded = rounded_seqlen(p.seqlen_q);
   p.seqlen_k_rounded = rounded_seqlen(p.seqlen_k);
-  p.head_dim_rounded = rounded_head_dim(p.head_dim);
+  p.head_dim_rounded = rounded_head_dim(p.head_dim, p.head_dim_v);
   const size_t dq_need = static_cast<size_t>(p.batch) * p.num_heads *
                          p.seqlen_q_rounded * p.head_dim_rounded;
   if (dq_accum->element_count() < dq_need) {
@@ -190,10 +215,10 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
                    std::to_string(dq_need));
   }
   const bool gqa = p.num_heads != p.num_heads_k;
-  const size_t dkv_need = static_cast<size_t>(p.batch) * p.num_heads_k *
-                          p.seqlen_k_rounded * p.head_dim_rounded;
-  const bool have_dkv_accum = dk_accum->element_count() >= dkv_need &&
-                              dv_accum->element_count() >= dkv_need;
+  const size_t kv_rows = static_cast<size_t>(p.batch) * p.num_heads_k * p.seqlen_k_rounded;
+  const bool have_dkv_accum =
+      dk_accum->element_count() >= kv_rows * p.head_dim_rounded &&
+      dv_accum->element_count() >= kv_rows * rounded_head_dim(p.head_dim_v);
   p.o = const_cast<void*>(o.untyped_data());
   p.lse = const_cast<float*>(lse.typed_data());
   p.dout = dout.untyped_data();

@@ -7,34 +7,42 @@ set(JAX_FLASH_SM80_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/fwd_bf16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_bf16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_bf16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_bf16_hdim192v128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim64_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_fp16_hdim192v128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim64_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim192v128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim64_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim192v128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim64_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_bf16_hdim192v128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim64_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim192v128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim64_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim192v128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim64_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim96_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim128_sm80.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim256_sm80.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim192v128_sm80.cu
 )
 # sm90 kernel family (Hopper forward and backward; compile with sm_90a only).
 set(JAX_FLASH_SM90_SOURCES
@@ -71,5 +79,5 @@ set(JAX_FLASH_SM90_SOURCES
 )
 # Build options (JAX_FLASH_<option>, OFF by default) that leave instantiations out,
 # as the compile definitions each family's sources honour.
-set(JAX_FLASH_SM80_OPTIONS DISABLE_HDIM64 DISABLE_HDIM96 DISABLE_HDIM128 DISABLE_HDIM256 DISABLE_FP16 DISABLE_BACKWARD)
+set(JAX_FLASH_SM80_OPTIONS DISABLE_HDIM64 DISABLE_HDIM96 DISABLE_HDIM128 DISABLE_HDIM256 DISABLE_HDIM192V128 DISABLE_FP16 DISABLE_BACKWARD)
 set(JAX_FLASH_SM90_OPTIONS DISABLE_HDIM64 DISABLE_HDIM128 DISABLE_HDIM256 DISABLE_FP16 DISABLE_BACKWARD)

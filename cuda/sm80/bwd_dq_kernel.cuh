@@ -6,6 +6,8 @@
 // recomputes S and dP, forms dS in registers and feeds it straight into
 // dQ += dS K as the A operand (the C -> A fragment identity, like P V in the
 // forward). dQ is written once, in the input dtype: dq_accum is not used.
+// With a value head dim of its own (Cfg::kHeadDimV), dO and V are that wide
+// (dP = dO V^T reduces over it); dQ has Q's width.
 //
 // Dropout (kDropout): rows = queries, as the generator's layout
 // (dropout.cuh): each thread draws its own keep bits before the S and dP
@@ -31,7 +33,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const LdsmLane ldsm{lane};
   using QTile = typename Cfg::QTile;
+  using dOTile = typename Cfg::dOTile;
   using KTile = typename Cfg::KTile;
+  using VTile = typename Cfg::VTile;
   constexpr int kT = Cfg::kThreads;
 
   const int m_block = gridDim.x - 1 - blockIdx.x;
@@ -67,8 +71,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
     const int nk0 = n * Cfg::kBlockN;
     load_tile_async<KTile, kT>(stage_base, k + nk0 * p.k_row_stride, p.k_row_stride,
                                p.seqlen_k - nk0, p.head_dim, tid);
-    load_tile_async<KTile, kT>(stage_base + KTile::kBytes, v + nk0 * p.v_row_stride,
-                               p.v_row_stride, p.seqlen_k - nk0, p.head_dim, tid);
+    load_tile_async<VTile, kT>(stage_base + KTile::kBytes, v + nk0 * p.v_row_stride,
+                               p.v_row_stride, p.seqlen_k - nk0, value_head_dim<Cfg>(p), tid);
   };
 
   const int wrow = warp * Cfg::kMT * 16;
@@ -77,7 +81,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
 
   if (n_last > n_first) {
     load_tile_async<QTile, kT>(sQ, q, p.q_row_stride, rows_valid, p.head_dim, tid);
-    load_tile_async<QTile, kT>(sdO, dout, p.o_row_stride, rows_valid, p.head_dim, tid);
+    load_tile_async<dOTile, kT>(sdO, dout, p.o_row_stride, rows_valid, value_head_dim<Cfg>(p), tid);
     load_kv(n_first, sKV0);
     cp_async_commit();
   }
@@ -110,7 +114,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_dq_kernel(const __grid_c
     zero(acc_dp);
     gemm_ss<Element, Cfg::kMT, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
         acc_s, sQ, wrow, sK, 0, ldsm);
-    gemm_ss<Element, Cfg::kMT, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
+    gemm_ss<Element, Cfg::kMT, Cfg::kNT_S, Cfg::kHeadDimV, false, false, dOTile, VTile>(
         acc_dp, sdO, wrow, sV, 0, ldsm);
     if constexpr (kDropout) keep.apply(acc_dp);
     dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);

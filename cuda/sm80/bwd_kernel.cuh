@@ -13,6 +13,9 @@
 //   dV += P^T dO, dK += dS^T Q              (warp tiles of the dKV layout)
 //   dQ  = dS K -> dq_accum                   (fast mode only)
 //
+// With a value head dim of its own (Cfg::kHeadDimV), V, dO and dV are that
+// wide: dP = dO V^T reduces over it and dV += P^T dO has its warp tiles.
+//
 // dQ reaches dq_accum (fp32) by float2 atomics, or on sm90 (kBulkDq) through
 // a shared-memory tile that the copy engine adds into dq_accum one row per
 // instruction (cp.reduce.async.bulk), issued after the next iteration's first
@@ -54,16 +57,22 @@ struct BwdKernelArgs {
 // values are recomputed (a few integer ops) rather than held in registers.
 template <typename Cfg>
 struct BwdCoords {
-  int lane, s_row, s_col, kv_row, kv_col, q_row, q_col;
+  int lane, s_row, s_col, kv_row, k_col, q_row, q_col;
   JF_DEVICE explicit BwdCoords(int tid) {
     const int warp = tid / 32;
     lane = tid % 32;
     s_row = (warp % Cfg::kWarpsM_S) * Cfg::kRowsS;
     s_col = (warp / Cfg::kWarpsM_S) * Cfg::kColsS;
     kv_row = (warp % Cfg::kWarpsN_KV) * Cfg::kRowsKV;
-    kv_col = (warp / Cfg::kWarpsN_KV) * Cfg::kColsKV;
+    k_col = (warp / Cfg::kWarpsN_KV) * Cfg::kColsK;
     q_row = (warp % Cfg::kWarpsM_Q) * Cfg::kRowsQ;
     q_col = (warp / Cfg::kWarpsM_Q) * Cfg::kColsQ;
+  }
+  // dV's column origin: dK's warp column in units of dV's warp tile.
+  // Computed on use, not stored: with one head dim it is k_col itself.
+  JF_DEVICE int v_col() const {
+    if constexpr (Cfg::kColsV == Cfg::kColsK) return k_col;
+    else return k_col / Cfg::kColsK * Cfg::kColsV;
   }
 };
 
@@ -87,7 +96,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const BwdParams& p = args.p;
   const int tid = threadIdx.x;
   using QTile = typename Cfg::QTile;
+  using dOTile = typename Cfg::dOTile;
   using KTile = typename Cfg::KTile;
+  using VTile = typename Cfg::VTile;
   using PTile = typename Cfg::PTile;
   constexpr int kT = Cfg::kThreads;
 
@@ -130,8 +141,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   const uint32_t sP = smem_addr(smem + Cfg::kSmemP);
   const uint32_t sdS = smem_addr(smem + Cfg::kSmemdS);
 
-  float acc_dk[Cfg::kMT_KV][Cfg::kNT_KV][4];
-  float acc_dv[Cfg::kMT_KV][Cfg::kNT_KV][4];
+  float acc_dk[Cfg::kMT_KV][Cfg::kNT_K][4];
+  float acc_dv[Cfg::kMT_KV][Cfg::kNT_V][4];
   zero(acc_dk);
   zero(acc_dv);
 
@@ -141,11 +152,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 
   if (iters > 0) {
     load_tile_async<KTile, kT>(sK, k, p.k_row_stride, keys_valid, p.head_dim, tid);
-    load_tile_async<KTile, kT>(sV, v, p.v_row_stride, keys_valid, p.head_dim, tid);
+    load_tile_async<VTile, kT>(sV, v, p.v_row_stride, keys_valid, value_head_dim<Cfg>(p), tid);
     const int hq = head_k * group, m0 = m_first * Cfg::kBlockM;
     load_tile_async<QTile, kT>(sQ0, q_ptr(hq, m0), p.q_row_stride, p.seqlen_q - m0, p.head_dim, tid);
-    load_tile_async<QTile, kT>(sdO0, do_ptr(hq, m0), p.o_row_stride, p.seqlen_q - m0, p.head_dim,
-                               tid);
+    load_tile_async<dOTile, kT>(sdO0, do_ptr(hq, m0), p.o_row_stride, p.seqlen_q - m0,
+                                value_head_dim<Cfg>(p), tid);
     cp_async_commit();
   }
 
@@ -177,7 +188,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
     }
     const int rows_valid = p.seqlen_q - m0;
     const uint32_t sQ = sQ0 + stage * QTile::kBytes;
-    const uint32_t sdO = sdO0 + stage * QTile::kBytes;
+    const uint32_t sdO = sdO0 + stage * dOTile::kBytes;
 
     cp_async_wait<0>();
     __syncthreads();  // Q/dO[it] visible; every warp is done with iteration it-1
@@ -187,11 +198,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
                            opaque_tid());
     if (it + 1 < iters) {
       const int m0_n = m_block_n * Cfg::kBlockM;
-      const uint32_t off = (stage ^ 1) * QTile::kBytes;
-      load_tile_async<QTile, kT>(sQ0 + off, q_ptr(launder(hq_n), m0_n), p.q_row_stride,
-                                 p.seqlen_q - m0_n, p.head_dim, opaque_tid());
-      load_tile_async<QTile, kT>(sdO0 + off, do_ptr(launder(hq_n), m0_n), p.o_row_stride,
-                                 p.seqlen_q - m0_n, p.head_dim, opaque_tid());
+      const uint32_t next = stage ^ 1;
+      load_tile_async<QTile, kT>(sQ0 + next * QTile::kBytes, q_ptr(launder(hq_n), m0_n),
+                                 p.q_row_stride, p.seqlen_q - m0_n, p.head_dim, opaque_tid());
+      load_tile_async<dOTile, kT>(sdO0 + next * dOTile::kBytes, do_ptr(launder(hq_n), m0_n),
+                                  p.o_row_stride, p.seqlen_q - m0_n, value_head_dim<Cfg>(p),
+                                  opaque_tid());
       cp_async_commit();
     }
 
@@ -214,7 +226,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
       zero(acc_dp);
       gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
           acc_s, sQ, c.s_row, sK, c.s_col, ldsm);
-      gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDim, false, false, QTile, KTile>(
+      gemm_ss<Element, Cfg::kMT_S, Cfg::kNT_S, Cfg::kHeadDimV, false, false, dOTile, VTile>(
           acc_dp, sdO, c.s_row, sV, c.s_col, ldsm);
       if constexpr (kDropout) keep.apply(acc_dp);
       dp_minus_delta(acc_s, acc_dp, delta, softcap_pre);
@@ -245,13 +257,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
                    opaque_tid());
     {
       const BwdCoords<Cfg> c(opaque_tid());
-      gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_KV, Cfg::kBlockM, true, true, PTile, QTile>(
-          acc_dv, sP, c.kv_row, sdO, c.kv_col, LdsmLane{c.lane});
+      gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_V, Cfg::kBlockM, true, true, PTile, dOTile>(
+          acc_dv, sP, c.kv_row, sdO, c.v_col(), LdsmLane{c.lane});
     }
     {
       const BwdCoords<Cfg> c(opaque_tid());
-      gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_KV, Cfg::kBlockM, true, true, PTile, QTile>(
-          acc_dk, sdS, c.kv_row, sQ, c.kv_col, LdsmLane{c.lane});
+      gemm_ss<Element, Cfg::kMT_KV, Cfg::kNT_K, Cfg::kBlockM, true, true, PTile, QTile>(
+          acc_dk, sdS, c.kv_row, sQ, c.k_col, LdsmLane{c.lane});
     }
 
     // ---- dQ (unscaled) = dS K, accumulated in fp32 with atomics
@@ -309,7 +321,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
 #pragma unroll
   for (int i = 0; i < Cfg::kMT_KV; ++i)
 #pragma unroll
-    for (int n = 0; n < Cfg::kNT_KV; ++n)
+    for (int n = 0; n < Cfg::kNT_K; ++n)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc_dk[i][n][j] *= scale;
   if constexpr (kDropout) {
@@ -319,10 +331,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   }
   {
     const BwdCoords<Cfg> c(tid);
-    store_c<Element, Cfg::kMT_KV, Cfg::kNT_KV, KTile>(smem + Cfg::kSmemK, acc_dk, c.kv_row,
-                                                      c.kv_col, c.lane);
-    store_c<Element, Cfg::kMT_KV, Cfg::kNT_KV, KTile>(smem + Cfg::kSmemV, acc_dv, c.kv_row,
-                                                      c.kv_col, c.lane);
+    store_c<Element, Cfg::kMT_KV, Cfg::kNT_K, KTile>(smem + Cfg::kSmemK, acc_dk, c.kv_row,
+                                                     c.k_col, c.lane);
+    store_c<Element, Cfg::kMT_KV, Cfg::kNT_V, VTile>(smem + Cfg::kSmemV, acc_dv, c.kv_row,
+                                                     c.v_col(), c.lane);
   }
   __syncthreads();
   Element* dk = static_cast<Element*>(p.dk) + batch * p.k_batch_stride + head_k * p.k_head_stride +
@@ -330,7 +342,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) bwd_kernel(const __grid_cons
   Element* dv = static_cast<Element*>(p.dv) + batch * p.v_batch_stride + head_k * p.v_head_stride +
                 n0 * p.v_row_stride;
   store_tile<KTile, kT>(smem + Cfg::kSmemK, dk, p.k_row_stride, keys_valid, p.head_dim, tid);
-  store_tile<KTile, kT>(smem + Cfg::kSmemV, dv, p.v_row_stride, keys_valid, p.head_dim, tid);
+  store_tile<VTile, kT>(smem + Cfg::kSmemV, dv, p.v_row_stride, keys_valid, value_head_dim<Cfg>(p),
+                        tid);
   if constexpr (kBulkDq) bulk_wait_all();  // the last reductions must finish before exit
 }
 

@@ -1,5 +1,6 @@
 // run_fwd / run_bwd: validate the request, pick the (dtype, head-dim bucket)
-// instantiation. Buckets switched off at build time (JAX_FLASH_DISABLE_*)
+// instantiation, or the (dtype, head-dim pair) one when v's head dim differs
+// from q's and k's (a pair without kernels: cudaErrorNotSupported). Buckets switched off at build time (JAX_FLASH_DISABLE_*)
 // answer cudaErrorNotSupported instead of failing to link
 // (jax_flash/dispatch.h).
 #include <cstdint>
@@ -32,8 +33,18 @@ cudaError_t validate(const FwdParams& p) {
 }
 
 // The sm80 buckets (rounded_head_dim); the backward's is the dq_accum pitch.
+// Two head dims: the pair's kernels (Sm80HeadDimPairs), served exactly.
 template <typename Element>
 cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
+  if (p.head_dim_v != p.head_dim)
+    return dispatch_head_dim_pair(Sm80HeadDimPairs{}, p.head_dim, p.head_dim_v, cudaErrorNotSupported,
+                                  [&](auto pair) {
+                                    using P = decltype(pair);
+                                    constexpr int kD = P::kHeadDim, kDv = P::kHeadDimV;
+                                    return p.dropout.enabled()
+                                               ? run_fwd_dropout_hdim<Element, kD, kDv>(p, stream)
+                                               : run_fwd_hdim<Element, kD, kDv>(p, stream);
+                                  });
   return dispatch_head_dim(Sm80HeadDims{}, rounded_head_dim(p.head_dim), cudaErrorNotSupported,
                            [&](auto d) {
                              constexpr int kD = decltype(d)::value;
@@ -45,6 +56,15 @@ cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
 #ifndef JAX_FLASH_DISABLE_BACKWARD
 template <typename Element>
 cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
+  if (p.head_dim_v != p.head_dim)
+    return dispatch_head_dim_pair(Sm80HeadDimPairs{}, p.head_dim, p.head_dim_v, cudaErrorNotSupported,
+                                  [&](auto pair) {
+                                    using P = decltype(pair);
+                                    constexpr int kD = P::kHeadDim, kDv = P::kHeadDimV;
+                                    return p.dropout.enabled()
+                                               ? run_bwd_dropout_hdim<Element, kD, kDv>(p, stream)
+                                               : run_bwd_hdim<Element, kD, kDv>(p, stream);
+                                  });
   return dispatch_head_dim(Sm80HeadDims{}, p.head_dim_rounded, cudaErrorNotSupported,
                            [&](auto d) {
                              constexpr int kD = decltype(d)::value;

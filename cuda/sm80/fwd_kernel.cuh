@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   }
   if (n_last <= n_first) {  // every row fully masked: O = 0, LSE = -inf (or the sink)
     write_empty_rows<Element, Cfg>(o_ptr(batch, head), p.o_row_stride, lse_ptr(batch, head),
-                                   rows_valid, p.head_dim, tid,
+                                   rows_valid, value_head_dim<Cfg>(p), tid,
                                    sink_of(p.sinks, batch, head, p.num_heads));
     return;
   }
@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   const uint32_t sV = smem_addr(smem + Cfg::kSmemV);
   using QTile = typename Cfg::QTile;
   using KTile = typename Cfg::KTile;
+  using VTile = typename Cfg::VTile;
   constexpr int kT = Cfg::kThreads;
 
   // Prologue: Q and the first (last-indexed) K tile.
@@ -143,8 +144,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     const int n0 = n * Cfg::kBlockN;
     cp_async_wait<0>();
     __syncthreads();  // K[n] visible to all; every warp is done with V[n+1]
-    load_tile_async<KTile, kT>(sV, v_ptr(launder(batch), launder(head_k)) + n0 * p.v_row_stride,
-                               p.v_row_stride, p.seqlen_k - n0, p.head_dim, opaque_tid());
+    load_tile_async<VTile, kT>(sV, v_ptr(launder(batch), launder(head_k)) + n0 * p.v_row_stride,
+                               p.v_row_stride, p.seqlen_k - n0, value_head_dim<Cfg>(p), opaque_tid());
     cp_async_commit();
 
     // Lane/warp coordinates are re-derived from a fresh %tid.x in each phase
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // The next block's bits (unconditionally, past the first block too, so
     // the integer work stays in one block with the P V products).
     if constexpr (kDropout) draw_keep(stashed_dropout(smem + Cfg::kSmemBytes, p.dropout), n - 1);
-    gemm_rs<Element, Cfg::kMT, Cfg::kNT_O, Cfg::kBlockN, true, KTile, true>(
+    gemm_rs<Element, Cfg::kMT, Cfg::kNT_O, Cfg::kBlockN, true, VTile, true>(
         acc_o, p_frag, sV, 0, LdsmLane{opaque_tid() % 32});
   }
 
@@ -213,7 +214,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
   // this point, so the Q tile can hold the output.
   const int b = launder(batch), h = launder(head);
   write_output<Element, Cfg>(smem + Cfg::kSmemQ, acc_o, lse_rows, o_ptr(b, h), p.o_row_stride,
-                             lse_ptr(b, h), rows_valid, p.head_dim, (tid / 32) * Cfg::kMT * 16, tid);
+                             lse_ptr(b, h), rows_valid, value_head_dim<Cfg>(p),
+                             (tid / 32) * Cfg::kMT * 16, tid);
 }
 
 }  // namespace jax_flash::sm80

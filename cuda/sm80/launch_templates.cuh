@@ -1,4 +1,4 @@
-// Host-side launch of one (dtype, head-dim bucket): grid shapes, dynamic
+// Host-side launch of one (dtype, head-dim bucket or pair): grid shapes, dynamic
 // shared memory opt-in, workspace zeroing, error checks. Included only by the
 // generated files in cuda/instantiations/ (one explicit instantiation each).
 #pragma once
@@ -56,10 +56,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim, bool kDropout>
+template <typename Element, int kHeadDim, int kHeadDimV, bool kDropout>
 cudaError_t run_fwd_impl(const FwdParams& p, cudaStream_t stream) {
-  using Pref = typename FwdConfigFor<kHeadDim>::type;
-  using Small = typename FwdConfigSmallFor<kHeadDim>::type;
+  using Pref = typename FwdConfigFor<kHeadDim, kHeadDimV>::type;
+  using Small = typename FwdConfigSmallFor<kHeadDim, kHeadDimV>::type;
   const int optin = max_smem_optin();
   if (fwd_smem_bytes<Pref, kDropout>() <= optin)
     return launch_fwd<Element, Pref, kDropout>(p, stream);
@@ -68,13 +68,13 @@ cudaError_t run_fwd_impl(const FwdParams& p, cudaStream_t stream) {
   return cudaErrorNotSupported;  // not enough shared memory on this GPU
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
-  return run_fwd_impl<Element, kHeadDim, false>(p, stream);
+  return run_fwd_impl<Element, kHeadDim, kHeadDimV, false>(p, stream);
 }
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream) {
-  return run_fwd_impl<Element, kHeadDim, true>(p, stream);
+  return run_fwd_impl<Element, kHeadDim, kHeadDimV, true>(p, stream);
 }
 
 // Dynamic shared memory of the backward's main kernel (dropout: the keep
@@ -144,12 +144,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim, bool kDropout>
+// dq_accum's rows are kHeadDim wide (head_dim_rounded: the bucket, or a
+// pair's query/key head dim).
+template <typename Element, int kHeadDim, int kHeadDimV, bool kDropout>
 cudaError_t run_bwd_impl(const BwdParams& p, cudaStream_t stream) {
-  using Pref = typename BwdConfigFor<kHeadDim>::type;
-  using Small = typename BwdConfigSmallFor<kHeadDim>::type;
-  using DqPref = typename DqConfigFor<kHeadDim>::type;
-  using DqSmall = typename DqConfigSmallFor<kHeadDim>::type;
+  using Pref = typename BwdConfigFor<kHeadDim, kHeadDimV>::type;
+  using Small = typename BwdConfigSmallFor<kHeadDim, kHeadDimV>::type;
+  using DqPref = typename DqConfigFor<kHeadDim, kHeadDimV>::type;
+  using DqSmall = typename DqConfigSmallFor<kHeadDim, kHeadDimV>::type;
   const int optin = max_smem_optin();
   if (bwd_smem_bytes<Pref, false, kDropout>() <= optin && DqPref::kSmemBytes <= optin)
     return launch_bwd<Element, kHeadDim, Pref, DqPref, kDropout>(p, stream);
@@ -158,13 +160,13 @@ cudaError_t run_bwd_impl(const BwdParams& p, cudaStream_t stream) {
   return cudaErrorNotSupported;  // not enough shared memory on this GPU
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
-  return run_bwd_impl<Element, kHeadDim, false>(p, stream);
+  return run_bwd_impl<Element, kHeadDim, kHeadDimV, false>(p, stream);
 }
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream) {
-  return run_bwd_impl<Element, kHeadDim, true>(p, stream);
+  return run_bwd_impl<Element, kHeadDim, kHeadDimV, true>(p, stream);
 }
 
 }  // namespace jax_flash::sm80

@@ -9,7 +9,8 @@ namespace jax_flash::sm90 {
 
 // True when run_fwd can serve `params` on the current device: an sm_90 GPU
 // (the code is built for sm_90a), bf16/fp16 (if compiled), head_dim a multiple
-// of 8 up to 256 (buckets 64 / 128 / 256, zero-padded), 16-byte aligned base
+// of 8 up to 256 (buckets 64 / 128 / 256, zero-padded) and head_dim_v ==
+// head_dim (the head-dim pairs run in sm80), 16-byte aligned base
 // pointers, strides that are multiples of 8 elements (TMA: 16-byte strides),
 // enough opt-in shared memory, the tile counter workspace where the
 // configuration needs one (fwd_needs_tile_counter). Everything else
@@ -39,7 +40,8 @@ bool fwd_fp8_needs_tile_counter(const Fp8FwdParams& params);
 
 // Backward (FA3 style, bwd_*.cuh): true when run_bwd can serve `params`: an
 // sm_90 GPU, bf16/fp16, head_dim a multiple of 8 up to 256 (buckets 64 / 128 /
-// 256; head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch),
+// 256; head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch)
+// and head_dim_v == head_dim,
 // deterministic only with params.sm90_dq_semaphore (sm90_bwd_semaphore_ints
 // int32, params.h; then dQ is added in a fixed order, bitwise reproducible), the
 // TMA layout rules of fwd_supported for q, k, v, dout (o strides), dk (k

@@ -99,7 +99,7 @@ static void run_shape(const Shape& s, bool once, std::mt19937& rng) {
   p.q_batch_stride = p.o_batch_stride = rs * s.T;
   p.k_batch_stride = p.v_batch_stride = rs * s.S;
   p.batch = s.B, p.seqlen_q = s.T, p.seqlen_k = s.S, p.num_heads = p.num_heads_k = s.H;
-  p.head_dim = s.D;
+  p.head_dim = p.head_dim_v = s.D;
   p.scale = 1.f / std::sqrt(float(s.D));
   p.window_left = -1;
   p.window_right = s.causal ? 0 : -1;

@@ -49,6 +49,8 @@ struct Case {
   float dropout = 0.f;    // attention dropout rate (threshold round(rate * 256))
   bool drop_broadcast = false;  // one mask for every (batch, head)
   bool sinks = false;           // learnable sinks: one random logit per (batch, head)
+  int Dv = 0;                   // value head dim (v, o, dO, dV); 0: D
+  int dv() const { return Dv > 0 ? Dv : D; }
 };
 
 // The dropout key of every case: key words and a nonzero origin (the call
@@ -88,8 +90,8 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   const double scale = c.scale_mul / std::sqrt(double(c.D));
   Tensor q = make_tensor(c.B, c.T, c.H, c.D, c.pitch_pad, fp16, rng, 1.f);
   Tensor k = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
-  Tensor v = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
-  Tensor dout = make_tensor(c.B, c.T, c.H, c.D, c.pitch_pad, fp16, rng, 1.f);
+  Tensor v = make_tensor(c.B, c.S, c.Hk, c.dv(), c.pitch_pad, fp16, rng, 1.f);
+  Tensor dout = make_tensor(c.B, c.T, c.H, c.dv(), c.pitch_pad, fp16, rng, 1.f);  // o's layout
   std::vector<int> qs, ks;
   if (c.segments) {  // runs of random length; q and kv use the same boundaries scaled
     std::uniform_int_distribution<int> len(1, 24);
@@ -128,7 +130,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
 
   // ---- device buffers
   uint16_t *dq_in = upload(q), *dk_in = upload(k), *dv_in = upload(v), *ddo = upload(dout);
-  uint16_t* d_o = dev_alloc<uint16_t>(q.count());
+  uint16_t* d_o = dev_alloc<uint16_t>(dout.count());
   uint16_t *d_dq = dev_alloc<uint16_t>(q.count()), *d_dk = dev_alloc<uint16_t>(k.count()),
            *d_dv = dev_alloc<uint16_t>(v.count());
   const size_t nstat = size_t(c.B) * c.H * c.T;
@@ -155,7 +157,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   std::vector<float> delta_f(nstat);
   for (size_t i = 0; i < nstat; ++i) delta_f[i] = float(ref.delta[i]);
   CHECK_CUDA(cudaMemcpy(d_delta, delta_f.data(), nstat * 4, cudaMemcpyHostToDevice));
-  const int hd_round = jax_flash::rounded_head_dim(c.D);
+  const int hd_round = jax_flash::rounded_head_dim(c.D, c.dv());
   const int tq_round = jax_flash::rounded_seqlen(c.T);
   const size_t nacc = size_t(c.B) * c.H * tq_round * hd_round;
   float* d_acc = dev_alloc<float>(nacc);
@@ -175,16 +177,17 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   fp.k_head_stride = c.D;
   fp.v_batch_stride = v.batch_stride();
   fp.v_row_stride = v.row_stride();
-  fp.v_head_stride = c.D;
-  fp.o_batch_stride = q.batch_stride();
-  fp.o_row_stride = q.row_stride();
-  fp.o_head_stride = c.D;
+  fp.v_head_stride = c.dv();
+  fp.o_batch_stride = dout.batch_stride();
+  fp.o_row_stride = dout.row_stride();
+  fp.o_head_stride = c.dv();
   fp.batch = c.B;
   fp.seqlen_q = c.T;
   fp.seqlen_k = c.S;
   fp.num_heads = c.H;
   fp.num_heads_k = c.Hk;
   fp.head_dim = c.D;
+  fp.head_dim_v = c.dv();
   fp.scale = float(scale);
   fp.softcap = c.softcap;
   fp.window_left = c.wl;
@@ -196,7 +199,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   fp.sinks = d_sinks;
   CHECK_CUDA(cudaDeviceGetAttribute(&fp.num_sms, cudaDevAttrMultiProcessorCount, 0));
 
-  CHECK_CUDA(cudaMemset(d_o, 0xFF, q.count() * 2));
+  CHECK_CUDA(cudaMemset(d_o, 0xFF, dout.count() * 2));
   CHECK_CUDA(cudaMemset(d_lse, 0xFF, nstat * 4));
   Row row{c.name, 0, 0, 0, 0, 0, true, true};
   auto free_all = [&] {
@@ -213,13 +216,13 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   }
   CHECK_CUDA(launch_err);
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<uint16_t> o_bits(q.count());
+  std::vector<uint16_t> o_bits(dout.count());
   std::vector<float> lse(nstat);
-  CHECK_CUDA(cudaMemcpy(o_bits.data(), d_o, q.count() * 2, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(o_bits.data(), d_o, dout.count() * 2, cudaMemcpyDeviceToHost));
   CHECK_CUDA(cudaMemcpy(lse.data(), d_lse, nstat * 4, cudaMemcpyDeviceToHost));
 
   double omax;
-  row.o = err16(o_bits, q, ref.o, fp16, &omax) / std::max(omax, 0.05);
+  row.o = err16(o_bits, dout, ref.o, fp16, &omax) / std::max(omax, 0.05);
   bool lse_ok = true;
   for (size_t i = 0; i < nstat; ++i) {
     const double r = ref.lse[i], g = lse[i];
@@ -300,11 +303,22 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   return row;
 }
 
+// The head dims of the per-head-dim cases: every bucket, and the head-dim
+// pairs (v, o, dO and dV of their own width: DeepSeek MLA's 192 / 128).
+struct HeadDims {
+  int D, Dv;  // Dv 0: D
+  std::string tag() const { return "d" + std::to_string(D) + (Dv ? "v" + std::to_string(Dv) : ""); }
+};
+constexpr HeadDims kHeadDims[] = {{64, 0}, {96, 0}, {128, 0}, {256, 0}, {192, 128}};
+
 static std::vector<Case> all_cases(bool quick) {
   std::vector<Case> cs;
-  for (int D : {64, 96, 128, 256}) {
-    const std::string d = "d" + std::to_string(D);
+  for (const HeadDims hd : kHeadDims) {
+    const int D = hd.D;
+    const std::string d = hd.tag();
+    // Every case of this head dim derives from base (or sets Dv itself).
     Case base{d + " plain", 2, 37, 53, 4, 2, D};
+    base.Dv = hd.Dv;
     cs.push_back(base);
     Case c = base;
     c.name = d + " causal";
@@ -356,24 +370,29 @@ static std::vector<Case> all_cases(bool quick) {
     if (!quick) {
       c = Case{d + " multiblock MQA causal", 1, 300, 517, 2, 1, D};
       c.causal = true;
+      c.Dv = hd.Dv;
       cs.push_back(c);
       c = Case{d + " multiblock window+seg det", 1, 333, 290, 2, 2, D};
       c.wl = 100;
       c.wr = 20;
       c.segments = true;
       c.deterministic = true;
+      c.Dv = hd.Dv;
       cs.push_back(c);
       c = Case{d + " multiblock plain strided", 2, 257, 259, 2, 1, D};
       c.pitch_pad = 8;
+      c.Dv = hd.Dv;
       cs.push_back(c);
     }
   }
   // Attention dropout: the mask must be the generator's bit for bit (the
   // reference draws Dropout::keep per element), with every mask option.
-  for (int D : {64, 96, 128, 256}) {
-    const std::string d = "d" + std::to_string(D);
+  for (const HeadDims hd : kHeadDims) {
+    const int D = hd.D;
+    const std::string d = hd.tag();
     Case base{d + " dropout 0.1", 2, 37, 53, 4, 2, D};
     base.dropout = 0.1f;
+    base.Dv = hd.Dv;
     cs.push_back(base);
     Case c = base;
     c.name = d + " dropout 0.5 causal T>S";
@@ -412,6 +431,7 @@ static std::vector<Case> all_cases(bool quick) {
       c = Case{d + " dropout multiblock MQA causal", 1, 300, 517, 2, 1, D};
       c.causal = true;
       c.dropout = 0.2f;
+      c.Dv = hd.Dv;
       cs.push_back(c);
       c = Case{d + " dropout multiblock win+seg det", 1, 333, 290, 2, 2, D};
       c.wl = 100;
@@ -419,6 +439,7 @@ static std::vector<Case> all_cases(bool quick) {
       c.segments = true;
       c.deterministic = true;
       c.dropout = 0.3f;
+      c.Dv = hd.Dv;
       cs.push_back(c);
     }
   }
@@ -464,20 +485,20 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
   std::mt19937 rng(1234);
   int failed = 0, run = 0, skipped = 0;
-  std::printf("%-36s %9s %9s %9s %9s %9s %4s  %s\n", "case", "O", "LSE", "dQ", "dK", "dV", "det",
+  std::printf("%-40s %9s %9s %9s %9s %9s %4s  %s\n", "case", "O", "LSE", "dQ", "dK", "dV", "det",
               "result");
   for (const Case& c : all_cases(quick)) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     const Row r = run_case(c, rng);
     if (r.skipped) {
       ++skipped;
-      std::printf("%-36s %9s %9s %9s %9s %9s %4s  %s\n", r.name.c_str(), "-", "-", "-", "-", "-",
+      std::printf("%-40s %9s %9s %9s %9s %9s %4s  %s\n", r.name.c_str(), "-", "-", "-", "-", "-",
                   "-", "SKIP (not supported on this GPU)");
       continue;
     }
     ++run;
     failed += !r.pass;
-    std::printf("%-36s %9.2e %9.2e %9.2e %9.2e %9.2e %4s  %s\n", r.name.c_str(), r.o, r.lse, r.dq,
+    std::printf("%-40s %9.2e %9.2e %9.2e %9.2e %9.2e %4s  %s\n", r.name.c_str(), r.o, r.lse, r.dq,
                 r.dk, r.dv, r.det_ok ? "ok" : "DIFF", r.pass ? "PASS" : "FAIL");
     std::fflush(stdout);
   }

@@ -76,7 +76,8 @@ inline bool visible(const CaseT& c, int i, int j, const std::vector<int>& qs,
 
 // Forward (o, lse) and, with `dout`, backward (delta, dq, dk, dv) of the
 // case in float64 from the rounded inputs. Case fields used: B, T, S, H, Hk,
-// D, causal, wl, wr (bottom-right aligned), segments, softcap.
+// D, causal, wl, wr (bottom-right aligned), segments, softcap. The value head
+// dim is v's (v.D; dout, o and dv have it too), q's and k's is c.D.
 // With `drop` (host key words): attention dropout, one Dropout::keep per
 // element: LSE of the undropped P, O = (P * Z * keep_scale) V, delta from
 // that O, dS = P (Z keep_scale dP - delta), dV = (P Z keep_scale)^T dO.
@@ -87,12 +88,12 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
                     const Tensor* dout, const std::vector<int>& qs, const std::vector<int>& ks,
                     double scale, const jax_flash::Dropout* drop = nullptr,
                     const std::vector<float>* sinks = nullptr) {
-  const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, G = c.H / c.Hk;
+  const int B = c.B, T = c.T, S = c.S, H = c.H, D = c.D, Dv = v.D, G = c.H / c.Hk;
   Reference r;
-  r.o.assign(size_t(B) * T * H * D, 0.0);
+  r.o.assign(size_t(B) * T * H * Dv, 0.0);
   r.dq.assign(size_t(B) * T * H * D, 0.0);
   r.dk.assign(size_t(B) * S * c.Hk * D, 0.0);
-  r.dv.assign(size_t(B) * S * c.Hk * D, 0.0);
+  r.dv.assign(size_t(B) * S * c.Hk * Dv, 0.0);
   r.lse.assign(size_t(B) * H * T, 0.0);
   r.delta.assign(size_t(B) * H * T, 0.0);
   std::vector<double> raw(S), p(S), dp(S), zs(S, 1.0);  // zs: Z * keep_scale
@@ -129,10 +130,10 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
         if (drop)
           for (int j = 0; j < S; ++j) zs[j] = drop->keep(b, h, i, j) ? keep_scale : 0.0;
         double delta = 0;
-        for (int d = 0; d < D; ++d) {
+        for (int d = 0; d < Dv; ++d) {
           double acc = 0;
           for (int j = 0; j < S; ++j) acc += p[j] * zs[j] * v.at(b, j, hk, d);
-          r.o[((size_t(b) * T + i) * H + h) * D + d] = acc;
+          r.o[((size_t(b) * T + i) * H + h) * Dv + d] = acc;
           if (dout) delta += acc * dout->at(b, i, h, d);
         }
         if (!dout) continue;  // forward only
@@ -143,7 +144,7 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
             continue;
           }
           double acc = 0;
-          for (int d = 0; d < D; ++d) acc += dout->at(b, i, h, d) * v.at(b, j, hk, d);
+          for (int d = 0; d < Dv; ++d) acc += dout->at(b, i, h, d) * v.at(b, j, hk, d);
           double ds = p[j] * (zs[j] * acc - delta);
           if (c.softcap > 0) {
             const double t = std::tanh(raw[j] / c.softcap);
@@ -156,8 +157,9 @@ Reference reference(const CaseT& c, const Tensor& q, const Tensor& k, const Tens
           for (int d = 0; d < D; ++d) {
             r.dq[((size_t(b) * T + i) * H + h) * D + d] += dp[j] * k.at(b, j, hk, d);
             r.dk[((size_t(b) * S + j) * c.Hk + hk) * D + d] += dp[j] * q.at(b, i, h, d);
-            r.dv[((size_t(b) * S + j) * c.Hk + hk) * D + d] += p[j] * zs[j] * dout->at(b, i, h, d);
           }
+          for (int d = 0; d < Dv; ++d)
+            r.dv[((size_t(b) * S + j) * c.Hk + hk) * Dv + d] += p[j] * zs[j] * dout->at(b, i, h, d);
         }
       }
     }

@@ -108,7 +108,7 @@ static FwdParams make_params(const Case& c, const Tensor& q, const Tensor& k, co
   fp.seqlen_k = c.S;
   fp.num_heads = c.H;
   fp.num_heads_k = c.Hk;
-  fp.head_dim = c.D;
+  fp.head_dim = fp.head_dim_v = c.D;
   fp.scale = float(scale);
   fp.softcap = c.softcap;
   fp.window_left = c.wl;
@@ -440,7 +440,7 @@ static void bench(int launches, int rows) {
     p.seqlen_q = T;
     p.seqlen_k = S;
     p.num_heads = p.num_heads_k = sh.H;
-    p.head_dim = sh.D;
+    p.head_dim = p.head_dim_v = sh.D;
     p.scale = float(1.0 / std::sqrt(double(sh.D)));
     p.window_left = -1;
     p.window_right = sh.causal ? 0 : -1;
@@ -554,7 +554,7 @@ static void list_ablations() {
     for (int d : {64, 128, 256}) {
       for (bool causal : {false, true}) {
         FwdParams p{};
-        p.head_dim = d;
+        p.head_dim = p.head_dim_v = d;
         p.dtype = DType::kBFloat16;
         p.window_left = -1;
         p.window_right = causal ? 0 : -1;

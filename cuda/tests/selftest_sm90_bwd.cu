@@ -271,7 +271,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   bp.seqlen_k = c.S;
   bp.num_heads = c.H;
   bp.num_heads_k = c.Hk;
-  bp.head_dim = c.D;
+  bp.head_dim = bp.head_dim_v = c.D;
   bp.scale = float(scale);
   bp.softcap = c.softcap;
   bp.window_left = c.wl;
@@ -737,7 +737,7 @@ static void bench() {
       p.seqlen_q = T;
       p.seqlen_k = S;
       p.num_heads = p.num_heads_k = sh.H;
-      p.head_dim = sh.D;
+      p.head_dim = p.head_dim_v = sh.D;
       p.scale = float(1.0 / std::sqrt(double(sh.D)));
       p.window_left = -1;
       p.window_right = causal ? 0 : -1;

@@ -3,7 +3,8 @@
 
 - cuda/instantiations/*.cu: one explicit instantiation of one launcher per
   file, so a build compiles the kernels in parallel and can leave any of them
-  out: <dir>_<dtype>_hdim<d>_sm80.cu (sm80 forward / backward),
+  out: <dir>_<dtype>_hdim<d>_sm80.cu (sm80 forward / backward; a head-dim
+  pair of HEAD_DIM_PAIRS is tagged <d>v<d_v>: hdim192v128),
   <dir>_dropout_<dtype>_hdim<d>_sm80.cu (their attention-dropout kernels),
   fwd_<dtype>_hdim<d>_sm90.cu, fwd_dropout_<dtype>_hdim<d>_sm90.cu (attention
   dropout; bwd_dropout_* likewise), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
@@ -12,11 +13,12 @@
   JAX_FLASH_SM90_SOURCES (each family's dispatchers plus its instantiations,
   paths relative to that file's directory) and the build options that leave
   instantiations out, per family (JAX_FLASH_SM80_OPTIONS, _SM90_OPTIONS);
-- cuda/include/jax_flash/kernel_table.h: each family's buckets as template
-  argument lists, and which buckets a build leaves out.
+- cuda/include/jax_flash/kernel_table.h: each family's buckets and head-dim
+  pairs as template argument lists, and which of them a build leaves out.
 
 Guards (defined for every source by CMake from those options):
-JAX_FLASH_DISABLE_HDIM<d> for each bucket d, JAX_FLASH_DISABLE_FP16,
+JAX_FLASH_DISABLE_HDIM<d> for each bucket d, JAX_FLASH_DISABLE_HDIM<d>V<d_v>
+for each pair, JAX_FLASH_DISABLE_FP16,
 JAX_FLASH_DISABLE_BACKWARD; the dispatchers honour the same guards.
 
 Usage: python tools/codegen/gen_instantiations.py [--out ROOT]
@@ -46,14 +48,15 @@ def load_table():
 
 
 class Launcher(NamedTuple):
-  """One launcher template, instantiated per (dtype, bucket) of its family."""
+  """One launcher template, instantiated per (dtype, bucket) of its family
+  and per (dtype, head-dim pair) of its family's HEAD_DIM_PAIRS."""
   family: str      # key of kernel_table.HEAD_DIMS
   sources: str     # the CMake list it belongs to (JAX_FLASH_<sources>_SOURCES)
   direction: str   # fwd / bwd (bwd: left out by JAX_FLASH_DISABLE_BACKWARD)
-  file_name: str   # format(dtype=, hdim=)
+  file_name: str   # format(dtype=, hdim=): hdim the bucket or the pair's tag
   include: str
   namespace: str
-  declaration: str  # format(ctype=, hdim=)
+  declaration: str  # format(ctype=, hdim=): hdim the template arguments
 
 
 LAUNCHERS = (
@@ -95,6 +98,8 @@ SOURCE_LISTS = {
 # The C++ name of each family's bucket list (kernel_table.h).
 MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIMS"
           for family in ("sm80", "sm90_fwd", "sm90_bwd", "sm90_bwd_dropout", "sm90_fp8")}
+# ... and of its head-dim pairs (the families that have some).
+PAIR_MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIM_PAIRS" for family in ("sm80",)}
 
 INSTANTIATION = """\
 // {banner}
@@ -108,8 +113,28 @@ template cudaError_t {declaration};
 """
 
 
-def guards(dtype: str, hdim: int, direction: str) -> list[str]:
-  g = [f"JAX_FLASH_DISABLE_HDIM{hdim}"]
+class Shape(NamedTuple):
+  """One instantiated head-dim shape: a bucket (d, d) or a pair (d, d_v)."""
+  d: int
+  dv: int
+
+  @property
+  def tag(self) -> str:  # file names; upper case in the guard's name
+    return str(self.d) if self.d == self.dv else f"{self.d}v{self.dv}"
+
+  @property
+  def template_args(self) -> str:
+    return str(self.d) if self.d == self.dv else f"{self.d}, {self.dv}"
+
+
+def shapes_of(table, family: str) -> list[Shape]:
+  """The family's buckets, then its head-dim pairs."""
+  return ([Shape(d, d) for d in table.HEAD_DIMS[family]] +
+          [Shape(d, dv) for d, dv in table.HEAD_DIM_PAIRS.get(family, ())])
+
+
+def guards(dtype: str, shape: Shape, direction: str) -> list[str]:
+  g = [f"JAX_FLASH_DISABLE_HDIM{shape.tag.upper()}"]
   if dtype == "fp16":
     g.append("JAX_FLASH_DISABLE_FP16")
   if direction == "bwd":
@@ -122,19 +147,28 @@ def instantiations(table) -> dict[str, list[tuple[str, str]]]:
   out: dict[str, list[tuple[str, str]]] = {name: [] for name in SOURCE_LISTS}
   for launcher in LAUNCHERS:
     for dtype, ctype in table.DTYPES.items():
-      for hdim in table.HEAD_DIMS[launcher.family]:
-        cond = " && ".join(f"!defined({g})" for g in guards(dtype, hdim, launcher.direction))
+      for shape in shapes_of(table, launcher.family):
+        cond = " && ".join(f"!defined({g})" for g in guards(dtype, shape, launcher.direction))
         text = INSTANTIATION.format(
             banner=BANNER, cond=cond, include=launcher.include, namespace=launcher.namespace,
-            declaration=launcher.declaration.format(ctype=ctype, hdim=hdim))
-        out[launcher.sources].append((launcher.file_name.format(dtype=dtype, hdim=hdim), text))
+            declaration=launcher.declaration.format(ctype=ctype, hdim=shape.template_args))
+        out[launcher.sources].append((launcher.file_name.format(dtype=dtype, hdim=shape.tag), text))
   return out
+
+
+def families_of(sources: str | None = None) -> set[str]:
+  """The families of CMake list `sources` (all if None)."""
+  return {l.family for l in LAUNCHERS if sources in (None, l.sources)}
 
 
 def head_dims_of(table, sources: str | None = None) -> list[int]:
   """Every bucket of the families in CMake list `sources` (all if None)."""
-  families = {l.family for l in LAUNCHERS if sources in (None, l.sources)}
-  return sorted({d for f in families for d in table.HEAD_DIMS[f]})
+  return sorted({d for f in families_of(sources) for d in table.HEAD_DIMS[f]})
+
+
+def pairs_of(table, sources: str | None = None) -> list[Shape]:
+  """Every head-dim pair of the families in CMake list `sources` (all if None)."""
+  return sorted({Shape(*p) for f in families_of(sources) for p in table.HEAD_DIM_PAIRS.get(f, ())})
 
 
 def sources_cmake(table, files: dict[str, list[tuple[str, str]]]) -> str:
@@ -148,7 +182,8 @@ def sources_cmake(table, files: dict[str, list[tuple[str, str]]]) -> str:
   lines.append("# Build options (JAX_FLASH_<option>, OFF by default) that leave instantiations out,")
   lines.append("# as the compile definitions each family's sources honour.")
   for name in SOURCE_LISTS:
-    options = [f"DISABLE_HDIM{d}" for d in head_dims_of(table, name)]
+    options = ([f"DISABLE_HDIM{d}" for d in head_dims_of(table, name)] +
+               [f"DISABLE_HDIM{p.tag.upper()}" for p in pairs_of(table, name)])
     lines.append(f"set(JAX_FLASH_{name}_OPTIONS {' '.join(options + ['DISABLE_FP16', 'DISABLE_BACKWARD'])})")
   return "\n".join(lines) + "\n"
 
@@ -158,12 +193,17 @@ def kernel_table_h(table) -> str:
       f"// {BANNER}",
       "// The source: jax_flash/_src/backends/kernel_table.py. Each kernel family's head-dim",
       "// buckets (ascending) as template arguments of jax_flash::HeadDimBuckets",
-      "// (head_dim.h), and which buckets this build leaves out.",
+      "// (head_dim.h), the families' (query/key, value) head-dim pairs as",
+      "// HeadDimPair template arguments of jax_flash::HeadDimPairs, and which of",
+      "// them this build leaves out.",
       "#pragma once",
       "",
   ]
   for family, macro in MACROS.items():
     lines.append(f"#define {macro} {', '.join(map(str, table.HEAD_DIMS[family]))}")
+  for family, macro in PAIR_MACROS.items():
+    pairs = ", ".join(f"HeadDimPair<{d}, {dv}>" for d, dv in table.HEAD_DIM_PAIRS[family])
+    lines.append(f"#define {macro} {pairs}")
   lines += [
       "",
       "namespace jax_flash {",
@@ -174,7 +214,13 @@ def kernel_table_h(table) -> str:
   ]
   for d in head_dims_of(table):
     lines += [f"#ifdef JAX_FLASH_DISABLE_HDIM{d}", f"  if (bucket == {d}) return false;", "#endif"]
-  lines += ["  return bucket > 0;", "}", "", "}  // namespace jax_flash"]
+  lines += ["  return bucket > 0;", "}", "",
+            "// The same for the head-dim pairs (-DJAX_FLASH_DISABLE_HDIM<d>V<d_v>).",
+            "constexpr bool head_dim_pair_compiled(int head_dim, int head_dim_v) {"]
+  for p in pairs_of(table):
+    lines += [f"#ifdef JAX_FLASH_DISABLE_HDIM{p.tag.upper()}",
+              f"  if (head_dim == {p.d} && head_dim_v == {p.dv}) return false;", "#endif"]
+  lines += ["  return head_dim > 0 && head_dim_v > 0;", "}", "", "}  // namespace jax_flash"]
   return "\n".join(lines) + "\n"
 
 

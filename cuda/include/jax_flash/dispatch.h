@@ -47,4 +47,18 @@ Result dispatch_head_dim(HeadDimBuckets<kBuckets...>, int bucket, Result otherwi
   return result;
 }
 
+// run(HeadDimPair<kD, kDv>{}) for the family's pair (d, dv) if this build
+// compiles it (head_dim_pair_compiled, kernel_table.h); else `otherwise`.
+template <typename... Pairs, typename Result, typename Run>
+Result dispatch_head_dim_pair(HeadDimPairs<Pairs...>, int d, int dv, Result otherwise, Run&& run) {
+  Result result = otherwise;
+  const auto one = [&](auto pair) {
+    using P = decltype(pair);
+    if constexpr (head_dim_pair_compiled(P::kHeadDim, P::kHeadDimV)) result = run(pair);
+    return true;
+  };
+  ((d == Pairs::kHeadDim && dv == Pairs::kHeadDimV && one(Pairs{})) || ...);
+  return result;
+}
+
 }  // namespace jax_flash

@@ -24,8 +24,8 @@ struct DropoutArgs {
 };
 
 // Forward: O = softmax(scale * Q K^T + mask) V, LSE = logsumexp (natural log).
-// Layout [batch, seq, heads, head_dim], head_dim contiguous. Strides are in
-// elements. Masking convention (bottom-right aligned, see spec.py):
+// Layout [batch, seq, heads, head_dim], head_dim contiguous; v and o (dv and
+// dout) have head_dim_v columns. Strides are in elements. Masking convention (bottom-right aligned, see spec.py):
 //   query row i sits at position i + (seqlen_k - seqlen_q);
 //   key j visible iff (window_left  < 0 || j >= i + off - window_left)
 //                  && (window_right < 0 || j <= i + off + window_right)
@@ -51,7 +51,9 @@ struct FwdParams {
   int seqlen_k;
   int num_heads;
   int num_heads_k;  // num_heads % num_heads_k == 0 (GQA/MQA)
-  int head_dim;     // the real head dim (<= the kernel's padded kHeadDim)
+  int head_dim;     // the real head dim of q and k (<= the kernel's padded kHeadDim)
+  int head_dim_v;   // of v and o: head_dim, or the other half of a head-dim
+                    // pair that has kernels of its own (head_dim.h)
 
   float scale;       // multiplier of q.k
   float softcap;     // 0 = off; else scores = softcap * tanh(scale*qk/softcap)
@@ -125,11 +127,12 @@ struct BwdParams : FwdParams {
   // same rule in jax_flash/_src/cuda_backend.py to size the workspaces).
   int seqlen_q_rounded;   // round_up(seqlen_q, 128)
   int seqlen_k_rounded;   // round_up(seqlen_k, 128)
-  int head_dim_rounded;   // 64, 96, 128 or 256: the kernel's kHeadDim bucket
+  int head_dim_rounded;   // the kernel's kHeadDim: rounded_head_dim(head_dim, head_dim_v)
   float* dq_accum;  // [batch, heads, seqlen_q_rounded, head_dim_rounded] fp32;
                     // uninitialised on entry: the launcher zeroes it (async, on the stream)
   float* dk_accum;  // [batch, heads_k, seqlen_k_rounded, head_dim_rounded] fp32,
-  float* dv_accum;  // only when num_heads != num_heads_k (GQA sums); else nullptr
+  float* dv_accum;  // [.., rounded_head_dim(head_dim_v)], only when num_heads !=
+                    // num_heads_k (GQA sums); else nullptr
   bool deterministic;   // fixed dQ accumulation order
   // sm90 deterministic-mode workspace (jax_flash::sm90::run_bwd with
   // deterministic only): device pointer to sm90_bwd_semaphore_ints(batch,

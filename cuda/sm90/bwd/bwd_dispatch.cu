@@ -2,7 +2,8 @@
 // (dtype, head-dim bucket) instantiation. Anything not served here answers
 // cudaErrorNotSupported so that the caller runs jax_flash::sm80::run_bwd:
 // deterministic mode without its workspace (BwdParams::sm90_dq_semaphore),
-// head dims above 256, non-sm_90 devices, TMA-incompatible layouts.
+// head dims above 256, a value head dim other than q's and k's, non-sm_90
+// devices, TMA-incompatible layouts.
 #include <cstdint>
 
 #include "bwd_config.cuh"
@@ -66,6 +67,8 @@ bool bwd_supported(const BwdParams& p) {
   // shifts (packed sequences of unequal lengths) invalidate: sm80 serves those.
   if (p.deterministic && p.q_shift != nullptr) return false;
   if (!problem_ok(p) || !bwd_buffers_ok(p) || !dq_accum_ok(p)) return false;
+  // One head dim for q, k and v: the head-dim pairs run in the sm80 family.
+  if (p.head_dim_v != p.head_dim) return false;
   if (p.dq == nullptr || !aligned16(p.dq)) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;

@@ -121,6 +121,8 @@ cudaError_t run_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
 bool fwd_supported(const FwdParams& p) {
   if (!fwd_call_ok(p, fwd_needs_tile_counter(p))) return false;
   if (p.head_dim <= 0 || Sm90FwdHeadDims::bucket(p.head_dim) == 0 || p.head_dim % 8 != 0) return false;
+  // One head dim for q, k and v: the head-dim pairs run in the sm80 family.
+  if (p.head_dim_v != p.head_dim) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;
 #else

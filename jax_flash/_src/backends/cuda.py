@@ -40,6 +40,20 @@ def rounded_head_dim(d: int) -> int:
   return kernel_table.bucket("sm80", min(d, MAX_HEAD_DIM))
 
 
+def dq_accum_pitch(d: int, dv: int) -> int:
+  """The dq_accum row pitch of query/key head dim d with value head dim dv:
+  rounded_head_dim(d) for one head dim, d itself for a head-dim pair (its
+  kernels serve it exactly): head_dim.h's rounded_head_dim(d, dv)."""
+  if d == dv:
+    return rounded_head_dim(d)
+  assert kernel_table.serves_pair("sm80", d, dv), (d, dv)
+  return d
+
+
+def _pairs(family: str) -> str:
+  return ", ".join(f"({d}, {dv})" for d, dv in kernel_table.HEAD_DIM_PAIRS[family])
+
+
 def sm90_bwd_semaphore_ints(batch: int, num_heads: int, seqlen_q: int) -> int:
   """Same rule as cuda/include/jax_flash/params.h: the sm90 deterministic
   backward's workspace, a dQ-order semaphore per (batch, q head, 64-row query
@@ -110,11 +124,13 @@ class CudaBackend:
           f"multiple of {DROPOUT_COLUMN_CHUNK} tokens per device (zigzag: "
           f"per half); got {spec.dropout_origin}. Other chunks run on "
           f"'xla' or 'pallas'")
-    if spec.v_head_dim != spec.head_dim:
+    if (spec.v_head_dim != spec.head_dim and
+        not kernel_table.serves_pair("sm80", spec.head_dim, spec.v_head_dim)):
       raise Unsupported(
-          f"implementation='cuda' needs the value head_dim equal to the "
-          f"query/key head_dim; got {spec.v_head_dim} and {spec.head_dim} "
-          f"(implementation='pallas' or 'xla' serves it)")
+          f"implementation='cuda' has kernels for a value head_dim other "
+          f"than the query/key head_dim for the (head_dim, value head_dim) "
+          f"pairs {_pairs('sm80')} only; got ({spec.head_dim}, "
+          f"{spec.v_head_dim}) (implementation='pallas' or 'xla' serves it)")
     if platform not in ("gpu", "cuda"):
       raise Unsupported(f"implementation='cuda' needs an NVIDIA GPU; the "
                         f"platform is {platform!r}")
@@ -183,7 +199,7 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
   # counter (a per-call buffer, so concurrent calls never share one) and,
   # with segment ids, the packed tile order [B, ceil(T / 64)] after it.
   order = B * -(-T // tile_spans.ROWS) if spec.has_segment_ids else 0
-  out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+  out_shapes = (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
                 jax.ShapeDtypeStruct((B, H, T), jnp.float32),
                 jax.ShapeDtypeStruct((1 + order,), jnp.int32))
   # Learnable sinks [B, H] (the kernels fold them into each row's
@@ -201,15 +217,16 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
 def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
               kv_seg, shifts=None, dropout_key=None):
   B, T, H, D = q.shape
-  S, H_kv = k.shape[1], k.shape[2]
+  S, H_kv, Dv = k.shape[1], k.shape[2], v.shape[3]
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
   words, dropout_attrs = _dropout(spec, dropout_key)
-  d_round = rounded_head_dim(D)
+  d_round = dq_accum_pitch(D, Dv)
   f32 = jnp.float32
   dq_accum = (B * H * _round_up(T, 128) * d_round,)
   # GQA sums dK/dV over the q heads of a group; the kernel may use these.
-  dkv_accum = ((B * H_kv * _round_up(S, 128) * d_round,)
-               if H != H_kv else (1,))
+  kv_rows = B * H_kv * _round_up(S, 128)
+  dk_accum = (kv_rows * d_round,) if H != H_kv else (1,)
+  dv_accum = (kv_rows * rounded_head_dim(Dv),) if H != H_kv else (1,)
   # Deterministic mode: the sm90 backward orders the dQ additions through
   # these semaphores (zeroed by the kernel's launcher; a per-call buffer, so
   # concurrent calls never share one). Else a 1-element placeholder.
@@ -219,8 +236,8 @@ def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
                 jax.ShapeDtypeStruct(k.shape, k.dtype),
                 jax.ShapeDtypeStruct(v.shape, v.dtype),
                 jax.ShapeDtypeStruct(dq_accum, f32),
-                jax.ShapeDtypeStruct(dkv_accum, f32),
-                jax.ShapeDtypeStruct(dkv_accum, f32),
+                jax.ShapeDtypeStruct(dk_accum, f32),
+                jax.ShapeDtypeStruct(dv_accum, f32),
                 jax.ShapeDtypeStruct(dq_semaphore, jnp.int32))
   dq, dk, dv, *_ = ffi.call(ffi.BWD, out_shapes, q, k, v, o,
                             lse.astype(f32), do, delta.astype(f32), q_seg,

@@ -6,7 +6,8 @@ Pure data (no jax import), read by:
   kernel (cuda/instantiations/), their CMake source lists and build options
   (cuda/instantiations/sources.cmake) and the C++ view of this table
   (cuda/include/jax_flash/kernel_table.h) that the dispatchers expand;
-- cuda_backend.py, which rounds head dims the way the kernels do.
+- cuda_backend.py, which rounds head dims the way the kernels do and
+  serves the value head dims the kernels instantiate.
 
 A head dim d runs in the kernel of the smallest bucket of its family >= d,
 zero-padded (the kernels' loads fill the padding columns with zeros). Adding a
@@ -14,6 +15,11 @@ bucket is one entry here plus its tile in the family's tile policy
 (cuda/sm80/kernel_traits.cuh FwdConfigFor / BwdConfigFor,
 cuda/sm90/fwd/fwd_tuning.h fwd_default_tuning, cuda/sm90/bwd/bwd_config.cuh
 BwdConfigFor), then `python tools/codegen/gen_instantiations.py`.
+
+A value head dim other than the query/key one (v and o [.., D_v]) runs in
+kernels of their own, one per (D_qk, D_v) pair of HEAD_DIM_PAIRS, served
+exactly (no padding); adding a pair is one entry there plus its tiles
+(FwdConfigFor / BwdConfigFor / DqConfigFor<D_qk, D_v>).
 """
 
 from __future__ import annotations
@@ -41,6 +47,14 @@ HEAD_DIMS = {
 }
 
 
+# Kernel family -> its (query/key head dim, value head dim) pairs with
+# D_v != D_qk, ascending. The backward's dq_accum pitch of a pair is its D_qk.
+HEAD_DIM_PAIRS = {
+    # DeepSeek MLA prefill (V2 / V3): 192 / 128.
+    "sm80": ((192, 128),),
+}
+
+
 def bucket(family: str, d: int) -> int:
   """The smallest bucket of `family` >= d; 0 past the largest."""
   return next((b for b in HEAD_DIMS[family] if d <= b), 0)
@@ -48,3 +62,9 @@ def bucket(family: str, d: int) -> int:
 
 def max_head_dim(family: str) -> int:
   return HEAD_DIMS[family][-1]
+
+
+def serves_pair(family: str, d: int, dv: int) -> bool:
+  """Whether `family` has kernels for query/key head dim d with value head
+  dim dv != d."""
+  return (d, dv) in HEAD_DIM_PAIRS.get(family, ())

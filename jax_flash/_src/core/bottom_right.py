@@ -41,7 +41,8 @@ def forward(kernel, spec, q, k, v, q_seg, kv_seg, shifts=None):
   B, T, H, _ = q.shape
   view = masking.bottom_right_view(spec)
   if view is None:  # nothing visible (callers normally skip such blocks)
-    return jnp.zeros_like(q), jnp.full((B, H, T), NEG_INF, jnp.float32)
+    return (jnp.zeros(q.shape[:-1] + v.shape[-1:], q.dtype),
+            jnp.full((B, H, T), NEG_INF, jnp.float32))
   Tp, Sp = view.q_len, view.kv_len
   o, lse = kernel(view, _prefix(q, Tp), _prefix(k, Sp), _prefix(v, Sp),
                   _prefix(q_seg, Tp), _prefix(kv_seg, Sp))

@@ -81,7 +81,9 @@ class AttentionSpec:
   Backends refuse (`Unsupported`) the options they do not serve; served by:
   dropout (xla, pallas, cuda; with a block origin, `dropout_origin`: xla,
   pallas, and cuda for origins on 64-column chunks), FP8 (xla simulated,
-  cuda), sinks (xla, pallas, cuda), a distinct value head dim (xla, pallas).
+  cuda), sinks (xla, pallas, cuda), a distinct value head dim (xla, pallas,
+  and cuda for the (head_dim, value head_dim) pairs it has kernels for:
+  kernel_table.HEAD_DIM_PAIRS, 192 / 128).
   """
 
   scale: float
