@@ -26,11 +26,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
+import ring_helpers
 from jax_flash._src.core import masking
 from jax_flash._src.ring import api as ring
 from jax_flash._src.ring import plan as ring_plan
 from jax_flash._src.ring import zigzag
 from jax_flash._src.core.spec import AttentionSpec
+
+_need = ring_helpers.need
+_mesh = ring_helpers.mesh
+_weights = ring_helpers.weights
+_loss = ring_helpers.loss
+_fwd_and_grads = ring_helpers.fwd_and_grads
+
 
 # B, T, H, H_kv, D: GQA; T divisible by 2 * 8 (zigzag over 8 devices).
 SHAPE = (2, 48, 4, 2, 16)
@@ -41,30 +49,6 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 def _ieee_float32():
   with jax.default_matmul_precision("highest"):
     yield
-
-
-def _need(n):
-  if len(jax.devices()) < n:
-    pytest.skip(f"needs {n} devices, have {len(jax.devices())} (conftest sets "
-                "--xla_force_host_platform_device_count=8 for CPU)")
-
-
-def _mesh(name):
-  """(mesh, kwargs for ring_attention, input PartitionSpec)."""
-  devs = jax.devices()
-  if name == "seq8":
-    _need(8)
-    return (Mesh(np.array(devs[:8]), ("s",)), dict(seq_axis="s"),
-            P(None, "s"))
-  if name == "batch2_seq4":
-    _need(8)
-    return (Mesh(np.array(devs[:8]).reshape(2, 4), ("b", "s")),
-            dict(seq_axis="s", batch_axis="b"), P("b", "s"))
-  if name == "heads2_seq4":
-    _need(8)
-    return (Mesh(np.array(devs[:8]).reshape(2, 4), ("h", "s")),
-            dict(seq_axis="s", head_axis="h"), P(None, "s", "h"))
-  raise ValueError(name)
 
 
 def _qkv(rng, shape=SHAPE, dtype=jnp.float32):
@@ -79,23 +63,6 @@ def _segments(rng, B, T):
   kv_seg = q_seg.copy()
   q_seg[:, T // 3:T // 3 + 3] = 7
   return jnp.asarray(q_seg, jnp.int32), jnp.asarray(kv_seg, jnp.int32)
-
-
-def _weights(shape):
-  return jnp.cos(jnp.arange(np.prod(shape), dtype=jnp.float32)).reshape(shape)
-
-
-def _loss(attn):
-  """sum(o * w) + 0.1 * sum(lse) (finite part): exercises do and dlse."""
-  def loss(q, k, v):
-    o, lse = attn(q, k, v)
-    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    return jnp.sum(o * _weights(o.shape)) + 0.1 * jnp.sum(lse)
-  return loss
-
-
-def _fwd_and_grads(attn, q, k, v):
-  return attn(q, k, v), jax.grad(_loss(attn), argnums=(0, 1, 2))(q, k, v)
 
 
 def _check_vs_reference(got, q, k, v, **kw):

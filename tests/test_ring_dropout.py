@@ -26,13 +26,19 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_flash
 import reference
+import ring_helpers
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.backends.cuda import CudaBackend
 from jax_flash._src.core import dropout
 from jax_flash._src.core.spec import AttentionSpec
-from jax_flash._src.ring import api as ring
 from jax_flash._src.ring import plan as ring_plan
 from jax_flash._src.ring import zigzag
+
+_mesh = ring_helpers.mesh
+_weights = ring_helpers.weights
+_loss = ring_helpers.loss
+_fwd_and_grads = ring_helpers.fwd_and_grads
+
 
 RATE = 0.25
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -42,23 +48,6 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 def _ieee_float32():
   with jax.default_matmul_precision("highest"):
     yield
-
-
-def _mesh(name):
-  """(mesh, ring_attention's axis kwargs, input PartitionSpec)."""
-  n = {"seq2": 2, "seq4": 4}.get(name, 8)
-  if len(jax.devices()) < n:
-    pytest.skip(f"needs {n} devices (conftest asks XLA for 8 host devices)")
-  devs = np.array(jax.devices()[:n])
-  if name in ("seq2", "seq4", "seq8"):
-    return Mesh(devs, ("s",)), dict(seq_axis="s"), P(None, "s")
-  if name == "batch2_seq4":
-    return (Mesh(devs.reshape(2, 4), ("b", "s")),
-            dict(seq_axis="s", batch_axis="b"), P("b", "s"))
-  if name == "heads2_seq4":
-    return (Mesh(devs.reshape(2, 4), ("h", "s")),
-            dict(seq_axis="s", head_axis="h"), P(None, "s", "h"))
-  raise ValueError(name)
 
 
 def _qkv(rng, B, T, H, Hk, D, dtype=np.float32):
@@ -97,23 +86,6 @@ def _keep(key, B, H, T, rate=RATE, broadcast=False):
                            jnp.arange(T)[None, None, :, None],
                            jnp.arange(T)[None, None, None, :], rate)
   return np.asarray(keep, np.float64) * dropout.keep_scale(rate)
-
-
-def _weights(shape):
-  return jnp.cos(jnp.arange(np.prod(shape), dtype=jnp.float32)).reshape(shape)
-
-
-def _loss(attn):
-  """sum(o * w) + 0.1 * sum(lse) (finite part): exercises do and dlse."""
-  def loss(q, k, v):
-    o, lse = attn(q, k, v)
-    lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    return jnp.sum(o * _weights(o.shape)) + 0.1 * jnp.sum(lse)
-  return loss
-
-
-def _fwd_and_grads(attn, q, k, v):
-  return attn(q, k, v), jax.grad(_loss(attn), argnums=(0, 1, 2))(q, k, v)
 
 
 def _check_vs_reference(got, q, k, v, keep, **kw):

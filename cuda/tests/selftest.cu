@@ -119,11 +119,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   jax_flash::DropoutArgs host_drop = drop_args;
   host_drop.words = kDropoutWords;
   const jax_flash::Dropout drop_ref(host_drop);
-  std::vector<float> sinks;
-  if (c.sinks) {  // around the logits' range, so that the sink's share matters
-    std::uniform_real_distribution<float> u(-1.f, 3.f);
-    for (int i = 0; i < c.B * c.H; ++i) sinks.push_back(u(rng));
-  }
+  const std::vector<float> sinks = random_sinks(c.sinks, c.B, c.H, rng);
   const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale,
                                   drop_args.enabled() ? &drop_ref : nullptr,
                                   c.sinks ? &sinks : nullptr);
@@ -138,11 +134,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   float* d_delta = dev_alloc<float>(nstat);
   int32_t *d_qs = nullptr, *d_ks = nullptr;
   uint32_t* d_words = nullptr;
-  float* d_sinks = nullptr;
-  if (c.sinks) {
-    d_sinks = dev_alloc<float>(sinks.size());
-    CHECK_CUDA(cudaMemcpy(d_sinks, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
-  }
+  float* d_sinks = upload(sinks);
   if (drop_args.enabled()) {
     d_words = dev_alloc<uint32_t>(std::size(kDropoutWords));
     CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));

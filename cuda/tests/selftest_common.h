@@ -178,6 +178,24 @@ inline uint16_t* upload(const Tensor& t) {
   CHECK_CUDA(cudaMemcpy(p, t.bits.data(), t.count() * 2, cudaMemcpyHostToDevice));
   return p;
 }
+// Floats on the device; nullptr for none.
+inline float* upload(const std::vector<float>& x) {
+  if (x.empty()) return nullptr;
+  float* p = dev_alloc<float>(x.size());
+  CHECK_CUDA(cudaMemcpy(p, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return p;
+}
+
+// A case's learnable sinks (jax_flash/sinks.h): [B, H] logits in [-1, 3],
+// around the scores' range so that the sink's share matters; none (empty)
+// unless enabled.
+inline std::vector<float> random_sinks(bool enabled, int B, int H, std::mt19937& rng) {
+  std::vector<float> sinks;
+  std::uniform_real_distribution<float> u(-1.f, 3.f);
+  if (enabled)
+    for (int i = 0; i < B * H; ++i) sinks.push_back(u(rng));
+  return sinks;
+}
 
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -166,11 +166,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     fill(qs, c.T);
     fill(ks, c.S);
   }
-  std::vector<float> sinks;
-  if (c.sinks) {  // around the logits' range, so that the sink's share matters
-    std::uniform_real_distribution<float> u(-1.f, 3.f);
-    for (int i = 0; i < c.B * c.H; ++i) sinks.push_back(u(rng));
-  }
+  const std::vector<float> sinks = random_sinks(c.sinks, c.B, c.H, rng);
   const Reference ref = reference(c, q, k, v, nullptr, qs, ks, scale, nullptr,
                                   c.sinks ? &sinks : nullptr);  // forward only
 
@@ -186,12 +182,8 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(d_ks, ks.data(), ks.size() * 4, cudaMemcpyHostToDevice));
   }
   FwdParams fp = make_params(c, q, k, v, dq, dk, dv, d_o, d_lse, d_qs, d_ks, scale);
-  float* d_sinks = nullptr;
-  if (c.sinks) {
-    d_sinks = dev_alloc<float>(sinks.size());
-    CHECK_CUDA(cudaMemcpy(d_sinks, sinks.data(), sinks.size() * 4, cudaMemcpyHostToDevice));
-    fp.sinks = d_sinks;
-  }
+  float* d_sinks = upload(sinks);
+  fp.sinks = d_sinks;
 
   Row row;
   std::vector<uint16_t> o_bits(q.count());

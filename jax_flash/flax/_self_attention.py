@@ -40,10 +40,36 @@ def cache_shapes(batch: int, max_len: int, kv_heads: int, head_dim: int,
           (batch, max_len, kv_heads, value_head_dim or head_dim), (batch,))
 
 
+def attend(module, q, k, v, *, segment_ids, lengths, sinks, return_lse,
+           dropout):
+  """A call without the cache: `jax_flash.attention` with the module's
+  options (causal, scale, window, softcap, implementation,
+  deterministic_backward)."""
+  if lengths is not None:
+    raise ValueError("lengths= is for decode=True; pad with segment_ids "
+                     "otherwise")
+  return jax_flash.attention(
+      q, k, v, causal=module.causal, scale=module.scale, window=module.window,
+      softcap=module.softcap, segment_ids=segment_ids, sinks=sinks,
+      return_lse=return_lse, implementation=module.implementation,
+      deterministic=module.deterministic_backward, **dropout)
+
+
+def check_decode_call(q, segment_ids, dropout):
+  """What a `decode=True` call must not have, and the queries' rank."""
+  if segment_ids is not None or dropout:
+    raise ValueError("decode=True takes no segment_ids and no dropout")
+  if q.ndim != 4:
+    raise ValueError(f"decode=True takes inputs [batch, T, features]; got "
+                     f"queries of shape {q.shape}")
+
+
 def attend_with_cache(q, k, v, cached_key, cached_value, cache_index, *,
                       lengths=None, causal: bool, scale, window, softcap,
                       return_lse: bool, implementation, sinks=None):
   """One `decode=True` call of T tokens against the cache.
+
+  The call was checked by `check_decode_call`.
 
   Args:
     q: [B, T, H, D]; k: [B, T, H_kv, D], v: [B, T, H_kv, D_v], the chunk's
@@ -58,9 +84,6 @@ def attend_with_cache(q, k, v, cached_key, cached_value, cache_index, *,
   Returns:
     (out or (out, lse), cached_key, cached_value, cache_index), updated.
   """
-  if q.ndim != 4:
-    raise ValueError(f"decode=True takes inputs [batch, T, features]; got "
-                     f"queries of shape {q.shape}")
   B, T = q.shape[:2]
   max_len = cached_key.shape[1]
   if cached_key.shape[0] != B:

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 import jax_flash
-from jax_flash.flax._self_attention import (attend_with_cache, cache_shapes,
+from jax_flash.flax._self_attention import (attend, attend_with_cache,
+                                            cache_shapes, check_decode_call,
                                             head_sizes)
 
 __all__ = ["SelfAttention"]
@@ -135,14 +136,8 @@ class SelfAttention(nn.Module):
       res = self._decode_step(q, k, v, segment_ids, lengths, return_lse,
                               dropout, sinks)
     else:
-      if lengths is not None:
-        raise ValueError("lengths= is for decode=True; pad with segment_ids "
-                         "otherwise")
-      res = jax_flash.attention(
-          q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-          softcap=self.softcap, segment_ids=segment_ids, sinks=sinks,
-          return_lse=return_lse, implementation=self.implementation,
-          deterministic=self.deterministic_backward, **dropout)
+      res = attend(self, q, k, v, segment_ids=segment_ids, lengths=lengths,
+                   sinks=sinks, return_lse=return_lse, dropout=dropout)
     o, lse = res if return_lse else (res, None)
     out = nn.DenseGeneral(
         features=self.out_features or features, axis=(-2, -1),
@@ -155,11 +150,7 @@ class SelfAttention(nn.Module):
   def _decode_step(self, q, k, v, segment_ids, lengths, return_lse,
                    dropout, sinks):
     """One call against the 'cache' collection (see `decode`)."""
-    if segment_ids is not None or dropout:
-      raise ValueError("decode=True takes no segment_ids and no dropout")
-    if q.ndim != 4:
-      raise ValueError(f"decode=True takes inputs [batch, T, features]; got "
-                       f"queries of shape {q.shape}")
+    check_decode_call(q, segment_ids, dropout)
     initialized = self.has_variable("cache", "cached_key")
     key_shape, value_shape, index_shape = cache_shapes(*k.shape, v.shape[-1])
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key_shape,

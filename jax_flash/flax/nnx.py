@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn.linear import default_kernel_init
 
-import jax_flash
-from jax_flash.flax._self_attention import (attend_with_cache, cache_shapes,
+from jax_flash.flax._self_attention import (attend, attend_with_cache,
+                                            cache_shapes, check_decode_call,
                                             head_sizes)
 
 __all__ = ["SelfAttention"]
@@ -148,8 +148,7 @@ class SelfAttention(nnx.Module):
     dropout = self._dropout(deterministic, rngs)
     decode = self.decode if decode is None else decode
     if decode:
-      if segment_ids is not None or dropout:
-        raise ValueError("decode=True takes no segment_ids and no dropout")
+      check_decode_call(q, segment_ids, dropout)
       if self.cached_key is None:
         raise ValueError("decode=True: the cache is not initialised; call "
                          "init_cache(input_shape) first")
@@ -161,14 +160,8 @@ class SelfAttention(nnx.Module):
               return_lse=return_lse, implementation=self.implementation,
               sinks=sinks)
     else:
-      if lengths is not None:
-        raise ValueError("lengths= is for decode=True; pad with segment_ids "
-                         "otherwise")
-      res = jax_flash.attention(
-          q, k, v, causal=self.causal, scale=self.scale, window=self.window,
-          softcap=self.softcap, segment_ids=segment_ids, sinks=sinks,
-          return_lse=return_lse, implementation=self.implementation,
-          deterministic=self.deterministic_backward, **dropout)
+      res = attend(self, q, k, v, segment_ids=segment_ids, lengths=lengths,
+                   sinks=sinks, return_lse=return_lse, dropout=dropout)
     o, lse = res if return_lse else (res, None)
     out = self.out(o)
     return (out, lse) if return_lse else out
