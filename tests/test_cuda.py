@@ -8,6 +8,8 @@ with NaN before each launch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,8 @@ import pytest
 
 import jax_flash
 import reference
-from attention_suite import CUDA_SM80, CUDA_SM90, BackendSuite
+from attention_suite import (CUDA_SM80, CUDA_SM90, AttentionSuite,
+                             BackendSuite, select_cases)
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.backends import cuda as cuda_backend
 from jax_flash._src.backends import ffi
@@ -38,6 +41,25 @@ class TestCudaSuite(BackendSuite):
   dtypes = ("bfloat16", "float16")
   head_dims = (64, 96, 128, 256)
   long_seq = 300  # > two 128-row tiles
+
+
+class TestCudaSm80SinksSuite(AttentionSuite):
+  """The sinks cases on the portable sm80 kernels (JAX_FLASH_CUDA_FAMILY=sm80):
+  on Hopper the default dispatch serves them from the sm90 forward, so this
+  is where the sm80 forward's sink finalize runs on an H200."""
+  implementation = "cuda"
+  support = CUDA_SM80
+  dtypes = ("bfloat16",)
+  head_dims = (64,)
+  long_seq = 300
+  cases = select_cases("sinks_causal_gqa_empty_rows",
+                       "sinks_segments_window_long") + tuple(
+      dataclasses.replace(c, name=c.name + "_sinks", sinks=True)
+      for c in select_cases("value_dim_mla_causal_gqa_empty_rows"))
+
+  @pytest.fixture(autouse=True)
+  def _sm80_family(self, monkeypatch):
+    monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", "sm80")
 
 
 @pytest.mark.parametrize("head_dim", [40, 80, 200])

@@ -49,7 +49,7 @@ if has sanitize; then
   for tool in memcheck racecheck; do
     t0=$SECONDS
     timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 1 \
-      python3 tools/gpu/sanitize_case.py ${SANITIZE_CASES:-sinks packed ring_dropout decode dropout fp8} \
+      python3 tools/gpu/sanitize_case.py ${SANITIZE_CASES:-sinks mla packed ring_dropout decode dropout fp8} \
       >"$OUT/sanitize_$tool.log" 2>&1
     SUMMARY+=("$tool: rc=$? $(grep -E 'SUMMARY' "$OUT/sanitize_$tool.log" | tail -1) $(grep -E '^== case .*: ' "$OUT/sanitize_$tool.log" | tr '\n' ' ') ($((SECONDS-t0)) s)")
   done

@@ -25,6 +25,9 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             (T > S: rows without keys) and window + segment ids
   packed    segment ids at T = 333 and a varlen call of five short
             sequences (200 tokens): few query blocks, the packed tile order
+  mla       forward + backward with the value head dim of DeepSeek MLA
+            (q/k 192, v 128; the sm80 kernels' head-dim pair), causal GQA
+            with T > S (rows without keys) and learnable sinks
   ring_dropout  ring attention with dropout on a one-device mesh (zigzag:
             kernel calls at nonzero row and column origins), fwd + bwd
 Each case prints "== case NAME" before it and "== case NAME: ok|FAILED ..."
@@ -142,6 +145,19 @@ def packed():
   return results
 
 
+def mla():
+  T, S, H, Hk = 157, 131, 4, 2
+  q, k, v = normal(1, T, H, 192), normal(1, S, Hk, 192), normal(1, S, Hk, 128)
+  sinks = jnp.asarray(RNG.normal(0.5, 1.5, H), jnp.float32)
+
+  def loss(q, k, v, sinks):
+    o = jax_flash.attention(q, k, v, causal=True, sinks=sinks,
+                            implementation="cuda")
+    return jnp.sum(o.astype(jnp.float32))
+  out = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, sinks)
+  return [(f"D=192 D_v=128 T={T} S={S} causal sinks", finite(out))]
+
+
 def ring_dropout():
   from jax.sharding import Mesh
   mesh = Mesh(np.array(jax.devices()[:1]), ("s",))
@@ -208,7 +224,8 @@ def fp8():
 
 CASES = dict(dense=dense, sm90_fwd=sm90_fwd, sm90_bwd=sm90_bwd, sm80=sm80,
              dropout=dropout, varlen=varlen, decode=decode, fp8=fp8,
-             sinks=sinks, packed=packed, ring_dropout=ring_dropout)
+             sinks=sinks, packed=packed, ring_dropout=ring_dropout,
+             mla=mla)
 
 
 def main(names):
