@@ -3,6 +3,8 @@
     python benchmarks/bench_attention.py                    # reference shape
     python benchmarks/bench_attention.py --sweep --plot sweep.png
     python benchmarks/bench_attention.py --shapes tiny      # CPU smoke test
+    python benchmarks/bench_attention.py --preset mla       # DeepSeek MLA
+    python benchmarks/bench_attention.py --preset sinks     # learnable sinks
 
 Nothing is written unless --out names a file. The tracked H200 results are
 benchmarks/results/h200.json: pass it as --out only on an H200 (a file whose
@@ -14,12 +16,26 @@ Implementations (--impls, comma separated):
   jax_flash_cuda_det   the same with deterministic=True
   jax_flash_cuda_sinks the same with learnable sinks (sinks=[H])
   jax_flash_pallas   jax_flash.attention(implementation="pallas")
+  jax_flash_pallas_sinks, jax_flash_xla_sinks   the same with sinks
   jax_flash_xla      jax_flash.attention(implementation="xla")
   cudnn              jax.nn.dot_product_attention(implementation="cudnn")
   xla                jax.nn.dot_product_attention(implementation="xla")
   jax_pallas_triton  jax.experimental.pallas.ops.gpu.attention.mha
-Default: every one that can run on this platform (GPU: all but
-jax_flash_xla; CPU: jax_flash_pallas, jax_flash_xla, xla).
+  fa3                flash-attn3-jax's flash_mha
+  tokamax            tokamax.dot_product_attention(implementation="mosaic")
+Default: every one that can run on this platform (GPU: jax_flash_cuda,
+jax_flash_pallas, cudnn, xla, jax_pallas_triton; CPU: jax_flash_pallas,
+jax_flash_xla, xla). The peers (benchmarks/peers.py) get the same q, k, v;
+one that refuses a shape (jax.nn for a value head dim of its own) is recorded
+with its error, its TF/s field None.
+
+Shapes: --shapes names a set (PRESETS); --dv N gives v and the output head
+dim N on every shape (default: the set's, D but in mla). --preset NAME fills --shapes, --modes and
+--impls for a study (RUN_PRESETS; options given on the command line win):
+  mla    DeepSeek MLA, D=192, D_v=128, H=16, T=8192 (B=2) and 16384 (B=1),
+         causal and not, fwd/bwd/fwd_bwd: jax_flash_cuda(_sinks), cudnn, tokamax
+  sinks  the cost of sinks: D=64 (H=32) and 128 (H=16), T=4096 and 8192 at
+         B*T=16k, fwd/bwd/fwd_bwd: jax_flash_cuda and jax_flash_cuda_sinks
 
 Method: random normal inputs, jit, warm up, then N back-to-back
 calls between two `block_until_ready` syncs, median over repeats; the
@@ -27,13 +43,17 @@ implementations of one shape and mode are timed round by round, in
 alternating order (A B C, C B A, ...), so that clock / power drift and the
 previous kernel's effect on the clock hit all of them alike; use --iters so
 that a round lasts ~0.3 s or more for sustained figures. FLOPs:
-fwd = 4*B*H*T*S*D (halved when causal), fwd_bwd = 3.5x fwd, where fwd_bwd is
+fwd = 2*B*H*T*S*(D + D_v) (QK^T and PV; 4*B*H*T*S*D when D_v = D; halved
+when causal), fwd_bwd = 3.5x fwd, where fwd_bwd is
 the gradient of sum(o * do) w.r.t. q, k, v (forward included), bwd = 2.5x fwd:
 the backward alone (the VJP applied to do, the forward's residuals computed
 once before the timing). A failing
 implementation is recorded with its error and the run goes on. With --out,
 results are merged into a JSON list, replacing records with the same
-(impl, mode, dtype, B, T, S, H, H_kv, D, causal); a table is printed last,
+(impl, mode, dtype, B, T, S, H, H_kv, D, D_v, causal; a record without D_v
+has D_v = D); every record says D_v and whether sinks were on (`sinks`), and
+carries the peers' TF/s of the same run (`cudnn_tflops`, and `fa3_tflops`,
+`tokamax_tflops` when they ran) with its ratio to each; a table is printed last,
 in TF/s, or GF/s below 1 TF/s (small shapes, CPU).
 """
 
@@ -59,9 +79,12 @@ except ImportError:  # run from a checkout without installing
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
   import jax_flash
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import peers  # noqa: E402  (benchmarks/peers.py)
+
 TRACKED_RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "h200.json"
 KEY_FIELDS = ("impl", "mode", "dtype", "B", "T", "S", "H", "H_kv", "D",
-              "causal", "case")  # case: named packings (bench_packing.py)
+              "D_v", "causal", "case")  # case: named packings (bench_packing.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,17 +96,29 @@ class Shape:
   H_kv: int
   D: int
   causal: bool
+  D_v: int | None = None  # v's and the output's head dim; None: D
+
+  def __post_init__(self):
+    if self.D_v is None:
+      object.__setattr__(self, "D_v", self.D)
 
   def flops(self, mode: str) -> float:
-    f = 4.0 * self.B * self.H * self.T * self.S * self.D
+    f = 2.0 * self.B * self.H * self.T * self.S * (self.D + self.D_v)
     if self.causal:
       f /= 2
     return f * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
   def label(self) -> str:
     kv = f"/{self.H_kv}" if self.H_kv != self.H else ""
-    return (f"B{self.B} T{self.T} S{self.S} H{self.H}{kv} D{self.D}"
+    dv = f" Dv{self.D_v}" if self.D_v != self.D else ""
+    return (f"B{self.B} T{self.T} S{self.S} H{self.H}{kv} D{self.D}{dv}"
             f"{' causal' if self.causal else ''}")
+
+  @classmethod
+  def of_record(cls, r):
+    """The shape of a results record (one without D_v has D_v = D)."""
+    return cls(r["B"], r["T"], r["S"], r["H"], r["H_kv"], r["D"], r["causal"],
+               r.get("D_v"))
 
 
 def _reference_shapes():
@@ -102,12 +137,36 @@ def _sweep_shapes():
   return shapes
 
 
+def _mla_shapes():
+  """DeepSeek MLA's head dims (D=192, D_v=128), H=16, B*T = 16k."""
+  return [Shape(16384 // T, T, T, 16, 16, 192, c, D_v=128)
+          for T in (8192, 16384) for c in (False, True)]
+
+
+def _sinks_shapes():
+  """D=64 (H=32) and D=128 (H=16), T=4096 and 8192 at B*T = 16k."""
+  return [Shape(16384 // T, T, T, H, H, D, c)
+          for D, H in ((64, 32), (128, 16)) for T in (4096, 8192)
+          for c in (False, True)]
+
+
 PRESETS = {
     "reference": _reference_shapes,
     "sweep": _sweep_shapes,
     "tiny": lambda: [Shape(1, 128, 128, 2, 2, 64, c) for c in (False, True)],
     "gqa": lambda: [Shape(2, 8192, 8192, 32, 8, 128, c) for c in (False,
                                                                     True)],
+    "mla": _mla_shapes,
+    "sinks": _sinks_shapes,
+}
+
+# --preset NAME: the options of a study, as if given on the command line
+# (those that are given win).
+RUN_PRESETS = {
+    "mla": dict(shapes="mla", modes="fwd,bwd,fwd_bwd",
+                impls="jax_flash_cuda,jax_flash_cuda_sinks,cudnn,tokamax"),
+    "sinks": dict(shapes="sinks", modes="fwd,bwd,fwd_bwd",
+                  impls="jax_flash_cuda,jax_flash_cuda_sinks"),
 }
 
 
@@ -116,41 +175,18 @@ PRESETS = {
 # ---------------------------------------------------------------------------
 
 
-def _jax_flash(impl):
+def _sinks(num_heads):
+  """Learnable sinks, one logit per head, spread around the scores' range."""
+  return jnp.linspace(-1.0, 2.0, num_heads, dtype=jnp.float32)
+
+
+def _jax_flash(impl, *, sinks=False):
+  """jax_flash.attention(implementation=impl); with sinks: timed beside the
+  call without, their cost."""
   def fn(q, k, v, causal):
-    return jax_flash.attention(q, k, v, causal=causal, implementation=impl)
+    return jax_flash.attention(q, k, v, causal=causal, implementation=impl,
+                               sinks=_sinks(q.shape[2]) if sinks else None)
   return fn
-
-
-def _dot_product_attention(impl):
-  def fn(q, k, v, causal):
-    return jax.nn.dot_product_attention(q, k, v, is_causal=causal,
-                                        implementation=impl)
-  return fn
-
-
-def _jax_pallas_triton(q, k, v, causal):
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.experimental.pallas.ops.gpu import attention as pallas_attention
-  if k.shape[2] != q.shape[2]:
-    raise NotImplementedError("jax's Triton mha has no GQA")
-  return pallas_attention.mha(q, k, v, None, sm_scale=q.shape[-1]**-0.5,
-                              causal=causal)
-
-
-def _fa3(q, k, v, causal):
-  """FlashAttention-3's kernels in JAX (the flash-attn3-jax wheel; sm90)."""
-  from flash_attn3_jax import flash_mha
-  return flash_mha(q, k, v, is_causal=causal)
-
-
-def _jax_flash_sinks(q, k, v, causal):
-  """Learnable sinks (one logit per head, spread around the scores' range):
-  timed beside jax_flash_cuda, their cost."""
-  sinks = jnp.linspace(-1.0, 2.0, q.shape[2], dtype=jnp.float32)
-  return jax_flash.attention(q, k, v, causal=causal, implementation="cuda",
-                             sinks=sinks)
 
 
 def _jax_flash_deterministic(q, k, v, causal):
@@ -161,13 +197,12 @@ def _jax_flash_deterministic(q, k, v, causal):
 IMPLS = {
     "jax_flash_cuda": _jax_flash("cuda"),
     "jax_flash_cuda_det": _jax_flash_deterministic,
-    "jax_flash_cuda_sinks": _jax_flash_sinks,
-    "fa3": _fa3,
+    "jax_flash_cuda_sinks": _jax_flash("cuda", sinks=True),
     "jax_flash_pallas": _jax_flash("pallas"),
+    "jax_flash_pallas_sinks": _jax_flash("pallas", sinks=True),
     "jax_flash_xla": _jax_flash("xla"),
-    "cudnn": _dot_product_attention("cudnn"),
-    "xla": _dot_product_attention("xla"),
-    "jax_pallas_triton": _jax_pallas_triton,
+    "jax_flash_xla_sinks": _jax_flash("xla", sinks=True),
+    **peers.PEERS,
 }
 
 
@@ -186,11 +221,12 @@ def default_impls(platform: str) -> list[str]:
 
 
 def make_inputs(shape: Shape, dtype, seed=0):
+  """q, k, v and the output's cotangent do (head dim D_v, as the output)."""
   kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
   q = jax.random.normal(kq, (shape.B, shape.T, shape.H, shape.D), dtype)
   k = jax.random.normal(kk, (shape.B, shape.S, shape.H_kv, shape.D), dtype)
-  v = jax.random.normal(kv, (shape.B, shape.S, shape.H_kv, shape.D), dtype)
-  do = jax.random.normal(kd, q.shape, dtype)
+  v = jax.random.normal(kv, (shape.B, shape.S, shape.H_kv, shape.D_v), dtype)
+  do = jax.random.normal(kd, (shape.B, shape.T, shape.H, shape.D_v), dtype)
   return q, k, v, do
 
 
@@ -284,10 +320,9 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
       for impl in impls:
         rec = dict(impl=impl, mode=mode, dtype=dtype.name, B=shape.B,
                    T=shape.T, S=shape.S, H=shape.H, H_kv=shape.H_kv,
-                   D=shape.D, causal=shape.causal, ms=None, tflops=None,
+                   D=shape.D, D_v=shape.D_v, causal=shape.causal,
+                   sinks=impl.endswith("_sinks"), ms=None, tflops=None,
                    date=date, command=command, device=device)
-        if impl.startswith("jax_flash_cuda"):
-          rec["sinks"] = impl.endswith("_sinks")
         ms = timed[impl]
         if isinstance(ms, Exception):
           rec["error"] = f"{type(ms).__name__}: {ms}"[:500]
@@ -297,22 +332,29 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
         rows.append(rec)
         status = (f"{format_ms(rec['ms'])}  {format_rate(rec['tflops'])}"
                   if rec["ms"] is not None else rec["error"][:120])
-        print(f"  {shape.label():36s} {mode:7s} {impl:18s} {status}",
+        print(f"  {shape.label():36s} {mode:7s} {impl:22s} {status}",
               flush=True)
       del steps  # the bwd residuals of every impl
-      cudnn = next((r["tflops"] for r in rows if r["impl"] == "cudnn"), None)
-      fa3 = next((r["tflops"] for r in rows if r["impl"] == "fa3"), None)
-      for r in rows:
-        r["cudnn_tflops"] = cudnn
-        r["ratio_vs_cudnn"] = (round(r["tflops"] / cudnn, 3)
-                               if cudnn and r["tflops"] else None)
-        if fa3 is not None:
-          r["fa3_tflops"] = fa3
-          r["ratio_vs_fa3"] = round(r["tflops"] / fa3, 3) if r["tflops"] else None
+      add_peer_fields(rows)
       records += rows
       if out is not None:
         merge_into(out, rows)
   return records
+
+
+def add_peer_fields(rows):
+  """Gives every row of one (shape, mode) the reference peers' TF/s and its
+  ratio to each: cuDNN's always (None where it did not run or refused the
+  shape), the others' where they were among the impls (None if they failed)."""
+  for impl, tflops_field, ratio_field in peers.REFERENCE_PEERS:
+    peer = next((r for r in rows if r["impl"] == impl), None)
+    if peer is None and impl != "cudnn":
+      continue
+    theirs = peer["tflops"] if peer is not None else None
+    for r in rows:
+      r[tflops_field] = theirs
+      r[ratio_field] = (round(r["tflops"] / theirs, 3)
+                        if theirs and r["tflops"] else None)
 
 
 # ---------------------------------------------------------------------------
@@ -332,7 +374,10 @@ def format_ms(ms: float) -> str:
 
 
 def _key(r):
-  return tuple(r.get(f) for f in KEY_FIELDS)
+  """A record's identity; a record without D_v (older rows, the other
+  benchmarks) has D_v = D."""
+  return tuple(r.get(f, r.get("D")) if f == "D_v" else r.get(f)
+               for f in KEY_FIELDS)
 
 
 class OtherDeviceError(ValueError):
@@ -376,21 +421,22 @@ def merge_into(path: pathlib.Path, records):
 
 
 def print_table(records):
+  """One line per record; ratios to cuDNN, and to tokamax where it ran."""
+  peers_shown = [("cudnn", "vs cuDNN")]
+  if any("ratio_vs_tokamax" in r for r in records):
+    peers_shown.append(("tokamax", "vs tokamax"))
   print()
-  print(f"{'shape':36s} {'mode':7s} {'impl':18s} {'time':>11s} "
-        f"{'rate':>12s} {'vs cuDNN':>8s}")
+  print(f"{'shape':42s} {'mode':7s} {'impl':22s} {'time':>11s} {'rate':>12s} "
+        + " ".join(f"{title:>10s}" for _, title in peers_shown))
   for r in records:
-    shape = Shape(r["B"], r["T"], r["S"], r["H"], r["H_kv"], r["D"],
-                  r["causal"])
+    head = f"{Shape.of_record(r).label():42s} {r['mode']:7s} {r['impl']:22s}"
     if r["ms"] is None:
-      print(f"{shape.label():36s} {r['mode']:7s} {r['impl']:18s} "
-            f"{'failed':>9s}  {r['error'][:60]}")
+      print(f"{head} {'failed':>9s}  {r['error'][:60]}")
       continue
-    ratio = (f"{r['ratio_vs_cudnn']:.2f}x" if r.get("ratio_vs_cudnn")
-             else "-")
-    print(f"{shape.label():36s} {r['mode']:7s} {r['impl']:18s} "
-          f"{format_ms(r['ms']):>11s} {format_rate(r['tflops']):>12s} "
-          f"{ratio:>8s}")
+    ratios = [f"{r[f'ratio_vs_{peer}']:.2f}x"
+              if r.get(f"ratio_vs_{peer}") else "-" for peer, _ in peers_shown]
+    print(f"{head} {format_ms(r['ms']):>11s} {format_rate(r['tflops']):>12s} "
+          + " ".join(f"{x:>10s}" for x in ratios))
 
 
 def plot_sweep(records, path):
@@ -401,22 +447,26 @@ def plot_sweep(records, path):
   except ImportError:
     print("matplotlib is not installed; no plot")
     return
-  panels = sorted({(r["D"], r["causal"], r["mode"]) for r in records})
+  panels = sorted({(r["D"], r.get("D_v", r["D"]), r["causal"], r["mode"])
+                   for r in records})
   if not panels:
     return
   cols = 4
   rows = -(-len(panels) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows),
                            squeeze=False)
-  for ax, (D, causal, mode) in zip(axes.flat, panels):
-    sel = [r for r in records if (r["D"], r["causal"], r["mode"]) ==
-           (D, causal, mode) and r["tflops"]]
+  for ax, (D, D_v, causal, mode) in zip(axes.flat, panels):
+    sel = [r for r in records if (r["D"], r.get("D_v", r["D"]), r["causal"],
+                                  r["mode"]) == (D, D_v, causal, mode)
+           and r["tflops"]]
     for impl in sorted({r["impl"] for r in sel}):
       pts = sorted((r["T"], r["tflops"]) for r in sel if r["impl"] == impl)
       ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
               label=impl)
     ax.set_xscale("log", base=2)
-    ax.set_title(f"{mode}, D={D}{', causal' if causal else ''}", fontsize=9)
+    dv = f", D_v={D_v}" if D_v != D else ""
+    ax.set_title(f"{mode}, D={D}{dv}{', causal' if causal else ''}",
+                 fontsize=9)
     ax.set_xlabel("seq (B*T = 16k)")
     ax.set_ylabel("TFLOP/s")
     ax.grid(alpha=0.3)
@@ -441,6 +491,8 @@ def _selected_shapes(args):
                                             args.seqs.split(",")}]
   if args.causal != "both":
     shapes = [s for s in shapes if s.causal == (args.causal == "yes")]
+  if args.dv is not None:
+    shapes = [dataclasses.replace(s, D_v=args.dv) for s in shapes]
   return shapes
 
 
@@ -448,19 +500,19 @@ def replot(args):
   if not args.plot or not args.out:
     raise SystemExit("--replot needs --plot PATH and --out RESULTS.json "
                      "(the records to plot)")
-  keys = {(s.B, s.T, s.S, s.H, s.H_kv, s.D, s.causal)
-          for s in _selected_shapes(args)}
+  shapes = set(_selected_shapes(args))
   impls = set(args.impls.split(",")) if args.impls else None
   modes = set(args.modes.split(","))
   records = [r for r in json.loads(args.out.read_text())
-             if (r["B"], r["T"], r["S"], r["H"], r["H_kv"], r["D"],
-                 r["causal"]) in keys and r["mode"] in modes
+             if Shape.of_record(r) in shapes and r["mode"] in modes
              and r["dtype"] == args.dtype
              and (impls is None or r["impl"] in impls)]
   plot_sweep(records, args.plot)
 
 
-def main(argv=None):
+def parse_args(argv=None):
+  """-> (parser, options), a --preset's values filled in where the command
+  line gives none."""
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--impls", help="comma-separated; default: all that can "
                  f"run here. Known: {', '.join(IMPLS)}")
@@ -468,8 +520,16 @@ def main(argv=None):
                  help=f"preset: {', '.join(PRESETS)}")
   p.add_argument("--sweep", action="store_true",
                  help="the seq/head-dim sweep (same as --shapes sweep)")
+  p.add_argument("--preset", choices=RUN_PRESETS,
+                 help="a study's --shapes, --modes and --impls (those given "
+                 "win): " + "; ".join(
+                     f"{name}: " + " ".join(f"--{k} {v}" for k, v in o.items())
+                     for name, o in RUN_PRESETS.items()))
   p.add_argument("--dims", help="only these head dims, e.g. 128 or 64,256")
   p.add_argument("--seqs", help="only these T, e.g. 4096,8192")
+  p.add_argument("--dv", type=int,
+                 help="value (and output) head dim; default: the shape's "
+                 "(D, or the preset's, e.g. 128 for --shapes mla)")
   p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
   p.add_argument("--modes", default="fwd,fwd_bwd",
                  help="comma-separated from fwd, bwd, fwd_bwd")
@@ -488,6 +548,14 @@ def main(argv=None):
                  help="no timing: plot --plot from the records in --out "
                  "that match the shapes, --impls and --modes")
   args = p.parse_args(argv)
+  if args.preset:  # the preset's values become defaults: given options win
+    p.set_defaults(**RUN_PRESETS[args.preset])
+    args = p.parse_args(argv)
+  return p, args
+
+
+def main(argv=None):
+  p, args = parse_args(argv)
   if args.replot:
     return replot(args)
 
@@ -499,8 +567,8 @@ def main(argv=None):
   if unknown:
     p.error(f"unknown --impls {unknown}; known: {', '.join(IMPLS)}")
   if platform != "gpu":
-    skipped = [i for i in impls if i in ("cudnn", "jax_flash_cuda",
-                                         "jax_pallas_triton")]
+    skipped = [i for i in impls if i.startswith("jax_flash_cuda")
+               or i in peers.GPU_ONLY]
     if skipped:
       print(f"not on a GPU: skipping {', '.join(skipped)}")
     impls = [i for i in impls if i not in skipped]
@@ -509,7 +577,9 @@ def main(argv=None):
     p.error(f"unknown --shapes {preset!r}; known: {', '.join(PRESETS)}")
   shapes = _selected_shapes(args)
   modes = args.modes.split(",")
-  command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+  command = " ".join([os.path.basename(sys.argv[0] if argv is None else
+                                        __file__)]
+                      + (sys.argv[1:] if argv is None else list(argv)))
   print(f"device: {device} ({platform}), jax {jax.__version__}, "
         f"{args.dtype}, impls: {', '.join(impls)}")
   if args.out is not None:  # refuse before timing, not after
