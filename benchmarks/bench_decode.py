@@ -2,6 +2,9 @@
 
     python benchmarks/bench_decode.py                        # the four shapes
     python benchmarks/bench_decode.py --out benchmarks/results/h200.json
+    # bf16 and FP8 caches side by side (speedup column), two shapes:
+    python benchmarks/bench_decode.py --shapes b8_s32k_t1,b1_s128k_t1 \
+        --contiguous-only
 
 Shapes (bf16, D=128, 32 query heads on 8 KV heads, every sequence's cache
 full): B=8 S=32k T_new=1, B=1 S=128k T_new=1, B=64 S=4k T_new=1, B=8 S=32k
@@ -107,6 +110,7 @@ def run(names, *, iters, repeats, warmup, command, device, out=None,
     B, S, T = SHAPES[name]
     gb = B * S * H_KV * D * 2 * 2 / 1e9
     ours_splits = decode_cuda.num_splits_for(B, T, H, H_KV, D, S)
+    fp8_splits = decode_cuda.num_splits_for(B, T, H, H_KV, D, S, fp8=True)
     for paged in pagings:
       args = inputs(B, S, T, paged)
       impls = impls_for(B, S, T, paged, ours_splits, split_sweep)
@@ -130,8 +134,9 @@ def run(names, *, iters, repeats, warmup, command, device, out=None,
                    S=S, T=T, T_new=T, H=H, H_kv=H_KV, D=D, causal=T > 1,
                    paged=paged, page_size=PAGE if paged else None,
                    us=None, gbps=None, cudnn_gbps=gbps.get("cudnn"),
-                   fa3_gbps=fa3, splits=ours_splits if n == "jax_flash_cuda"
-                   else None, date=date, command=command, device=device)
+                   fa3_gbps=fa3, splits={"jax_flash_cuda": ours_splits,
+                                         "jax_flash_cuda_fp8": fp8_splits}.get(n),
+                   date=date, command=command, device=device)
         if isinstance(ms, Exception):
           rec["error"] = f"{type(ms).__name__}: {ms}"[:500]
         else:
@@ -152,16 +157,24 @@ def run(names, *, iters, repeats, warmup, command, device, out=None,
 def print_table(records):
   print()
   print(f"{'case':28s} {'impl':18s} {'us':>9s} {'GB/s':>8s} {'vs cuDNN':>9s} "
-        f"{'vs FA3':>7s}")
+        f"{'vs FA3':>7s} {'splits':>6s} {'speedup':>8s}")
+  bf16_us = {r["case"]: r["us"] for r in records
+             if r["impl"] == "jax_flash_cuda" and r["us"] is not None}
   for r in records:
     if r["us"] is None:
       print(f"{r['case']:28s} {r['impl']:18s} failed: {r['error'][:60]}")
       continue
     rel = lambda key: f"{r['gbps'] / r[key]:.2f}x" if r.get(key) else "-"
+    # The FP8 cache against the bf16 one: time of bf16 / time of FP8.
+    speedup = (f"{bf16_us[r['case']] / r['us']:.2f}x"
+               if r["impl"] == "jax_flash_cuda_fp8" and r["case"] in bf16_us
+               else "-")
+    splits = "-" if r.get("splits") is None else str(r["splits"])
     print(f"{r['case']:28s} {r['impl']:18s} {r['us']:9.1f} {r['gbps']:8.1f} "
-          f"{rel('cudnn_gbps'):>9s} {rel('fa3_gbps'):>7s}")
+          f"{rel('cudnn_gbps'):>9s} {rel('fa3_gbps'):>7s} {splits:>6s} "
+          f"{speedup:>8s}")
   print("(ratios: this one's bandwidth / the peer's; FA3 = its better split "
-        "count)")
+        "count; speedup: the FP8 cache's time against the bf16 cache's)")
 
 
 def main(argv=None):

@@ -20,11 +20,17 @@ struct DecodeConfig {
   static constexpr int kMT = kMT_;    // m-tiles (16 rows) per warp
   static constexpr bool kFp8 = kFp8_;  // an e4m3 cache (decode_fp8.cuh)
   static constexpr int kRows = kMT * kDecodeMTileRows;
-  static constexpr int kBlockN = kDecodeBlockN;
+  static constexpr DecodeTile kTile = decode_tile(kHeadDim, kMT, kFp8);  // decode_params.h
+  static constexpr int kBlockN = kTile.block_n;
   static constexpr int kWarps = kDecodeWarps;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kKeysPerWarp = kBlockN / kWarps;  // 16: one k-step of P V
-  static constexpr int kStages = decode_stages(kHeadDim, kFp8);
+  static constexpr int kMinCtas = kTile.min_ctas;
+  // Each warp's slice of a tile: 16 or 32 keys, kNS score n-tiles of 8, kKS
+  // k-steps of 16 in P V.
+  static constexpr int kKeysPerWarp = kBlockN / kWarps;
+  static constexpr int kNS = kKeysPerWarp / 8;
+  static constexpr int kKS = kKeysPerWarp / 16;
+  static constexpr int kStages = kTile.stages;
   using QTile = SmemTile<kRows, kHeadDim>;
   using KTile = SmemTile<kBlockN, kHeadDim>;
   static constexpr int kNT_O = kHeadDim / 8;
@@ -35,13 +41,14 @@ struct DecodeConfig {
   static constexpr int kSmemQ = 0;
   static constexpr int kSmemQ16 = kSmemQ + QTile::kBytes;
   static constexpr int kSmemRing = kSmemQ16 + (kFp8 ? QTile::kBytes : 0);
-  static constexpr int kStageBytes = decode_stage_bytes(kHeadDim, kFp8);  // K then V (then descales)
+  static constexpr int kStageBytes = decode_stage_bytes(kHeadDim, kBlockN, kFp8);  // K then V (then descales)
   static constexpr int kSmemStats = kSmemRing + kStages * kStageBytes;
   static constexpr int kSmemMerge = kSmemQ16;
   static constexpr int kSmemBytes = kSmemStats + 2 * kWarps * kRows * 4;  // row max, row sum
   static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kMT, kFp8), "decode_params.h's size");
   static_assert(kSmemMerge + kWarps * kRows * kMergePitch * 4 <= kSmemStats, "merge buffer fits");
-  static_assert(kKeysPerWarp == 16, "one 16-key slice per warp");
+  static_assert(kKeysPerWarp == 16 || kKeysPerWarp == 32, "16 or 32 keys per warp");
+  static_assert(kStages >= 2, "a tile in flight while one is computed");
 };
 
 // Which rows and keys one CTA owns, and where its tiles need the element mask.
@@ -143,10 +150,10 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
   }
 }
 
-// The element mask of one warp's (kMT * 16) x 16 score block (keys kb .. kb + 15),
-// in the sm80 C layout (sm80/mask.cuh).
-template <int kMT>
-JF_DEVICE void mask_scores(float (&s)[kMT][2][4], const DecodeBlock& d, int kb, int lane) {
+// The element mask of one warp's (kMT * 16) x (kNS * 8) score block (keys
+// kb .. kb + kNS * 8 - 1), in the sm80 C layout (sm80/mask.cuh).
+template <int kMT, int kNS>
+JF_DEVICE void mask_scores(float (&s)[kMT][kNS][4], const DecodeBlock& d, int kb, int lane) {
   const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int m = 0; m < kMT; ++m)

@@ -66,7 +66,8 @@ struct Fp8Stage {
   static constexpr int kChunks = Cfg::kHeadDim / 16;  // 16 e4m3 per 16-byte chunk
   static constexpr int kPerThread = Cfg::kBlockN * kChunks / Cfg::kThreads;
   static_assert(Cfg::kBlockN * kChunks % Cfg::kThreads == 0, "whole passes");
-  static_assert(kVScale + Cfg::kBlockN * 4 == decode_stage_bytes(Cfg::kHeadDim, true), "stage size");
+  static_assert(kVScale + Cfg::kBlockN * 4 == decode_stage_bytes(Cfg::kHeadDim, Cfg::kBlockN, true),
+                "stage size");
 };
 
 // Rows n0 .. n0 + kBlockN - 1 of K8, V8 and their descales into one stage.
@@ -85,24 +86,32 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
   const int page0 = n0 / ps;
   const bool one_page = (n0 + Cfg::kBlockN - 1) / ps == page0;
   const int64_t tile_base = one_page ? page_base(p, table, page0) + int64_t(n0 - page0 * ps) * p.kv_row_stride : 0;
-  const int64_t head = int64_t(d.hk) * p.kv_head_stride;
+  // A thread copies one 16-byte column c of rows r0 + i * kRowsPerPass: whole
+  // swizzle periods apart, so its shared-memory offsets are one base plus
+  // immediates (fewer live registers across the main loop).
+  constexpr int kRowsPerPass = Cfg::kThreads / St::kChunks;
+  static_assert(kRowsPerPass * St::Tile8::kRowBytes % 1024 == 0, "passes keep the swizzle phase");
+  const int r0 = tid / St::kChunks, c = (tid % St::kChunks) * 16;
+  const uint32_t so0 = St::Tile8::offset(r0, c / 2);
+  const bool col_ok = c < p.head_dim;
+  const int64_t head = int64_t(d.hk) * p.kv_head_stride + c;
 #pragma unroll
   for (int i = 0; i < St::kPerThread; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / St::kChunks, c = (idx % St::kChunks) * 16;
+    const int r = r0 + i * kRowsPerPass;
     const int j = n0 + r;
-    const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
+    const bool ok = col_ok && j < d.blk.seqlen_k;
     int64_t off = 0;
     if (ok) {
       off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
                      : page_base(p, table, j / ps) + int64_t(j % ps) * p.kv_row_stride;
-      off += head + c;
+      off += head;
     }
-    const uint32_t so = St::Tile8::offset(r, c / 2);
+    const uint32_t so = so0 + uint32_t(i * kRowsPerPass * St::Tile8::kRowBytes);
     sm80::cp_async_16(stage + St::kK + so, k + off, ok);
     sm80::cp_async_16(stage + St::kV + so, v + off, ok);
   }
-  // Descales: threads [0, 16) the K ones, [16, 32) the V ones, four keys each.
+  // Descales: threads [0, kBlockN / 4) the K ones, the next kBlockN / 4 the V
+  // ones, four keys each.
   if (tid < 2 * Cfg::kBlockN / 4) {
     const bool is_v = tid >= Cfg::kBlockN / 4;
     const int r = (tid % (Cfg::kBlockN / 4)) * 4, j = n0 + r;
@@ -162,57 +171,64 @@ JF_DEVICE uint32_t pick_bytes(uint32_t x, int a, int b) {
   return ((x >> (8 * a)) & 0xFFu) | (((x >> (8 * b)) & 0xFFu) << 8);
 }
 
-// acc[kMT][2][4] += Q K^T for the warp's 16 keys (rows kw .. kw + 15 of the
-// e4m3 K tile), Q fp16 with its head dim permuted (convert_q_tile).
+// acc[kMT][kNS][4] += Q K^T for the warp's 16 or 32 keys (rows kw .. of the
+// e4m3 K tile), Q fp16 with its head dim permuted (convert_q_tile). Each Q
+// fragment feeds every 16-key group of the slice.
 template <typename Cfg, int kMT>
-JF_DEVICE void gemm_qk_fp8(float (&acc)[kMT][2][4], uint32_t q16, uint32_t k8, int kw, LdsmLane l) {
+JF_DEVICE void gemm_qk_fp8(float (&acc)[kMT][Cfg::kNS][4], uint32_t q16, uint32_t k8, int kw, LdsmLane l) {
   using QTile = typename Cfg::QTile;
   using Tile8 = typename Fp8Stage<Cfg>::Tile8;
   const auto fa = sm80::addr_a<QTile>(q16, 0, l);
   const auto fb = sm80::addr_b_nk<Tile8>(k8, kw, l);
 #pragma unroll
   for (int ks = 0; ks < Cfg::kHeadDim / 32; ++ks) {  // 32 e4m3 = 16 pairs per load
-    uint32_t b[4];
-    sm80::ldmatrix_x4(b, fb.at(0, ks * 16));  // b[0], b[1]: keys 0-7; b[2], b[3]: keys 8-15
+    uint32_t b[Cfg::kKS][4];  // per 16 keys: b[0], b[1]: keys 0-7; b[2], b[3]: keys 8-15
+#pragma unroll
+    for (int kg = 0; kg < Cfg::kKS; ++kg) sm80::ldmatrix_x4(b[kg], fb.at(kg * 16, ks * 16));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // the two 16-column halves
       uint32_t a[kMT][4];
 #pragma unroll
       for (int m = 0; m < kMT; ++m) sm80::ldmatrix_x4(a[m], fa.at(m * 16, ks * 32 + h * 16));
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const uint32_t w = b[2 * nt + h];
-        const uint32_t b0 = e4m3x2_to_half2(w), b1 = e4m3x2_to_half2(w >> 16);
+      for (int kg = 0; kg < Cfg::kKS; ++kg)
 #pragma unroll
-        for (int m = 0; m < kMT; ++m) sm80::Mma<__half>::run(acc[m][nt], a[m], b0, b1);
-      }
+        for (int nt = 0; nt < 2; ++nt) {
+          const uint32_t w = b[kg][2 * nt + h];
+          const uint32_t b0 = e4m3x2_to_half2(w), b1 = e4m3x2_to_half2(w >> 16);
+#pragma unroll
+          for (int m = 0; m < kMT; ++m) sm80::Mma<__half>::run(acc[m][2 * kg + nt], a[m], b0, b1);
+        }
     }
   }
 }
 
-// acc[kMT][kHeadDim / 8][4] += P V for the warp's 16 keys, P fp16 fragments,
-// V the e4m3 tile (its rows kw .. kw + 15); accumulator columns in
-// fp8_o_column order.
+// acc[kMT][kHeadDim / 8][4] += P V for the warp's 16 or 32 keys, P fp16
+// fragments (one k-step of 16 keys each), V the e4m3 tile (its rows kw ..);
+// accumulator columns in fp8_o_column order.
 template <typename Cfg, int kMT>
-JF_DEVICE void gemm_pv_fp8(float (&acc)[kMT][Cfg::kNT_O][4], const uint32_t (&p)[kMT][1][4], uint32_t v8,
-                           int kw, LdsmLane l) {
+JF_DEVICE void gemm_pv_fp8(float (&acc)[kMT][Cfg::kNT_O][4], const uint32_t (&p)[kMT][Cfg::kKS][4],
+                           uint32_t v8, int kw, LdsmLane l) {
   using Tile8 = typename Fp8Stage<Cfg>::Tile8;
   // 16 rows = whole swizzle periods: the warp's slice is a tile of its own.
   const auto fb = sm80::addr_b_kn<Tile8, true>(v8 + uint32_t(kw * Tile8::kRowBytes), 0, l);
 #pragma unroll
-  for (int cb = 0; cb < Cfg::kHeadDim / 32; ++cb) {
-    uint32_t r[4];  // (keys 0-7 | 8-15) x (columns 0-15 | 16-31) of the block, as pairs
-    sm80::ldmatrix_x4_trans(r, fb.at(0, cb * 16));
+  for (int ks = 0; ks < Cfg::kKS; ++ks)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int cb = 0; cb < Cfg::kHeadDim / 32; ++cb) {
+      uint32_t r[4];  // (keys 0-7 | 8-15) x (columns 0-15 | 16-31) of the block, as pairs
+      sm80::ldmatrix_x4_trans(r, fb.at(ks * 16, cb * 16));
 #pragma unroll
-      for (int par = 0; par < 2; ++par) {  // even, odd columns
-        const uint32_t b0 = e4m3x2_to_half2(pick_bytes(r[2 * h], par, 2 + par));
-        const uint32_t b1 = e4m3x2_to_half2(pick_bytes(r[2 * h + 1], par, 2 + par));
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int m = 0; m < kMT; ++m) sm80::Mma<__half>::run(acc[m][cb * 4 + 2 * h + par], p[m][0], b0, b1);
-      }
-  }
+        for (int par = 0; par < 2; ++par) {  // even, odd columns
+          const uint32_t b0 = e4m3x2_to_half2(pick_bytes(r[2 * h], par, 2 + par));
+          const uint32_t b1 = e4m3x2_to_half2(pick_bytes(r[2 * h + 1], par, 2 + par));
+#pragma unroll
+          for (int m = 0; m < kMT; ++m)
+            sm80::Mma<__half>::run(acc[m][cb * 4 + 2 * h + par], p[m][ks], b0, b1);
+        }
+    }
 }
 
 }  // namespace jax_flash::decode

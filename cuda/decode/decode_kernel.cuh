@@ -5,14 +5,14 @@
 // Pack-GQA: the rows are (token, query head) pairs of the heads that share the
 // KV head, so every key is read once per KV head, not once per query head.
 // The keys are the memory-bound part: they stream through a kStages-deep
-// cp.async ring of 64-key K and V tiles (paged: each row's page looked up in
-// the page table, one lookup per tile when the tile lies in one page), and the
-// four warps split each tile 16 keys apiece, each with its own online softmax
-// over all the rows:
+// cp.async ring of K and V tiles of 64 or 128 keys (decode_params.h's
+// decode_tile; paged: each row's page looked up in the page table, one lookup
+// per tile when the tile lies in one page), and the four warps split each tile
+// 16 or 32 keys apiece, each with its own online softmax over all the rows:
 //
 //   wait tile i ------------------------------ barrier (stage of i-1 free)
 //   issue cp.async tile i + kStages - 1        (into the stage of i-1)
-//   S_w = Q K_w^T, softcap, mask at the edges  (registers, rows x 16 per warp)
+//   S_w = Q K_w^T, softcap, mask at the edges  (registers, rows x 16 or 32 per warp)
 //   online softmax; O_w += P_w V_w
 //
 // At the end the four warps' (max, sum, O) are merged through shared memory
@@ -33,11 +33,11 @@ namespace jax_flash::decode {
 
 // Score columns (keys kw + n * 8 + 2 tq + j of the warp's slice) times
 // mul * col_scale[key].
-template <int kMT>
-JF_DEVICE void scale_columns(float (&s)[kMT][2][4], const float* col_scale, float mul, int lane) {
+template <int kMT, int kNS>
+JF_DEVICE void scale_columns(float (&s)[kMT][kNS][4], const float* col_scale, float mul, int lane) {
   const int tq = lane & 3;
 #pragma unroll
-  for (int n = 0; n < 2; ++n)
+  for (int n = 0; n < kNS; ++n)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const float c = col_scale[n * 8 + 2 * tq + j] * mul;
@@ -51,12 +51,12 @@ JF_DEVICE void scale_columns(float (&s)[kMT][2][4], const float* col_scale, floa
 
 // The same for keys kb + ... < limit; the others' columns are left as they
 // are (their probabilities are 0, and their scales were never loaded).
-template <int kMT>
-JF_DEVICE void scale_columns_visible(float (&s)[kMT][2][4], const float* col_scale, int kb, int limit,
+template <int kMT, int kNS>
+JF_DEVICE void scale_columns_visible(float (&s)[kMT][kNS][4], const float* col_scale, int kb, int limit,
                                      int lane) {
   const int tq = lane & 3;
 #pragma unroll
-  for (int n = 0; n < 2; ++n)
+  for (int n = 0; n < kNS; ++n)
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int off = n * 8 + 2 * tq + j;
@@ -71,7 +71,8 @@ JF_DEVICE void scale_columns_visible(float (&s)[kMT][2][4], const float* col_sca
 
 
 template <typename Element, int kHeadDim, int kMT, bool kSoftcap, bool kFp8 = false>
-__global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
+__global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads,
+                                  DecodeConfig<kHeadDim, kMT, kFp8>::kMinCtas)
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Cfg = DecodeConfig<kHeadDim, kMT, kFp8>;
   using QTile = typename Cfg::QTile;
@@ -136,13 +137,13 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
     const int kw = warp * Cfg::kKeysPerWarp;  // this warp's keys within the tile
     const bool edge = d.tile_needs_mask(n0, Cfg::kBlockN);
 
-    float acc_s[kMT][2][4];
+    float acc_s[kMT][Cfg::kNS][4];
     sm80::zero(acc_s);
     if constexpr (kFp8)
       gemm_qk_fp8<Cfg, kMT>(acc_s, sm80::smem_addr(smem + Cfg::kSmemQ16), k_tile(s), kw, LdsmLane{lane});
     else
-      sm80::gemm_ss<MmaT, kMT, 2, kHeadDim, false, false, QTile, KTile>(acc_s, sQ, 0, k_tile(s), kw,
-                                                                       LdsmLane{lane});
+      sm80::gemm_ss<MmaT, kMT, Cfg::kNS, kHeadDim, false, false, QTile, KTile>(acc_s, sQ, 0, k_tile(s), kw,
+                                                                              LdsmLane{lane});
     const float* descale = nullptr;  // FP8: this tile's K descales, then V's
     if constexpr (kFp8) {
       descale = reinterpret_cast<const float*>(smem + Cfg::kSmemRing + s * Cfg::kStageBytes +
@@ -161,14 +162,15 @@ __global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads)
                             lane);
     }
 
-    uint32_t p_frag[kMT][1][4];
+    uint32_t p_frag[kMT][Cfg::kKS][4];
     sm80::pack_c_to_a<MmaT>(p_frag, acc_s);
-    // The warp's 16 V rows: a 16-row offset keeps the swizzle phase (16 rows
-    // are whole 1 KB periods), so the slice is addressed as a tile of its own.
+    // The warp's V rows: an offset of 16 or 32 rows keeps the swizzle phase
+    // (16 rows are whole 1 KB periods), so the slice is addressed as a tile
+    // of its own.
     if constexpr (kFp8)
       gemm_pv_fp8<Cfg, kMT>(acc_o, p_frag, v_tile(s), kw, LdsmLane{lane});
     else
-      sm80::gemm_rs<MmaT, kMT, Cfg::kNT_O, 16, true, KTile, true>(
+      sm80::gemm_rs<MmaT, kMT, Cfg::kNT_O, Cfg::kKeysPerWarp, true, KTile, true>(
           acc_o, p_frag, v_tile(s) + uint32_t(kw * KTile::kRowBytes), 0, LdsmLane{lane});
   }
 

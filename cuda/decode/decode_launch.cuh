@@ -11,11 +11,16 @@
 
 namespace jax_flash::decode {
 
+// The dynamic shared memory of one CTA, and the whole of the SM's unified
+// L1 / shared memory as shared memory, so that the CTAs per SM that the
+// split plan counts (decode_plan.h) do fit.
 template <typename Kernel>
 inline cudaError_t set_smem(Kernel kernel, int bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         int(cudaSharedmemCarveoutMaxShared));
+  if (err != cudaSuccess || bytes <= 48 * 1024) return err;
+  return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 template <typename Element, int kHeadDim, int kMT, bool kFp8>

@@ -68,27 +68,59 @@ struct DecodeParams {
 // query rows (one or two m-tiles per warp: 32 when a KV head has more than
 // 16 rows and O still fits the registers, head_dim <= 128).
 constexpr int kDecodeMTileRows = 16;
-constexpr int kDecodeBlockN = 64;    // keys per pipeline stage, 16 per warp
+constexpr int kDecodeMinBlockN = 64;  // the fewest keys per pipeline stage (16 per warp)
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeMaxSplits = 128;
 
-// K/V ring depth per head-dim bucket: two or three tiles in flight per CTA
-// while one is computed, with two (128) or three (64, 96) CTAs per SM. An
-// FP8 cache's stages are half the bytes: six of them (four at 256).
-constexpr int decode_stages(int head_dim_bucket, bool fp8 = false) {
-  return fp8 ? (head_dim_bucket <= 128 ? 6 : 4) : head_dim_bucket <= 96 ? 4 : 3;
+// The pipeline of one kernel configuration, sized for a 228 KB SM (H100,
+// H200; decode_plan.h counts the CTAs that fit the SM at hand).
+//   block_n:  keys per ring stage, split over the four warps (16 or 32 each)
+//   stages:   ring depth
+//   min_ctas: CTAs per SM the registers are bounded for (__launch_bounds__),
+//             the ones the shared memory admits, so that registers never cut
+//             the occupancy the split plan assumes
+// 16-bit caches: 64 keys, two or three tiles in flight per CTA while one is
+// computed, with two (128) or three (64, 96) CTAs per SM.
+// An FP8 cache reads half the bytes per key, and the kernel is then bound by
+// the latency of each tile's work (loads issued, two dependent products, the
+// softmax, one barrier), not by the bytes in flight, which the 16-bit ring
+// holds several times over (~32 KB per SM keeps HBM busy). So the FP8 stages
+// trade ring depth for CTAs per SM (more warps to hide the latency), and with
+// 16-row CTAs (head_dim <= 128: registers to spare) each warp takes 32 keys
+// per stage: twice the independent products per softmax step, barrier and
+// page lookup.
+//   head_dim 64:  128 keys x 3 stages (17 KB each), 4 CTAs; 32 rows: 64 x 6, 3 CTAs
+//   head_dim 128: 128 keys x 2 stages (33 KB), 3 CTAs; 32 rows: 64 x 5, 2 CTAs
+//   head_dim 256: 64 keys x 2 stages (33 KB), 2 CTAs
+struct DecodeTile {
+  int block_n, stages, min_ctas;
+};
+constexpr DecodeTile decode_tile(int head_dim_bucket, int m_tiles, bool fp8) {
+  if (!fp8) return {64, head_dim_bucket <= 96 ? 4 : 3, 0};
+  if (head_dim_bucket <= 64) return m_tiles == 1 ? DecodeTile{128, 3, 4} : DecodeTile{64, 6, 3};
+  if (head_dim_bucket <= 128) return m_tiles == 1 ? DecodeTile{128, 2, 3} : DecodeTile{64, 5, 2};
+  return {64, 2, 2};
 }
 // One ring stage: K and V (16-bit, or e4m3 with a float descale per key).
-constexpr int decode_stage_bytes(int head_dim_bucket, bool fp8) {
-  return fp8 ? 2 * kDecodeBlockN * (head_dim_bucket + 4) : 2 * kDecodeBlockN * head_dim_bucket * 2;
+constexpr int decode_stage_bytes(int head_dim_bucket, int block_n, bool fp8) {
+  return fp8 ? 2 * block_n * (head_dim_bucket + 4) : 2 * block_n * head_dim_bucket * 2;
 }
 // Dynamic shared memory: the Q tile (FP8: and its fp16 copy), the ring, the
 // per-warp row statistics of the final merge.
 constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles, bool fp8 = false) {
+  const DecodeTile t = decode_tile(head_dim_bucket, m_tiles, fp8);
   return (fp8 ? 2 : 1) * m_tiles * kDecodeMTileRows * head_dim_bucket * 2 +
-         decode_stages(head_dim_bucket, fp8) * decode_stage_bytes(head_dim_bucket, fp8) +
+         t.stages * decode_stage_bytes(head_dim_bucket, t.block_n, fp8) +
          2 * kDecodeWarps * m_tiles * kDecodeMTileRows * 4;
 }
+// The FP8 configurations fit their min_ctas in 228 KB (1 KB reserved per CTA).
+constexpr bool decode_fits_sm(int head_dim_bucket, int m_tiles, bool fp8) {
+  return decode_tile(head_dim_bucket, m_tiles, fp8).min_ctas *
+             (decode_smem_bytes(head_dim_bucket, m_tiles, fp8) + 1024) <= 228 * 1024;
+}
+static_assert(decode_fits_sm(64, 1, true) && decode_fits_sm(64, 2, true) && decode_fits_sm(128, 1, true) &&
+                  decode_fits_sm(128, 2, true) && decode_fits_sm(256, 1, true),
+              "FP8 decode configurations within a 228 KB SM");
 
 // The packed rows of one KV head: row r is token r / group of query head
 // head_k * group + r % group (pack-GQA: one CTA reads the keys once for every

@@ -17,36 +17,43 @@ inline int decode_ctas_per_sm(int head_dim_bucket, int m_tiles, bool fp8, int sm
   return std::max(1, std::min(16, smem_per_sm / bytes));
 }
 
-// FlashAttention-2's rule over the CTA slots of the GPU: with `blocks` CTAs
-// per split, s splits fill waves = blocks * s / slots; their efficiency is
-// waves / ceil(waves). Take the fewest splits within 85% of the best (fewer
-// splits: less partial traffic and a cheaper combine), among split counts
-// that change the tiles per split. One split when the blocks alone fill the
-// GPU or a sequence is a single tile.
+// The split count. A decode CTA streams its keys at a rate set by the
+// latency of each tile's work, so a call takes about as long as its busiest
+// CTA slot: cost(s) = waves(s) * (tiles_per_split(s) + 1) tile times (the
+// one: a CTA's start, the first tile's load, and its final merge), with
+// waves(s) = ceil(blocks * s / slots) over the GPU's CTA slots. The plan
+// takes the largest split count that runs in one wave (every CTA at once:
+// the most CTAs streaming, each with the fewest tiles), or one split when the
+// row blocks alone exceed the slots, unless the cheapest split count over
+// several waves costs less than 85% of that (a wave's tail and the partials'
+// traffic are not in the model). Only split counts that change the tiles per
+// split count; one split when a sequence is a single tile.
 //   batch * heads_k (KV heads) sequences' heads, seqlen_q new tokens, group
 //   query heads per KV head, caches of max_seqlen keys.
 inline int decode_num_splits(int64_t batch_heads_k, int seqlen_q, int group, int max_seqlen, int head_dim,
                              int num_sms, int smem_per_sm, bool fp8 = false) {
   const int bucket = rounded_head_dim(head_dim);
+  const int m_tiles = decode_m_tiles(seqlen_q, group, bucket);
+  const int block_n = decode_tile(bucket, m_tiles, fp8).block_n;
   const int64_t blocks = batch_heads_k * decode_row_blocks(seqlen_q, group, bucket);
-  const int tiles = (max_seqlen + kDecodeBlockN - 1) / kDecodeBlockN;
-  const int64_t slots =
-      int64_t(num_sms) * decode_ctas_per_sm(bucket, decode_m_tiles(seqlen_q, group, bucket), fp8, smem_per_sm);
-  if (blocks <= 0 || tiles <= 1 || slots <= 0 || blocks * 10 >= slots * 8) return 1;
+  const int tiles = (max_seqlen + block_n - 1) / block_n;
+  const int64_t slots = int64_t(num_sms) * decode_ctas_per_sm(bucket, m_tiles, fp8, smem_per_sm);
+  if (blocks <= 0 || tiles <= 1 || slots <= 0) return 1;
   const int max_splits = std::min(kDecodeMaxSplits, tiles);
-  auto efficiency = [&](int s) {
-    const double waves = double(blocks) * s / double(slots);
-    return waves / double(int64_t(waves) + (waves > double(int64_t(waves)) ? 1 : 0));
-  };
-  auto eligible = [&](int s) {
-    return s == 1 || (tiles + s - 1) / s != (tiles + s - 2) / (s - 1);
-  };
-  double best = 0.0;
-  for (int s = 1; s <= max_splits; ++s)
-    if (eligible(s)) best = std::max(best, efficiency(s));
-  for (int s = 1; s <= max_splits; ++s)
-    if (eligible(s) && efficiency(s) >= 0.85 * best) return s;
-  return 1;
+  auto per_split = [&](int s) { return int64_t((tiles + s - 1) / s); };
+  auto waves = [&](int s) { return (blocks * s + slots - 1) / slots; };
+  auto cost = [&](int s) { return waves(s) * (per_split(s) + 1); };
+  auto eligible = [&](int s) { return s == 1 || per_split(s) != per_split(s - 1); };
+  int one_wave = 1, several = 0;
+  for (int s = 1; s <= max_splits; ++s) {
+    if (!eligible(s)) continue;
+    if (waves(s) == 1)
+      one_wave = s;
+    else if (several == 0 || cost(s) < cost(several))
+      several = s;
+  }
+  if (several != 0 && cost(several) * 100 < cost(one_wave) * 85) return several;
+  return one_wave;
 }
 
 }  // namespace jax_flash::decode

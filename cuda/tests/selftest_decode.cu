@@ -341,6 +341,17 @@ std::vector<Case> all_cases(bool quick) {
   c.softcap = 20.f;
   c.wr = 0;
   cs.push_back(c);
+  // 16-row FP8 CTAs take 128-key tiles, 32 keys per warp (decode_tile).
+  c = Case{"fp8 cache 128-key tiles T3 window split3", 2, 3, 8, 2, 128, 0, 700, {700, 389}};
+  c.fp8 = true;
+  c.wl = 300;
+  c.wr = 0;
+  c.splits = 3;
+  cs.push_back(c);
+  c = Case{"fp8 cache hdim64 128-key tiles paged64 softcap", 2, 1, 4, 1, 64, 64, 520, {520, 131}};
+  c.fp8 = true;
+  c.softcap = 30.f;
+  cs.push_back(c);
   c = Case{"more splits than tiles", 2, 1, 2, 2, 64, 16, 90, {90, 5}};
   c.splits = 7;
   cs.push_back(c);
@@ -398,21 +409,26 @@ std::vector<Case> all_cases(bool quick) {
   return cs;
 }
 
-// The split policy on the shapes it is meant for (H200: 132 SMs, 228 KB).
+// The split policy on the shapes it is meant for (H200: 132 SMs, 228 KB):
+// 16-bit caches run two 128-head-dim CTAs per SM (264 slots), FP8 caches
+// three (396 slots) with 128-key tiles; one wave fills the slots.
 bool check_plan() {
   using jax_flash::decode::decode_num_splits;
-  struct P { int64_t bh; int T, G, S, D, want_min, want_max; };
-  const P ps[] = {{8 * 8, 1, 4, 32768, 128, 3, 8},    // B=8, 8 KV heads: a few splits
-                  {1 * 8, 1, 4, 131072, 128, 16, 64},  // B=1: many
-                  {64 * 8, 1, 4, 4096, 128, 1, 1},    // the batch fills the GPU
-                  {8 * 8, 8, 4, 32768, 128, 3, 8},    // 32 rows: one CTA per KV head
-                  {8, 1, 4, 64, 128, 1, 1}};          // one tile
+  struct P { int64_t bh; int T, G, S, D; bool fp8; int want_min, want_max; };
+  const P ps[] = {{8 * 8, 1, 4, 32768, 128, false, 4, 4},     // B=8, 8 KV heads: 256 of 264 slots
+                  {1 * 8, 1, 4, 131072, 128, false, 33, 33},  // B=1: 264 CTAs
+                  {64 * 8, 1, 4, 4096, 128, false, 1, 1},     // the batch fills the GPU
+                  {8 * 8, 8, 4, 32768, 128, false, 4, 4},     // 32 rows: one CTA per KV head
+                  {8, 1, 4, 64, 128, false, 1, 1},            // one tile
+                  {8 * 8, 1, 4, 32768, 128, true, 6, 6},      // FP8: 384 of 396 slots
+                  {1 * 8, 1, 4, 131072, 128, true, 49, 49},   // FP8 B=1: 392 CTAs
+                  {8, 1, 4, 128, 128, true, 1, 1}};           // FP8: one 128-key tile
   bool ok = true;
   for (const P& x : ps) {
-    const int s = decode_num_splits(x.bh, x.T, x.G, x.S, x.D, 132, 228 * 1024);
+    const int s = decode_num_splits(x.bh, x.T, x.G, x.S, x.D, 132, 228 * 1024, x.fp8);
     const bool good = s >= x.want_min && s <= x.want_max;
-    std::printf("plan: B*H_kv %lld, T %d, group %d, S %d -> %d splits %s\n", (long long)x.bh, x.T,
-                x.G, x.S, s, good ? "ok" : "UNEXPECTED");
+    std::printf("plan: B*H_kv %lld, T %d, group %d, S %d%s -> %d splits %s\n", (long long)x.bh, x.T,
+                x.G, x.S, x.fp8 ? " fp8" : "", s, good ? "ok" : "UNEXPECTED");
     ok &= good;
   }
   return ok;

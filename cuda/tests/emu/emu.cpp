@@ -23,7 +23,7 @@ namespace {
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kMaxSmem = 227 * 1024;  // sm90 opt-in maximum (sm80: 163 KB)
 
-enum class Kind : int { kNone, kMma, kLdsm, kShfl };
+enum class Kind : int { kNone, kMma, kLdsm, kShfl, kShflIdx };
 
 struct Slot {
   Kind kind;
@@ -283,6 +283,16 @@ float shfl_xor(float v, int mask) {
   in.mask = mask;
   Slot& out = collective(Kind::kShfl, in, [](Slot* s) {
     for (int l = 0; l < 32; ++l) s[l].ov = s[l ^ s[l].mask].v;
+  });
+  return out.ov;
+}
+
+float shfl_idx(float v, int src_lane) {
+  Slot in{};
+  in.v = v;
+  in.mask = src_lane;
+  Slot& out = collective(Kind::kShflIdx, in, [](Slot* s) {
+    for (int l = 0; l < 32; ++l) s[l].ov = s[s[l].mask & 31].v;
   });
   return out.ov;
 }

@@ -39,6 +39,7 @@ void syncthreads();
 void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool fp16);
 void ldmatrix(uint32_t (&r)[4], uint32_t addr, bool trans);
 float shfl_xor(float v, int mask);
+float shfl_idx(float v, int src_lane);
 void cp_async(uint32_t dst, const void* src, bool valid);
 void cp_async_commit();
 void cp_async_wait(int n);
@@ -77,6 +78,9 @@ template <typename T>
 inline T __ldg(const T* p) {
   return *p;
 }
+// Full-warp shuffles of a float (the only ones the kernels use).
+inline float __shfl_xor_sync(unsigned, float v, int mask) { return jf_emu::shfl_xor(v, mask); }
+inline float __shfl_sync(unsigned, float v, int src_lane) { return jf_emu::shfl_idx(v, src_lane); }
 inline float atomicAdd(float* p, float v) {  // one OS thread: a plain add is atomic
   const float old = *p;
   *p = old + v;
