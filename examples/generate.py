@@ -20,13 +20,27 @@ same sequence picks, and that their logits agree; exit status 1 otherwise.
 
     python3 examples/generate.py            # GPU configuration (below)
     python3 examples/generate.py --small    # CPU-friendly, a few seconds
+    python3 examples/generate.py --out benchmarks/results/h200.json  # on an H200
 
 The default is the GPU configuration: batch 8, a 4000-token prompt, 96 new
 tokens, 4 layers, d_model 2048, 16 heads, vocabulary 32000, bfloat16. Any
 option overrides the chosen configuration:
     [--batch B] [--prompt P] [--new N] [--layers L] [--d-model D]
     [--heads H] [--vocab V] [--dtype float32|bfloat16]
-    [--implementation None|xla|pallas|cuda] [--repeats R]
+    [--implementation None|xla|pallas|cuda] [--repeats R] [--out FILE]
+
+--out merges one row per decoder into a results JSON list, with
+benchmarks/bench_attention.py's merge (rows of the same key replaced; a file
+holding another device's rows is refused before anything runs). The rows:
+`case` generate_b{batch}_p{prompt}_n{new}_l{layers}_d{d_model}_v{vocab},
+`impl` jax_flash (jax_flash_<backend> with --implementation) or flax,
+mode "generate", B / T / S / H / H_kv / D = batch, prompt, prompt + new,
+heads, heads, d_model / heads, the model's configuration, `tokens_per_s`
+(decode), `prefill_tokens_per_s`, `end_to_end_ms`, `prefill_ms`, `decode_ms`,
+the same run's Flax figures (`flax_tokens_per_s`,
+`flax_prefill_tokens_per_s`, `flax_end_to_end_ms`, on every row), the float32
+check (`greedy_match`, `logits_max_rel_err`, `check_ok`), `date`, `command`
+and `device`.
 
 The parameters are random (speed and agreement do not need a trained model).
 """
@@ -35,6 +49,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import pathlib
 import sys
 import time
 
@@ -229,13 +245,76 @@ def parse_args(argv):
                  "pallas or xla (default: None)")
   p.add_argument("--repeats", type=int, default=3,
                  help="timed generations, the median reported (default: 3)")
+  p.add_argument("--out", type=pathlib.Path,
+                 help="merge one row per decoder into this results JSON "
+                 "(default: write nothing); refused if it holds another "
+                 "device's rows")
   args = p.parse_args(argv)
   for k, v in CONFIGS["small" if args.small else "gpu"].items():
     if getattr(args, k) is None:
       setattr(args, k, v)
   if min(args.new, args.prompt, args.repeats) < 1:
     p.error("--prompt, --new and --repeats must be at least 1")
+  if args.out is not None:  # refuse before timing, not after
+    results = results_module()
+    try:
+      results.check_same_device(args.out, jax.devices()[0].device_kind)
+    except results.OtherDeviceError as e:
+      p.error(str(e))
   return args
+
+
+def results_module():
+  """benchmarks/bench_attention.py, whose merge and device check the
+  results files share."""
+  here = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
+  if here not in sys.path:
+    sys.path.insert(0, here)
+  import bench_attention
+  return bench_attention
+
+
+def figures(args, t_prefill, t_decode, t_all):
+  """One decoder's figures from its median seconds in prefill, in decode and
+  end to end; decode tokens/s is None with a single new token (the prefill
+  picks it)."""
+  return dict(
+      prefill_tokens_per_s=args.batch * args.prompt / t_prefill,
+      tokens_per_s=(args.batch * (args.new - 1) / t_decode
+                    if args.new > 1 else None),
+      end_to_end_ms=t_all * 1e3, prefill_ms=t_prefill * 1e3,
+      decode_ms=t_decode * 1e3)
+
+
+def _rounded(x):
+  return None if x is None else float(f"{x:.5g}")
+
+
+def result_rows(args, figs, checks, *, command, device):
+  """One results row per decoder (fields: the module docstring). figs and
+  checks: {"jax_flash" | "flax": figures(...)} and {...: (greedy_match,
+  logits_max_rel_err, check_ok)}."""
+  head_dim = args.d_model // args.heads
+  case = (f"generate_b{args.batch}_p{args.prompt}_n{args.new}_l{args.layers}"
+          f"_d{args.d_model}_v{args.vocab}")
+  date = datetime.date.today().isoformat()
+  flax = {f"flax_{k}": _rounded(figs["flax"][k]) for k in (
+      "tokens_per_s", "prefill_tokens_per_s", "end_to_end_ms")}
+  rows = []
+  for name, fig in figs.items():
+    backend = args.implementation if name == "jax_flash" else None
+    same, err, ok = checks[name]
+    rows.append(dict(
+        impl=name if backend is None else f"{name}_{backend}",
+        mode="generate", case=case, dtype=args.dtype, B=args.batch,
+        T=args.prompt, S=args.prompt + args.new, H=args.heads,
+        H_kv=args.heads, D=head_dim, D_v=head_dim, causal=True,
+        prompt=args.prompt, new=args.new, layers=args.layers,
+        d_model=args.d_model, vocab=args.vocab, implementation=backend,
+        **{k: _rounded(v) for k, v in fig.items()}, **flax,
+        greedy_match=same, logits_max_rel_err=float(f"{err:.3g}"),
+        check_ok=ok, date=date, command=command, device=device))
+  return rows
 
 
 def main(argv=None) -> int:
@@ -267,16 +346,18 @@ def main(argv=None) -> int:
       runs[name] = (first, np.median(np.array(times), 0),
                     np.median([sum(t) for t in times]))
 
+  figs = {name: figures(args, t_pre, t_dec, t_all)
+          for name, (_, (t_pre, t_dec), t_all) in runs.items()}
   print(f"{'':10s} {'prefill tok/s':>14s} {'decode tok/s':>13s} "
         f"{'end-to-end':>11s}")
-  for name, (_, (t_pre, t_dec), t_all) in runs.items():
-    pre = args.batch * args.prompt / t_pre
-    dec = args.batch * (args.new - 1) / t_dec if args.new > 1 else 0.0
-    print(f"{name:10s} {pre:14.0f} {dec:13.0f} {t_all * 1e3:8.1f} ms")
+  for name, f in figs.items():
+    dec = "-" if f["tokens_per_s"] is None else f"{f['tokens_per_s']:.0f}"
+    print(f"{name:10s} {f['prefill_tokens_per_s']:14.0f} {dec:>13s} "
+          f"{f['end_to_end_ms']:8.1f} ms")
   print(f"end-to-end speed-up of jax_flash over flax: "
         f"{runs['flax'][2] / runs['jax_flash'][2]:.2f}x")
 
-  ok = True
+  ok, checks = True, {}
   with precise():
     ours32, stock32, forward = build(args, jnp.float32)
     for name, dec in (("jax_flash", ours32), ("flax", stock32)):
@@ -287,9 +368,17 @@ def main(argv=None) -> int:
       same, err = check(forward, params, prompt, out_tokens, out_logits)
       good = same == 1.0 and err <= LOGITS_RTOL
       ok = ok and good
+      checks[name] = (same, err, good)
       print(f"float32 check, {name}: greedy tokens identical to a cache-free "
             f"forward: {same:.3f} (must be 1); logits max rel err {err:.1e} "
             f"(<= {LOGITS_RTOL:.0e}) {'OK' if good else 'FAILED'}")
+  if args.out is not None:  # the rows say whether the check passed
+    command = " ".join(["python examples/generate.py"] + list(
+        sys.argv[1:] if argv is None else argv))
+    rows = result_rows(args, figs, checks, command=command,
+                       device=jax.devices()[0].device_kind)
+    results_module().merge_into(args.out, rows)
+    print(f"results merged into {args.out}")
   if not ok:
     print("FAILED: a decoder disagrees with the cache-free forward")
     return 1
