@@ -5,6 +5,8 @@
     # bf16 and FP8 caches side by side (speedup column), two shapes:
     python benchmarks/bench_decode.py --shapes b8_s32k_t1,b1_s128k_t1 \
         --contiguous-only
+    # where a chunk of new tokens should leave the decoding kernels:
+    python benchmarks/bench_decode.py --prefill-sweep --out benchmarks/results/h200.json
 
 Shapes (bf16, D=128, 32 query heads on 8 KV heads, every sequence's cache
 full): B=8 S=32k T_new=1, B=1 S=128k T_new=1, B=64 S=4k T_new=1, B=8 S=32k
@@ -23,11 +25,33 @@ Bandwidth = bytes of K and V read (B * S * H_kv * D * 2 tensors * 2 bytes)
 per element and a float32 descale per key and head), counted as those bytes. Timing as bench_attention.py: warm-up, rounds of --iters
 back-to-back calls between two syncs, implementations interleaved round by
 round in alternating order, median of --repeats.
+
+--prefill-sweep: the two routes of `attention_with_kvcache` for a chunk of
+T_new new tokens, side by side: the decoding kernels and the dense path
+(`attention(..., kv_seq_lengths=)`, the dense forward kernels), each forced
+by setting decode/cuda.py's PREFILL_MIN_TOKENS to T_new (kernels) or 0
+(dense) while the call is traced (implementation="cuda" on a GPU, so that a
+route that cannot run raises rather than falling back). T_new in --t-new
+(1, 2, 4, ..., 512) at each of --prefill-shapes (B x S: 8 x 32k and
+1 x 128k), bf16, H=32 on H_kv=8, D=128, causal, a contiguous cache whose
+every sequence is full (its S - T_new older keys and the T_new new ones:
+no k_new, as writing them costs both routes the same and an undonated cache
+would be copied whole by each call). Same timing as above. It prints T_new,
+the microseconds of each route and the faster one, then the largest T_new up
+to which the decoding kernels are at least as fast at every shape and every
+smaller T_new: that is the value for PREFILL_MIN_TOKENS (chunks of more
+tokens go to the dense path). When the routes cross between two points of
+the sweep, time the gap (e.g. --t-new 64,80,96,112,128) and take the last
+T_new the kernels win. With --out: one row per shape, T_new and route, `case`
+prefill_route_b{B}_s{S}_t{T_new}_{route}, mode "prefill_route", `route`,
+`T_new`, `us`, both routes' `decode_kernels_us` and `dense_us`, `faster`,
+and the PREFILL_MIN_TOKENS in force (`prefill_min_tokens`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import pathlib
 import sys
@@ -177,6 +201,128 @@ def print_table(records):
         "count; speedup: the FP8 cache's time against the bf16 cache's)")
 
 
+PREFILL_T_NEW = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+PREFILL_SHAPES = ((8, 32768), (1, 131072))  # (B, S)
+ROUTES = ("decode_kernels", "dense")
+
+
+@contextlib.contextmanager
+def _prefill_threshold(n):
+  """decode/cuda.py's PREFILL_MIN_TOKENS set to n (the route is chosen when
+  attention_with_kvcache is traced)."""
+  from jax_flash._src.decode import cuda as decode_cuda
+  old = decode_cuda.PREFILL_MIN_TOKENS
+  decode_cuda.PREFILL_MIN_TOKENS = n
+  try:
+    yield
+  finally:
+    decode_cuda.PREFILL_MIN_TOKENS = old
+
+
+def routed_step(route, args, implementation):
+  """attention_with_kvcache(q, k, v, lengths) compiled on `route`: the
+  decoding kernels (a threshold of T_new keeps the chunk there) or the dense
+  path (a threshold of 0 sends every chunk there)."""
+  T = args[0].shape[1]
+  step = jax.jit(lambda q, k, v, s: jax_flash.attention_with_kvcache(
+      q, k, v, s, causal=True, implementation=implementation))
+  with _prefill_threshold(T if route == "decode_kernels" else 0):
+    lowered = step.lower(*args)
+  return lowered.compile()
+
+
+def run_prefill_sweep(shapes, t_news, *, iters, repeats, warmup, command,
+                      device, implementation, out=None):
+  """Times both routes at each (B, S) and T_new; -> the rows (module
+  docstring), merged into `out` shape by shape."""
+  from jax_flash._src.decode import cuda as decode_cuda
+  date = datetime.date.today().isoformat()
+  impl = ("jax_flash" if implementation is None else
+          f"jax_flash_{implementation}")
+  records = []
+  for B, S in shapes:
+    q_all, k, v, lengths, _ = inputs(B, S, max(t_news), paged=False)
+    rows = []
+    for T in t_news:
+      args = (q_all[:, :T], k, v, lengths)
+      steps, errors = {}, {}
+      for route in ROUTES:
+        try:
+          steps[route] = (routed_step(route, args, implementation), args)
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+          errors[route] = e
+      timed = ba.time_interleaved(steps, iters=iters, repeats=repeats,
+                                  warmup=warmup)
+      timed.update(errors)
+      us = {r: float(f"{t * 1e3:.5g}") if isinstance(t, float) else None
+            for r, t in timed.items()}
+      faster = min(ROUTES, key=us.get) if None not in us.values() else None
+      for route in ROUTES:
+        rec = dict(impl=impl, mode="prefill_route",
+                   case=f"prefill_route_b{B}_s{S}_t{T}_{route}", route=route,
+                   dtype="bfloat16", B=B, S=S, T=T, T_new=T, H=H, H_kv=H_KV,
+                   D=D, causal=True, paged=False, us=us[route],
+                   decode_kernels_us=us["decode_kernels"],
+                   dense_us=us["dense"], faster=faster,
+                   prefill_min_tokens=decode_cuda.PREFILL_MIN_TOKENS,
+                   implementation=implementation, date=date,
+                   command=command, device=device)
+        if us[route] is None:
+          e = timed[route]
+          rec["error"] = f"{type(e).__name__}: {e}"[:500]
+        rows.append(rec)
+      print(f"  B{B} S{S} T_new {T:4d}: " + "  ".join(
+          f"{r} {us[r]:.1f} us" if us[r] is not None else
+          f"{r} failed: {str(timed[r])[:80]}" for r in ROUTES), flush=True)
+    records += rows
+    if out is not None:
+      ba.merge_into(out, rows)
+  return records
+
+
+def suggested_prefill_threshold(records) -> int:
+  """The largest T_new up to which the decoding kernels are at least as fast
+  as the dense path at every shape and every smaller T_new of the sweep (0
+  if they lose at the smallest)."""
+  by_t = {}
+  for r in records:
+    by_t.setdefault(r["T_new"], []).append((r["decode_kernels_us"],
+                                            r["dense_us"]))
+  best = 0
+  for T in sorted(by_t):
+    if any(d is None or n is None or d > n for d, n in by_t[T]):
+      break
+    best = T
+  return best
+
+
+def print_prefill_table(records):
+  print()
+  print(f"{'B':>3s} {'S':>7s} {'T_new':>6s} {'kernels us':>11s} "
+        f"{'dense us':>10s} {'faster':>15s}")
+  fmt = lambda x: "failed" if x is None else f"{x:.1f}"
+  for r in records:
+    if r["route"] != ROUTES[0]:
+      continue  # one line per shape and T_new
+    print(f"{r['B']:3d} {r['S']:7d} {r['T_new']:6d} "
+          f"{fmt(r['decode_kernels_us']):>11s} {fmt(r['dense_us']):>10s} "
+          f"{r['faster'] or '-':>15s}")
+  if records:
+    print(f"PREFILL_MIN_TOKENS from this sweep: "
+          f"{suggested_prefill_threshold(records)} (the largest T_new up to "
+          f"which the decoding kernels win at every shape; now "
+          f"{records[0]['prefill_min_tokens']})")
+
+
+def _ints(text):
+  return [int(x) for x in text.split(",") if x]
+
+
+def _shapes_bxs(text):
+  """"8x32768,1x131072" -> [(8, 32768), (1, 131072)]."""
+  return [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--shapes", default=",".join(SHAPES))
@@ -187,18 +333,42 @@ def main(argv=None):
   p.add_argument("--splits", default="",
                  help="also time jax_flash with these fixed num_splits")
   p.add_argument("--contiguous-only", action="store_true")
+  p.add_argument("--prefill-sweep", action="store_true",
+                 help="time the decoding kernels against the dense path "
+                 "over T_new (PREFILL_MIN_TOKENS)")
+  p.add_argument("--t-new", type=_ints, default=list(PREFILL_T_NEW),
+                 help="--prefill-sweep's T_new values (default: "
+                 f"{','.join(map(str, PREFILL_T_NEW))})")
+  p.add_argument("--prefill-shapes", type=_shapes_bxs,
+                 default=list(PREFILL_SHAPES),
+                 help="--prefill-sweep's BxS cache shapes (default: "
+                 f"{','.join(f'{b}x{s}' for b, s in PREFILL_SHAPES)})")
   a = p.parse_args(argv)
   device = jax.devices()[0].device_kind
   command = "python benchmarks/bench_decode.py " + " ".join(argv or
                                                             sys.argv[1:])
   if a.out is not None:
     ba.check_same_device(a.out, device)
+  if a.prefill_sweep:
+    if jax.default_backend() != "gpu":
+      print("not on a GPU: both routes run jax_flash's dense path here (the "
+            "decoding kernels are CUDA)")
+    if any(not 1 <= T <= S for T in a.t_new for _, S in a.prefill_shapes):
+      p.error("--t-new values must be >= 1 and fit the caches (T_new <= S)")
+    records = run_prefill_sweep(
+        a.prefill_shapes, a.t_new, iters=a.iters, repeats=a.repeats,
+        warmup=a.warmup, command=command.strip(), device=device,
+        implementation="cuda" if jax.default_backend() == "gpu" else None,
+        out=a.out)
+    print_prefill_table(records)
+    return records
   records = run(a.shapes.split(","), iters=a.iters, repeats=a.repeats,
                 warmup=a.warmup, command=command.strip(), device=device,
                 out=a.out,
                 split_sweep=[int(x) for x in a.splits.split(",") if x],
                 pagings=(False,) if a.contiguous_only else (False, True))
   print_table(records)
+  return records
 
 
 if __name__ == "__main__":

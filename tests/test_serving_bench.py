@@ -1,6 +1,9 @@
 """The serving benchmarks' results rows on the CPU: examples/generate.py
---out (generation against Flax)."""
+--out (generation against Flax) and benchmarks/bench_decode.py
+--prefill-sweep (the decoding kernels against the dense path over T_new,
+the kernels replaced by their contract, decode_contract.py)."""
 
+import importlib
 import importlib.util
 import json
 import pathlib
@@ -9,6 +12,8 @@ import sys
 import jax
 import pytest
 
+from decode_contract import use_contract
+from jax_flash._src.decode import cuda as decode_cuda
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEVICE = jax.devices()[0].device_kind
@@ -24,6 +29,12 @@ def generate(monkeypatch):
   monkeypatch.setitem(sys.modules, "example_generate", mod)
   spec.loader.exec_module(mod)
   return mod
+
+
+@pytest.fixture
+def bench_decode(monkeypatch):
+  monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+  return importlib.import_module("bench_decode")
 
 
 def test_generate_out_rows(generate, tmp_path):
@@ -82,3 +93,52 @@ def test_generate_out_refuses_other_device(generate, tmp_path):
     generate.main(["--small", "--out", str(out)])
   assert e.value.code == 2
   assert out.read_text() == text
+
+
+def test_prefill_sweep_rows(bench_decode, tmp_path, monkeypatch, capsys):
+  """Both routes at every T_new, each forced: the decoding kernels (here
+  their contract) even past PREFILL_MIN_TOKENS, the dense path even at one
+  token; the threshold itself is left as it was."""
+  calls = use_contract(monkeypatch)
+  threshold = decode_cuda.PREFILL_MIN_TOKENS
+  t_news = [1, 3, threshold + 5]
+  out = tmp_path / "results.json"
+  records = bench_decode.main([
+      "--prefill-sweep", "--prefill-shapes", "2x200", "--t-new",
+      ",".join(map(str, t_news)), "--iters", "1", "--repeats", "1",
+      "--warmup", "1", "--out", str(out)])
+  assert decode_cuda.PREFILL_MIN_TOKENS == threshold
+  assert len(calls) == len(t_news)  # one trace per T_new on the kernels
+  rows = json.loads(out.read_text())
+  assert sorted(map(json.dumps, rows)) == sorted(map(json.dumps, records))
+  assert {(r["T_new"], r["route"]) for r in rows} == {
+      (t, route) for t in t_news for route in ("decode_kernels", "dense")}
+  for r in rows:
+    assert r["case"] == (f"prefill_route_b2_s200_t{r['T_new']}_"
+                         f"{r['route']}")
+    assert (r["mode"], r["B"], r["S"], r["T"], r["H"], r["H_kv"], r["D"],
+            r["dtype"], r["causal"]) == (
+                "prefill_route", 2, 200, r["T_new"], 32, 8, 128, "bfloat16",
+                True)
+    assert "error" not in r and r["us"] > 0
+    assert r["us"] == r[f"{r['route']}_us"]
+    both = {"decode_kernels": r["decode_kernels_us"], "dense": r["dense_us"]}
+    assert r["faster"] == min(both, key=both.get)
+    assert r["prefill_min_tokens"] == threshold and r["device"] == DEVICE
+  assert "PREFILL_MIN_TOKENS from this sweep" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dense_wins_at, want", [
+    ({}, 512), ({(0, 64)}, 32), ({(1, 8)}, 4), ({(0, 1)}, 0),
+    ({(0, 256), (1, 16)}, 8)], ids=["never", "64", "8-one-shape", "1",
+                                    "two-crossings"])
+def test_suggested_prefill_threshold(bench_decode, dense_wins_at, want):
+  """The largest T_new up to which the kernels win at every shape (ties go
+  to the kernels); the first loss at any shape ends it."""
+  rows = []
+  for shape in (0, 1):
+    for T in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+      dense = 10.0 * T
+      kernels = dense + (1.0 if (shape, T) in dense_wins_at else 0.0)
+      rows.append(dict(T_new=T, decode_kernels_us=kernels, dense_us=dense))
+  assert bench_decode.suggested_prefill_threshold(rows) == want

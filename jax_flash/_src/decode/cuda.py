@@ -36,8 +36,8 @@ MAX_SPLITS = 128  # decode_params.h kDecodeMaxSplits
 # the keys per 16-32 rows, where the dense forward kernels read each key tile
 # once per 64-128 rows at full tensor-core shapes. Calls with more new tokens
 # than this go to the dense forward kernels. The value is a first guess, to
-# be measured on the GPU (benchmarks: decode vs dense forward over T_new at
-# long caches) and set where the two cross.
+# be set where the two cross on the GPU: `benchmarks/bench_decode.py
+# --prefill-sweep` times both over T_new at long caches and prints it.
 PREFILL_MIN_TOKENS = 64
 
 
