@@ -1,6 +1,8 @@
 // Scalar math on the softmax hot path, shared by the sm80 and sm90 families.
 #pragma once
 
+#include "jax_flash/tanh_rational.h"
+
 namespace jax_flash {
 
 // 2^x (ex2.approx: one MUFU op; ex2(-inf) = +0, which masking relies on).
@@ -10,13 +12,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// tanh from one exponential and one reciprocal: 1 - 2 / (1 + e^{2x}).
-// Absolute error ~1e-7 (tanh.approx.f32 has a relative error of ~2^-11, which
-// after multiplying by the softcap moved the fp32 LSE beyond the accuracy of
-// XLA's float32 tanh). Saturates cleanly: e^{2x} = inf gives 1, 0 gives -1.
+// tanh as XLA computes it in float32 (tanh_rational.h): one MUFU reciprocal
+// (rcp.approx, relative error ~2^-23 after the division's multiply) and FMA
+// work, instead of an exponential and a reciprocal.
 __device__ __forceinline__ float tanh_approx(float x) {
-  const float e = exp2_approx(x * 2.8853900817779268f);  // 2 * log2(e)
-  return 1.f - __fdividef(2.f, 1.f + e);
+  float p, q;
+  tanh_rational_parts(x, p, q);
+  return __fdividef(p, q);
 }
 
 }  // namespace jax_flash

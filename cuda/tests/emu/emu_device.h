@@ -23,6 +23,8 @@
 #include <algorithm>
 #include <functional>
 
+#include "jax_flash/tanh_rational.h"
+
 #define __launch_bounds__(...)
 #define JF_DEVICE inline
 
@@ -162,7 +164,11 @@ inline void bulk_commit() { jf_emu::bulk_commit(); }
 inline void bulk_wait_read_all() { jf_emu::bulk_wait(0); }
 inline void bulk_wait_all() { jf_emu::bulk_wait(0); }
 inline void atomic_add2(float* p, float a, float b) { atomicAdd(p, a); atomicAdd(p + 1, b); }
-inline float tanh_approx(float x) { return 1.f - 2.f / (1.f + std::exp2(x * 2.8853900817779268f)); }
+inline float tanh_approx(float x) {  // the kernels' (fast_math.cuh)
+  float p, q;
+  jax_flash::tanh_rational_parts(x, p, q);
+  return p / q;
+}
 inline void check_smem_alignment(const void* smem) {
   if (reinterpret_cast<uintptr_t>(smem) & 1023u) jf_emu::trap("smem alignment");
 }
