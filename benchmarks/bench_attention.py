@@ -15,6 +15,7 @@ Implementations (--impls, comma separated):
   jax_flash_cuda     jax_flash.attention(implementation="cuda")
   jax_flash_cuda_det   the same with deterministic=True
   jax_flash_cuda_sinks the same with learnable sinks (sinks=[H])
+  jax_flash_cuda_softcap the same with softcap=SOFTCAP (50, Gemma 2's)
   jax_flash_pallas   jax_flash.attention(implementation="pallas")
   jax_flash_pallas_sinks, jax_flash_xla_sinks   the same with sinks
   jax_flash_xla      jax_flash.attention(implementation="xla")
@@ -36,6 +37,9 @@ dim N on every shape (default: the set's, D but in mla). --preset NAME fills --s
          causal and not, fwd/bwd/fwd_bwd: jax_flash_cuda(_sinks), cudnn, tokamax
   sinks  the cost of sinks: D=64 (H=32) and 128 (H=16), T=4096 and 8192 at
          B*T=16k, fwd/bwd/fwd_bwd: jax_flash_cuda and jax_flash_cuda_sinks
+  softcap  the cost of softcap: the sweep's D=64/128/256 at T=8192 (B=2),
+         causal and not, fwd and fwd_bwd: jax_flash_cuda and
+         jax_flash_cuda_softcap
 
 Method: random normal inputs, jit, warm up, then N back-to-back
 calls between two `block_until_ready` syncs, median over repeats; the
@@ -167,6 +171,8 @@ RUN_PRESETS = {
                 impls="jax_flash_cuda,jax_flash_cuda_sinks,cudnn,tokamax"),
     "sinks": dict(shapes="sinks", modes="fwd,bwd,fwd_bwd",
                   impls="jax_flash_cuda,jax_flash_cuda_sinks"),
+    "softcap": dict(shapes="sweep", seqs="8192", modes="fwd,fwd_bwd",
+                    impls="jax_flash_cuda,jax_flash_cuda_softcap"),
 }
 
 
@@ -180,12 +186,16 @@ def _sinks(num_heads):
   return jnp.linspace(-1.0, 2.0, num_heads, dtype=jnp.float32)
 
 
-def _jax_flash(impl, *, sinks=False):
-  """jax_flash.attention(implementation=impl); with sinks: timed beside the
-  call without, their cost."""
+SOFTCAP = 50.0  # Gemma 2's attention logit cap
+
+
+def _jax_flash(impl, *, sinks=False, softcap=None):
+  """jax_flash.attention(implementation=impl); with sinks or softcap: timed
+  beside the call without, their cost."""
   def fn(q, k, v, causal):
     return jax_flash.attention(q, k, v, causal=causal, implementation=impl,
-                               sinks=_sinks(q.shape[2]) if sinks else None)
+                               sinks=_sinks(q.shape[2]) if sinks else None,
+                               softcap=softcap)
   return fn
 
 
@@ -198,6 +208,7 @@ IMPLS = {
     "jax_flash_cuda": _jax_flash("cuda"),
     "jax_flash_cuda_det": _jax_flash_deterministic,
     "jax_flash_cuda_sinks": _jax_flash("cuda", sinks=True),
+    "jax_flash_cuda_softcap": _jax_flash("cuda", softcap=SOFTCAP),
     "jax_flash_pallas": _jax_flash("pallas"),
     "jax_flash_pallas_sinks": _jax_flash("pallas", sinks=True),
     "jax_flash_xla": _jax_flash("xla"),
@@ -321,7 +332,9 @@ def run(impls, shapes, modes, dtype_name, *, iters, repeats, warmup,
         rec = dict(impl=impl, mode=mode, dtype=dtype.name, B=shape.B,
                    T=shape.T, S=shape.S, H=shape.H, H_kv=shape.H_kv,
                    D=shape.D, D_v=shape.D_v, causal=shape.causal,
-                   sinks=impl.endswith("_sinks"), ms=None, tflops=None,
+                   sinks=impl.endswith("_sinks"),
+                   softcap=SOFTCAP if impl.endswith("_softcap") else None,
+                   ms=None, tflops=None,
                    date=date, command=command, device=device)
         ms = timed[impl]
         if isinstance(ms, Exception):
