@@ -473,6 +473,7 @@ CUDA_CASES = {
 # Head dims of the CUDA checks: the buckets' and DeepSeek MLA's head-dim pair
 # (D, D_v) = (192, 128) (the sm90 forward's kernels of its own on Hopper).
 CUDA_HEAD_DIMS = (64, 96, 128, 256, (192, 128))
+_head_dim_id = lambda d: f"{d[0]}v{d[1]}" if isinstance(d, tuple) else str(d)
 _FAMILY_CODES = {"auto": 0, "sm80": 80}
 
 
@@ -578,7 +579,7 @@ def cuda_family(request, monkeypatch):
 
 
 @cuda_only
-@pytest.mark.parametrize("head_dim", CUDA_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", CUDA_HEAD_DIMS, ids=_head_dim_id)
 @pytest.mark.parametrize("case", list(CUDA_CASES))
 def test_cuda_dropout_matches_xla(case, head_dim, cuda_family):
   """implementation="cuda" draws the xla path's mask: outputs, LSE and
