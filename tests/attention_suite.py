@@ -201,9 +201,9 @@ PALLAS_CPU = Support(head_dim_range=(32, 256))  # interpret mode: float64 too
 PALLAS_GPU = Support(dtypes=("bfloat16", "float16", "float32"),
                      head_dim_range=(32, 256))
 # 16-byte row loads: head_dim % 8 == 0. A distinct value head dim: the
-# head-dim pairs the sm80 kernels instantiate (DeepSeek MLA's). The sm90
-# family hands what its own kernels do not serve to the sm80 kernels, so from
-# Python both look alike.
+# head-dim pairs the sm80 kernels instantiate (DeepSeek MLA's; the sm90
+# forward has kernels for it too). The sm90 family hands what its own kernels
+# do not serve to the sm80 kernels, so from Python both look alike.
 CUDA_SM80 = Support(dtypes=("bfloat16", "float16"), head_dim_range=(8, 256),
                     head_dim_multiple=8, supports_nonpositive_scale=False,
                     value_head_dims=((192, 128),))

@@ -127,9 +127,12 @@ def test_explicit_cuda_request_it_cannot_serve_raises(rng):
 @pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
                     reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_sm90_forward_serves_hopper(monkeypatch, rng, head_dim, causal):
-  """On Hopper the forward runs the FA3-style sm90 kernel: forced with
+@pytest.mark.parametrize("head_dim, v_head_dim",
+                         [(64, 64), (128, 128), (256, 256), (192, 128)])
+def test_sm90_forward_serves_hopper(monkeypatch, rng, head_dim, v_head_dim,
+                                    causal):
+  """On Hopper the forward runs the FA3-style sm90 kernel (also for
+  DeepSeek MLA's head-dim pair 192 / 128): forced with
   JAX_FLASH_CUDA_FAMILY=sm90 the handler fails instead of falling back, so a
   passing call proves the sm90 kernel produced these values."""
   assert "sm90" in ffi.families(), "extension built without the sm90 family"
@@ -137,11 +140,51 @@ def test_sm90_forward_serves_hopper(monkeypatch, rng, head_dim, causal):
   B, T, S, H, H_kv = 2, 333 + head_dim, 517, 4, 2  # shapes unique to this test
   q = jnp.asarray(rng.standard_normal((B, T, H, head_dim)), jnp.bfloat16)
   k = jnp.asarray(rng.standard_normal((B, S, H_kv, head_dim)), jnp.bfloat16)
-  v = jnp.asarray(rng.standard_normal((B, S, H_kv, head_dim)), jnp.bfloat16)
+  v = jnp.asarray(rng.standard_normal((B, S, H_kv, v_head_dim)), jnp.bfloat16)
   o, lse = jax_flash.attention(q, k, v, causal=causal, return_lse=True,
                                implementation="cuda")
+  assert o.shape == (B, T, H, v_head_dim)
   ref_o, ref_lse = reference.attention(q, k, v, causal=causal)
   base_o, base_lse = reference.dense_attention_jax(q, k, v, causal=causal)
+  assert_close_to_reference("o", o, ref_o, base_o)
+  assert_close_to_reference("lse", lse, ref_lse, base_lse)
+
+
+@pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
+                    reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("mask", ["packed_causal_sinks", "window_softcap_fp16",
+                                  "causal_t_gt_s_mqa"])
+def test_sm90_forward_serves_the_mla_pair(monkeypatch, rng, mask):
+  """DeepSeek MLA's head-dim pair (192, 128) in the sm90 forward with the
+  masks of its other kernels: packed segment ids (the tile-span kernels) with
+  causal and sinks, a window with softcap in fp16, causal T > S (rows that
+  see no key) with one kv head. Forced to the sm90 family (no fallback);
+  against the float64 reference."""
+  monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", "sm90")
+  D, Dv, H = 192, 128, 4
+  dtype = jnp.float16 if "fp16" in mask else jnp.bfloat16
+  B, T, S, H_kv = {"packed_causal_sinks": (2, 301, 301, 2),
+                   "window_softcap_fp16": (2, 157, 389, 2),
+                   "causal_t_gt_s_mqa": (1, 283, 130, 1)}[mask]
+  mk = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+  q, k, v = mk(B, T, H, D), mk(B, S, H_kv, D), mk(B, S, H_kv, Dv)
+  kw = {}
+  if mask == "packed_causal_sinks":
+    ids = np.repeat(np.asarray([[0] * 90 + [1] * 150 + [2] * 61]), B, 0)
+    ids[1, :40] = 0
+    ids[1, 40:] = 1
+    ids = jnp.asarray(ids, jnp.int32)
+    kw = dict(causal=True, segment_ids=(ids, ids),
+              sinks=jnp.asarray(rng.uniform(-1, 3, H), jnp.float32))
+  elif mask == "window_softcap_fp16":
+    kw = dict(window=(70, 9), softcap=5.0)
+  else:
+    kw = dict(causal=True)
+  o, lse = jax_flash.attention(q, k, v, return_lse=True,
+                               implementation="cuda", **kw)
+  assert o.shape == (B, T, H, Dv)
+  ref_o, ref_lse = reference.attention(q, k, v, **kw)
+  base_o, base_lse = reference.dense_attention_jax(q, k, v, **kw)
   assert_close_to_reference("o", o, ref_o, base_o)
   assert_close_to_reference("lse", lse, ref_lse, base_lse)
 

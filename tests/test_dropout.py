@@ -470,7 +470,10 @@ CUDA_CASES = {
     "softcap_200x333": dict(shape=(200, 333, 4, 2), dtype="bfloat16",
                             rate=0.1, softcap=20.0),
 }
-CUDA_HEAD_DIMS = (64, 96, 128, 256)
+# Head dims of the CUDA checks: the buckets' and DeepSeek MLA's head-dim pair
+# (D, D_v) = (192, 128) (the sm90 forward's kernels of its own on Hopper).
+CUDA_HEAD_DIMS = (64, 96, 128, 256, (192, 128))
+_head_dim_id = lambda d: f"{d[0]}v{d[1]}" if isinstance(d, tuple) else str(d)
 _FAMILY_CODES = {"auto": 0, "sm80": 80}
 
 
@@ -488,14 +491,16 @@ def _segment_ids(kind, B, T, S):
 
 def _case_inputs(name, head_dim):
   """(q, k, v, do, attention kwargs, dropout key): inputs in the case's
-  dtype, fixed per (case, head dim)."""
+  dtype, fixed per (case, head dim). head_dim: D, or (D, D_v) for v and do
+  with a head dim of their own."""
   c = dict(CUDA_CASES[name])
   T, S, H, Hk = c.pop("shape")
   dtype = jnp.dtype(c.pop("dtype"))
-  B, D = 2, head_dim
+  D, Dv = head_dim if isinstance(head_dim, tuple) else (head_dim, head_dim)
+  B = 2
   rng = np.random.default_rng(zlib.crc32(f"{name}/{head_dim}".encode()))
   mk = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)
-  q, k, v, do = mk(B, T, H, D), mk(B, S, Hk, D), mk(B, S, Hk, D), mk(B, T, H, D)
+  q, k, v, do = mk(B, T, H, D), mk(B, S, Hk, D), mk(B, S, Hk, Dv), mk(B, T, H, Dv)
   segs = c.pop("segs", None)
   rate = c.pop("rate")
   kw = dict(c, dropout_rate=rate)  # causal, window, softcap, broadcast
@@ -574,7 +579,7 @@ def cuda_family(request, monkeypatch):
 
 
 @cuda_only
-@pytest.mark.parametrize("head_dim", CUDA_HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", CUDA_HEAD_DIMS, ids=_head_dim_id)
 @pytest.mark.parametrize("case", list(CUDA_CASES))
 def test_cuda_dropout_matches_xla(case, head_dim, cuda_family):
   """implementation="cuda" draws the xla path's mask: outputs, LSE and

@@ -96,7 +96,9 @@ ffi::Error LaunchForward(const FwdParams& p, int32_t family, cudaStream_t stream
 #endif
   if (family == 90) {
     return Invalid("the sm90 forward cannot serve this call (needs an sm_90 GPU, a build with "
-                   "sm90, 16-byte aligned rows, v's head_dim equal to q's); use kernel_family 0 or 80");
+                   "sm90, 16-byte aligned rows, v's head_dim equal to q's or one of the (head_dim, "
+                   "value head_dim) pairs " + PairList(Sm90FwdHeadDimPairs{}) +
+                   "); use kernel_family 0 or 80");
   }
   return LaunchError(sm80::run_fwd(p, stream), "forward");
 }

@@ -9,9 +9,10 @@ namespace jax_flash::sm90 {
 
 // True when run_fwd can serve `params` on the current device: an sm_90 GPU
 // (the code is built for sm_90a), bf16/fp16 (if compiled), head_dim a multiple
-// of 8 up to 256 (buckets 64 / 128 / 256, zero-padded) and head_dim_v ==
-// head_dim (the head-dim pairs run in sm80), 16-byte aligned base
-// pointers, strides that are multiples of 8 elements (TMA: 16-byte strides),
+// of 8 up to 256 (buckets 64 / 128 / 256, zero-padded) with head_dim_v ==
+// head_dim, or a (head_dim, head_dim_v) pair of Sm90FwdHeadDimPairs (192 /
+// 128, DeepSeek MLA; served exactly; other pairs run in sm80), 16-byte aligned
+// base pointers, strides that are multiples of 8 elements (TMA: 16-byte strides),
 // enough opt-in shared memory, the tile counter workspace where the
 // configuration needs one (fwd_needs_tile_counter). Everything else
 // (causal, windows, GQA/MQA, segment ids, softcap, any seqlen) is supported.

@@ -1,7 +1,9 @@
 // Standalone GPU self-test and benchmark of the sm90 (Hopper, FA3-style)
 // forward. No JAX needed.
 //
-// Test mode: for each case, random 16-bit Q, K, V; O and LSE poisoned with
+// Test mode: for each case, random 16-bit Q, K, V (V and O with a head dim of
+// their own for the head-dim pair 192 / 128, DeepSeek MLA: the cases named
+// "mla", filter `mla`); O and LSE poisoned with
 // NaN before every launch; the production forward (jax_flash::sm90::run_fwd)
 // and every ablation of the tuning target that exists for the case
 // (sm90_fwd_ablation.h: without pingpong, without the intra-warpgroup
@@ -13,18 +15,19 @@
 // failed. Exit code 1 if any case fails.
 //
 // Bench mode (--bench): TF/s of B=2, T=S=8192 at (D=128, H=16), (D=64, H=32),
-// (D=256, H=8), causal and not, plus short causal shapes (B*T = 16k), for the
-// production kernel, every ablation and the sm80 kernel
-// (jax_flash::sm80::run_fwd): the configurations of a row are timed
-// interleaved, round by round (10 back-to-back launches between two events,
-// median of 7 rounds), because a fixed order showed up to 10% drift between
-// identical kernels; FLOPs = 4 B H T S D (halved when causal). Also prints the
-// worst max |O_c - O_default| over the configurations and sm80, rerun after
-// the timing with O poisoned.
+// (D=256, H=8), (D=192, D_v=128, H=16: "mla"), causal and not, plus short
+// causal shapes (B*T = 16k), for the production kernel, every ablation and the
+// sm80 kernel (jax_flash::sm80::run_fwd): the configurations of a row are
+// timed interleaved, round by round (10 back-to-back launches between two
+// events, median of 7 rounds), because a fixed order showed up to 10% drift
+// between identical kernels; FLOPs = 2 B H T S (D + D_v) (halved when
+// causal). Also prints the worst max |O_c - O_default| over the
+// configurations and sm80, rerun after the timing with O poisoned. A filter
+// with --bench keeps the rows whose name contains it (--bench mla).
 //
 // Build: tools/build/build_sm90_tests.sh (see cuda/tests/README.md).
 // Options: ./selftest_sm90 [filter-substring] [--quick] [--list]
-//                          [--bench [--launches=N] [--rows=N]]
+//                          [--bench [--launches=N] [--rows=N] [filter-substring]]
 // (--list: the ablations and the (bucket, mask) where each exists;
 // --launches=300 --rows=2: the D=128 rows with the GPU at its power cap, as in
 // a sustained JAX run; the default 10 launches per round stay below it.)
@@ -72,6 +75,8 @@ struct Case {
   // rescale; skipping those rescales gives O errors > 100x the tolerance).
   float k_ramp = 0.f;
   bool sinks = false;  // learnable sinks: one random logit per (batch, head)
+  int Dv = 0;          // value head dim (v and o); 0: D
+  int dv() const { return Dv > 0 ? Dv : D; }
 };
 
 // ------------------------------------------------------------------ device helpers
@@ -82,9 +87,10 @@ static int32_t* tile_counter() {
   return p;
 }
 
+// o: O's layout (q's rows with v's head dim).
 static FwdParams make_params(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
-                             const void* dq, const void* dk, const void* dv, void* d_o, float* d_lse,
-                             const int32_t* d_qs, const int32_t* d_ks, double scale) {
+                             const Tensor& o, const void* dq, const void* dk, const void* dv, void* d_o,
+                             float* d_lse, const int32_t* d_qs, const int32_t* d_ks, double scale) {
   FwdParams fp{};
   fp.q = dq;
   fp.k = dk;
@@ -99,16 +105,17 @@ static FwdParams make_params(const Case& c, const Tensor& q, const Tensor& k, co
   fp.k_head_stride = c.D;
   fp.v_batch_stride = v.batch_stride();
   fp.v_row_stride = v.row_stride();
-  fp.v_head_stride = c.D;
-  fp.o_batch_stride = q.batch_stride();  // O has Q's layout
-  fp.o_row_stride = q.row_stride();
-  fp.o_head_stride = c.D;
+  fp.v_head_stride = c.dv();
+  fp.o_batch_stride = o.batch_stride();
+  fp.o_row_stride = o.row_stride();
+  fp.o_head_stride = c.dv();
   fp.batch = c.B;
   fp.seqlen_q = c.T;
   fp.seqlen_k = c.S;
   fp.num_heads = c.H;
   fp.num_heads_k = c.Hk;
-  fp.head_dim = fp.head_dim_v = c.D;
+  fp.head_dim = c.D;
+  fp.head_dim_v = c.dv();
   fp.scale = float(scale);
   fp.softcap = c.softcap;
   fp.window_left = c.wl;
@@ -146,7 +153,8 @@ static Row run_case(const Case& c, std::mt19937& rng) {
             k.at(b, j, h, d) = from_bits(bits, fp16);
           }
       }
-  Tensor v = make_tensor(c.B, c.S, c.Hk, c.D, c.pitch_pad, fp16, rng, 1.f);
+  Tensor v = make_tensor(c.B, c.S, c.Hk, c.dv(), c.pitch_pad, fp16, rng, 1.f);
+  const Tensor o{c.B, c.T, c.H, c.dv(), c.pitch_pad, {}, {}};  // O's layout only
   std::vector<int> qs, ks;
   if (c.segments) {
     std::uniform_int_distribution<int> len(1, 24);
@@ -171,7 +179,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
                                   c.sinks ? &sinks : nullptr);  // forward only
 
   uint16_t *dq = upload(q), *dk = upload(k), *dv = upload(v);
-  uint16_t* d_o = dev_alloc<uint16_t>(q.count());
+  uint16_t* d_o = dev_alloc<uint16_t>(o.count());
   const size_t nstat = size_t(c.B) * c.H * c.T;
   float* d_lse = dev_alloc<float>(nstat);
   int32_t *d_qs = nullptr, *d_ks = nullptr;
@@ -181,12 +189,12 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     CHECK_CUDA(cudaMemcpy(d_qs, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d_ks, ks.data(), ks.size() * 4, cudaMemcpyHostToDevice));
   }
-  FwdParams fp = make_params(c, q, k, v, dq, dk, dv, d_o, d_lse, d_qs, d_ks, scale);
+  FwdParams fp = make_params(c, q, k, v, o, dq, dk, dv, d_o, d_lse, d_qs, d_ks, scale);
   float* d_sinks = upload(sinks);
   fp.sinks = d_sinks;
 
   Row row;
-  std::vector<uint16_t> o_bits(q.count());
+  std::vector<uint16_t> o_bits(o.count());
   std::vector<float> lse(nstat);
   const double tol_o = fp16 ? 4e-3 : 2e-2, tol_lse = 2e-3;
   for (int a = 0; a < abl::kNumFwdAblations; ++a) {
@@ -198,12 +206,12 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       continue;  // this ablation does not exist for the case's bucket / mask / dtype
     }
     const char* name = abl::kFwdAblations[a].name;
-    CHECK_CUDA(cudaMemset(d_o, 0xFF, q.count() * 2));
+    CHECK_CUDA(cudaMemset(d_o, 0xFF, o.count() * 2));
     CHECK_CUDA(cudaMemset(d_lse, 0xFF, nstat * 4));
     CHECK_CUDA(cudaMemset(fp.sm90_tile_counter, 0x55, 4));  // the launcher zeroes it when it needs it
     CHECK_CUDA(abl::fwd_ablation_run(a, fp, 0));
     sync_or_die(c.name + " " + name);
-    CHECK_CUDA(cudaMemcpy(o_bits.data(), d_o, q.count() * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(o_bits.data(), d_o, o.count() * 2, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(lse.data(), d_lse, nstat * 4, cudaMemcpyDeviceToHost));
     ++row.configs_run;
 
@@ -211,18 +219,18 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     for (int b = 0; b < c.B; ++b)
       for (int t = 0; t < c.T; ++t)
         for (int h = 0; h < c.H; ++h)
-          for (int d = 0; d < c.D; ++d) {
-            const double r = ref.o[((size_t(b) * c.T + t) * c.H + h) * c.D + d];
-            const double diff = std::fabs(from_bits(o_bits[q.idx(b, t, h, d)], fp16) - r);
+          for (int d = 0; d < o.D; ++d) {
+            const double r = ref.o[((size_t(b) * c.T + t) * c.H + h) * o.D + d];
+            const double diff = std::fabs(from_bits(o_bits[o.idx(b, t, h, d)], fp16) - r);
             e = std::isnan(diff) ? INFINITY : std::max(e, diff);
             rm = std::max(rm, std::fabs(r));
           }
-    // The row padding of O must stay untouched (0xFFFF): columns past head_dim
+    // The row padding of O must stay untouched (0xFFFF): columns past head_dim_v
     // and rows past seqlen_q are clipped by the TMA store.
     bool pad_ok = true;
     for (size_t i = 0; i < o_bits.size(); ++i) {
-      const int64_t rs = q.row_stride();
-      if ((int64_t(i) % rs) >= int64_t(c.H) * c.D && o_bits[i] != 0xFFFF) pad_ok = false;
+      const int64_t rs = o.row_stride();
+      if ((int64_t(i) % rs) >= int64_t(c.H) * o.D && o_bits[i] != 0xFFFF) pad_ok = false;
     }
     const double oerr = pad_ok ? e / std::max(rm, 0.05) : INFINITY;
     double lerr = 0;
@@ -246,10 +254,19 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   return row;
 }
 
+// The buckets' head dims and the head-dim pair 192 / 128 (DeepSeek MLA).
+struct HeadDims {
+  int D, Dv;        // Dv 0: D
+  const char* tag;  // case names start with it
+};
+
 static std::vector<Case> all_cases(bool quick) {
   std::vector<Case> cs;
-  for (int D : {64, 96, 128, 256}) {
-    const std::string d = "d" + std::to_string(D);
+  for (const HeadDims& hd : {HeadDims{64, 0, "d64"}, HeadDims{96, 0, "d96"}, HeadDims{128, 0, "d128"},
+                             HeadDims{256, 0, "d256"}, HeadDims{192, 128, "mla d192v128"}}) {
+    const int D = hd.D;
+    const std::string d = hd.tag;
+    const size_t first = cs.size();  // this head dim's cases get hd.Dv at the end
     Case base{d + " plain", 2, 37, 53, 4, 2, D};
     cs.push_back(base);
     Case c = base;
@@ -333,6 +350,7 @@ static std::vector<Case> all_cases(bool quick) {
       c.wl = 150;
       cs.push_back(c);
     }
+    for (size_t i = first; i < cs.size(); ++i) cs[i].Dv = hd.Dv;
   }
   // Head dims served by a larger bucket (TMA zero-fills the columns).
   cs.push_back(Case{"d40 (bucket 64)", 2, 37, 53, 4, 2, 40});
@@ -359,15 +377,18 @@ static std::vector<Case> all_cases(bool quick) {
   // branch, mixed with skipped steps; then with causal T < S, whose first
   // visited KV block is fully masked for a tile's top rows (m = -inf until a
   // later block). Last in the list: the cases above keep their inputs.
-  for (int D : {64, 128, 256}) {
-    const std::string d = "d" + std::to_string(D);
-    c = Case{d + " K ramp x4 (lazy rescale)", 1, 1000, 1531, 2, 1, D};
+  for (const HeadDims& hd : {HeadDims{64, 0, "d64"}, HeadDims{128, 0, "d128"}, HeadDims{256, 0, "d256"},
+                             HeadDims{192, 128, "mla d192v128"}}) {
+    const std::string d = hd.tag;
+    c = Case{d + " K ramp x4 (lazy rescale)", 1, 1000, 1531, 2, 1, hd.D};
     c.k_ramp = 3.f;
+    c.Dv = hd.Dv;
     cs.push_back(c);
-    c = Case{d + " K ramp x8 s2 causal T<S (lazy)", 2, 1000, 1531, 2, 2, D};
+    c = Case{d + " K ramp x8 s2 causal T<S (lazy)", 2, 1000, 1531, 2, 2, hd.D};
     c.k_ramp = 7.f;
     c.scale_mul = 2.f;
     c.causal = true;
+    c.Dv = hd.Dv;
     cs.push_back(c);
   }
   return cs;
@@ -377,46 +398,56 @@ static std::vector<Case> all_cases(bool quick) {
 
 // launches: back-to-back launches per round (10 keeps the GPU below its power cap;
 // a few hundred make the figure the sustained, power-capped one); rows: only the first
-// `rows` shapes (0 = all).
-static void bench(int launches, int rows) {
+// `rows` shapes (0 = all); filter: only the shapes whose name contains it.
+static void bench(int launches, int rows, const std::string& filter) {
   struct Shape {
     int D, H, B, T;
     bool causal;
+    int Dv = 0;  // 0: D
+    int dv() const { return Dv > 0 ? Dv : D; }
+    std::string name() const {
+      return Dv > 0 ? "mla d" + std::to_string(D) + "v" + std::to_string(Dv) : "d" + std::to_string(D);
+    }
   };
-  // The reference shapes (B=2, T=S=8192) and the short causal ones of the
-  // sweep (B*T = 16k), where the tile schedule matters most.
+  // The reference shapes (B=2, T=S=8192), the short causal ones of the
+  // sweep (B*T = 16k), where the tile schedule matters most, and DeepSeek
+  // MLA's head-dim pair at the reference shape (H=16; tokamax's Mosaic
+  // kernels: 598 TF/s, causal 625, bench_attention.py --preset mla).
   const Shape shapes[] = {
       {128, 16, 2, 8192, false}, {128, 16, 2, 8192, true}, {64, 32, 2, 8192, false},
       {64, 32, 2, 8192, true},   {256, 8, 2, 8192, false}, {256, 8, 2, 8192, true},
       {64, 32, 16, 1024, true},  {128, 16, 16, 1024, true}, {256, 8, 16, 1024, true},
-      {128, 16, 8, 2048, true},  {256, 8, 8, 2048, true}};
+      {128, 16, 8, 2048, true},  {256, 8, 8, 2048, true},   {192, 16, 2, 8192, false, 128},
+      {192, 16, 2, 8192, true, 128}};
   const int nv = abl::kNumFwdAblations;
   constexpr int kRounds = 7;
   const int kLaunches = launches;
-  std::printf("bench: T=S bf16, TF/s (FLOPs 4 B H T S D, halved when causal); each cell the median of\n"
+  std::printf("bench: T=S bf16, TF/s (FLOPs 2 B H T S (D + D_v), halved when causal); each cell the median of\n"
               "%d rounds x %d back-to-back launches, the configurations of a row interleaved round by\n"
               "round (clock/power drift hits all alike); '-' = the ablation does not exist there (it would\n"
               "equal the default or an earlier column; --list). best = fastest sm90 configuration / default;\n"
               "max|dO| = worst max|O_c - O_default| over the configurations and sm80, rerun\n"
               "after the timing with O poisoned (inf/nan = a tile not written).\n",
               kRounds, kLaunches);
-  std::printf("%-4s %-3s %-2s %-5s %-3s", "D", "H", "B", "T", "cau");
+  std::printf("%-4s %-3s %-3s %-2s %-5s %-3s", "D", "D_v", "H", "B", "T", "cau");
   for (int v = 0; v < nv; ++v) std::printf(" %7s", abl::kFwdAblations[v].name);
   std::printf(" %7s  %-14s %s\n", "sm80", "best", "max|dO|");
   std::mt19937 rng(7);
   int row = 0;
   for (const Shape& sh : shapes) {
+    if (!filter.empty() && sh.name().find(filter) == std::string::npos) continue;
     if (rows > 0 && row++ >= rows) break;
-    const int B = sh.B, T = sh.T, S = sh.T;
-    const size_t n = size_t(B) * T * sh.H * sh.D;
-    std::vector<uint16_t> h(n);
+    const int B = sh.B, T = sh.T, S = sh.T, Dv = sh.dv();
+    const size_t n = size_t(B) * T * sh.H * sh.D;  // q and k (T = S)
+    const size_t n_v = size_t(B) * T * sh.H * Dv;  // v and o
+    std::vector<uint16_t> h(std::max(n, n_v));
     std::normal_distribution<float> nd(0.f, 1.f);
-    uint16_t *dq = dev_alloc<uint16_t>(n), *dk = dev_alloc<uint16_t>(n), *dv = dev_alloc<uint16_t>(n);
+    uint16_t *dq = dev_alloc<uint16_t>(n), *dk = dev_alloc<uint16_t>(n), *dv = dev_alloc<uint16_t>(n_v);
     for (uint16_t* ptr : {dq, dk, dv}) {
       for (auto& x : h) x = to_bits(nd(rng), false);
-      CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * 2, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(ptr, h.data(), (ptr == dv ? n_v : n) * 2, cudaMemcpyHostToDevice));
     }
-    uint16_t *d_o = dev_alloc<uint16_t>(n), *d_o80 = dev_alloc<uint16_t>(n);
+    uint16_t *d_o = dev_alloc<uint16_t>(n_v), *d_o80 = dev_alloc<uint16_t>(n_v);
     float* d_lse = dev_alloc<float>(size_t(B) * sh.H * T);
     FwdParams p{};
     p.q = dq;
@@ -424,22 +455,26 @@ static void bench(int launches, int rows) {
     p.v = dv;
     p.o = d_o;
     p.lse = d_lse;
-    const int64_t rs = int64_t(sh.H) * sh.D;
-    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = rs;
-    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = sh.D;
-    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = rs * T;
+    const int64_t rs = int64_t(sh.H) * sh.D, rs_v = int64_t(sh.H) * Dv;
+    p.q_row_stride = p.k_row_stride = rs;
+    p.v_row_stride = p.o_row_stride = rs_v;
+    p.q_head_stride = p.k_head_stride = sh.D;
+    p.v_head_stride = p.o_head_stride = Dv;
+    p.q_batch_stride = p.k_batch_stride = rs * T;
+    p.v_batch_stride = p.o_batch_stride = rs_v * T;
     p.batch = B;
     p.seqlen_q = T;
     p.seqlen_k = S;
     p.num_heads = p.num_heads_k = sh.H;
-    p.head_dim = p.head_dim_v = sh.D;
+    p.head_dim = sh.D;
+    p.head_dim_v = Dv;
     p.scale = float(1.0 / std::sqrt(double(sh.D)));
     p.window_left = -1;
     p.window_right = sh.causal ? 0 : -1;
     p.dtype = DType::kBFloat16;
     CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
     p.sm90_tile_counter = tile_counter();  // one stream: launches never overlap
-    const double flops = 4.0 * B * sh.H * double(T) * S * sh.D * (sh.causal ? 0.5 : 1.0);
+    const double flops = 2.0 * B * sh.H * double(T) * S * (sh.D + Dv) * (sh.causal ? 0.5 : 1.0);
 
     // Configurations: the sm90 ablations 0..nv-1 (those that exist here), then sm80.
     std::vector<int> cfg;  // ablation index of each configuration
@@ -490,17 +525,17 @@ static void bench(int launches, int rows) {
     // counter has been zeroed and reused many times) against the default's,
     // and the default's against sm80's.
     double worst = 0;
-    std::vector<uint16_t> ref(n), got(n);
+    std::vector<uint16_t> ref(n_v), got(n_v);
     auto run_poisoned = [&](int c, uint16_t* out, std::vector<uint16_t>& host) {
-      CHECK_CUDA(cudaMemset(out, 0xFF, n * 2));
+      CHECK_CUDA(cudaMemset(out, 0xFF, n_v * 2));
       if (launch(c) != cudaSuccess) return false;
       sync_or_die(where + " check config " + std::to_string(c));
-      CHECK_CUDA(cudaMemcpy(host.data(), out, n * 2, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(host.data(), out, n_v * 2, cudaMemcpyDeviceToHost));
       return true;
     };
     auto maxdiff = [&](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
       double m = 0;
-      for (size_t i = 0; i < n; ++i) {
+      for (size_t i = 0; i < n_v; ++i) {
         const double d = std::fabs(double(from_bits(a[i], false)) - from_bits(b[i], false));
         m = std::isnan(d) ? INFINITY : std::max(m, d);
       }
@@ -514,7 +549,7 @@ static void bench(int launches, int rows) {
       worst = INFINITY;
     }
 
-    std::printf("%-4d %-3d %-2d %-5d %-3s", sh.D, sh.H, B, T, sh.causal ? "yes" : "no");
+    std::printf("%-4d %-3d %-3d %-2d %-5d %-3s", sh.D, Dv, sh.H, B, T, sh.causal ? "yes" : "no");
     int best = -1;
     for (int v = 0; v <= nv; ++v) {
       const double x = idx[v] >= 0 ? tf[idx[v]] : -1;
@@ -535,24 +570,28 @@ static void bench(int launches, int rows) {
   std::printf("configurations: see selftest_sm90 --list\n");
 }
 
-// The ablations and the (bucket, mask) where each exists.
+// The ablations and the (bucket or pair, mask) where each exists.
 static void list_ablations() {
   std::printf("sm90 forward configurations (cuda/tests/sm90_fwd_ablation.h), bf16; x = compiled,\n"
-              "- = equal to the default or to an earlier row there (not compiled twice). Columns: head-dim bucket, mask\n"
-              "(plain = no causal-like bound, causal = right bound without a left one).\n");
-  std::printf("%-8s  d64:plain causal  d128:plain causal  d256:plain causal  what\n", "name");
+              "- = equal to the default or to an earlier row there (not compiled twice). Columns: head-dim bucket\n"
+              "or pair (192v128: DeepSeek MLA), mask (plain = no causal-like bound, causal = right bound without\n"
+              "a left one).\n");
+  std::printf("%-8s  d64:plain causal  d128:plain causal  d256:plain causal  192v128:plain causal  what\n",
+              "name");
+  const int shapes[][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}};
   for (int a = 0; a < abl::kNumFwdAblations; ++a) {
     std::printf("%-8s ", abl::kFwdAblations[a].name);
-    for (int d : {64, 128, 256}) {
+    for (const auto& shape : shapes) {
       for (bool causal : {false, true}) {
         FwdParams p{};
-        p.head_dim = p.head_dim_v = d;
+        p.head_dim = shape[0];
+        p.head_dim_v = shape[1];
         p.dtype = DType::kBFloat16;
         p.window_left = -1;
         p.window_right = causal ? 0 : -1;
         std::printf(" %6s", abl::fwd_ablation_launcher(a, p) != nullptr ? "x" : "-");
       }
-      std::printf("   ");
+      std::printf(shape[0] == shape[1] ? "   " : "      ");
     }
     std::printf("%s\n", abl::kFwdAblations[a].what);
   }
@@ -586,7 +625,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d%d), %d SMs\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount);
   if (do_bench) {
-    bench(launches, rows);
+    bench(launches, rows, filter);
     return 0;
   }
   std::mt19937 rng(1234);

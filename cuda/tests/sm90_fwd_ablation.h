@@ -2,8 +2,8 @@
 // production one (fwd_tuning.h fwd_default_tuning), compiled only into the
 // self-test / benchmark binary (tools/build/build_sm90_tests.sh), never into the
 // extension. Each ablation changes the production configuration of every
-// (head-dim bucket, mask) in one way; where that changes nothing (e.g. "no
-// pingpong" at hdim 256, which has none) or does not apply, it is absent
+// (head-dim bucket or pair, mask) in one way; where that changes nothing (e.g.
+// "no pingpong" at hdim 256, which has none) or does not apply, it is absent
 // ('-' in the tables) rather than a copy of the default.
 //
 //   selftest_sm90 --list          the ablations and where each exists
@@ -48,10 +48,26 @@ constexpr FwdTuning static_scheduler(FwdTuning t, int) {
   t.dynamic_scheduler = false;
   return t;
 }
-// O staging: the V ring where the default has its own tile / the Q tile, and
-// back. Only at hdim 256, where the choice depends on the mask.
+// O staging: the V ring where the default has the Q tile, and back. Only
+// above hdim 128 (256 and the pair 192 / 128), where the choice depends on
+// the mask.
 constexpr FwdTuning toggle_o_in_v(FwdTuning t, int head_dim) {
-  if (head_dim == 256) t.o_in_v = !t.o_in_v;
+  if (head_dim > 128) t.o_in_v = !t.o_in_v;
+  return t;
+}
+// Pingpong where the default has none (above hdim 128, FA3's rule).
+constexpr FwdTuning with_pingpong(FwdTuning t, int) {
+  t.pingpong = true;
+  return t;
+}
+// The pair 192 / 128: 112-key tiles (FA3's for D_v > 128), where O fits in a
+// tile of its own (Q 48 + K 2 x 42 + V 2 x 28 + O 32 KB = 220 KB), so the next
+// tile's Q loads during the epilogue and the V ring is never O's.
+constexpr FwdTuning pair_n112_own_o(FwdTuning t, int head_dim) {
+  if (head_dim == 192) {
+    t.block_n = 112;
+    t.o_in_v = false;
+  }
   return t;
 }
 
@@ -71,8 +87,11 @@ inline constexpr FwdAblation kFwdAblations[] = {
     {"eager", "O rescaled after every KV block (no lazy rescaling)", eager_rescale},
     {"static", "static persistent scheduler (where the default is the dynamic one: causal-like masks)",
      static_scheduler},
-    {"o-in-v", "hdim 256: O staged in the V ring toggled (the default stages it there for causal-like masks)",
-     toggle_o_in_v},
+    {"o-in-v", "hdim 256, 192/128: O staged in the V ring toggled (the default stages it there for "
+     "causal-like masks)", toggle_o_in_v},
+    {"pp", "with the inter-warpgroup pingpong where the default has none (hdim 256, 192/128)",
+     with_pingpong},
+    {"n112", "192/128: 128 x 112 tiles, O in a tile of its own", pair_n112_own_o},
 };
 constexpr int kNumFwdAblations = int(sizeof(kFwdAblations) / sizeof(kFwdAblations[0]));
 
@@ -83,9 +102,10 @@ constexpr bool same_tuning(const FwdTuning& a, const FwdTuning& b) {
          a.dynamic_scheduler == b.dynamic_scheduler;
 }
 
-// The launchers of one bucket: [ablation][causal_like], nullptr where the
-// ablation is the default or repeats an earlier one. Defined in fwd_ablation_hdim<d>_sm90.cu, one
-// object per bucket (bf16 only: the schedule does not depend on the 16-bit
+// The launchers of one bucket or head-dim pair: [ablation][causal_like],
+// nullptr where the ablation is the default or repeats an earlier one.
+// Defined in fwd_ablation_hdim<d>_sm90.cu (a pair: hdim<d>v<d_v>), one object
+// per bucket or pair (bf16 only: the schedule does not depend on the 16-bit
 // type).
 struct FwdAblationBucket {
   FwdLaunch launch[kNumFwdAblations][2];
@@ -93,16 +113,23 @@ struct FwdAblationBucket {
 FwdAblationBucket fwd_ablation_bucket_64();
 FwdAblationBucket fwd_ablation_bucket_128();
 FwdAblationBucket fwd_ablation_bucket_256();
+FwdAblationBucket fwd_ablation_pair_192_128();
 
 inline FwdLaunch fwd_ablation_launcher(int ablation, const FwdParams& p) {
   if (ablation == 0) return &jax_flash::sm90::run_fwd;
   if (ablation < 0 || ablation >= kNumFwdAblations || p.dtype != DType::kBFloat16) return nullptr;
   static const FwdAblationBucket b64 = fwd_ablation_bucket_64(), b128 = fwd_ablation_bucket_128(),
-                                 b256 = fwd_ablation_bucket_256();
-  const int bucket = Sm90FwdHeadDims::bucket(p.head_dim);
-  const FwdAblationBucket& b = bucket == 64 ? b64 : bucket == 128 ? b128 : b256;
+                                 b256 = fwd_ablation_bucket_256(), mla = fwd_ablation_pair_192_128();
+  const FwdAblationBucket* b = nullptr;
+  if (p.head_dim_v != p.head_dim) {
+    if (p.head_dim == 192 && p.head_dim_v == 128) b = &mla;
+  } else {
+    const int bucket = Sm90FwdHeadDims::bucket(p.head_dim);
+    b = bucket == 64 ? &b64 : bucket == 128 ? &b128 : &b256;
+  }
+  if (b == nullptr) return nullptr;
   const MaskInfo mi = make_mask_info(p);
-  return b.launch[ablation][fwd_causal_like(mi.wl, mi.wr) ? 1 : 0];
+  return b->launch[ablation][fwd_causal_like(mi.wl, mi.wr) ? 1 : 0];
 }
 
 // Whether ablation `ablation` exists for this call (and the call is one the

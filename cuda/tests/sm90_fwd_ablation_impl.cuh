@@ -1,6 +1,7 @@
 // The launchers of the sm90 forward ablations (sm90_fwd_ablation.h) for one
-// head-dim bucket; included by fwd_ablation_hdim<d>_sm90.cu, one translation
-// unit per bucket so that the build compiles them in parallel.
+// head-dim bucket or pair; included by fwd_ablation_hdim<d>_sm90.cu, one
+// translation unit per bucket or pair so that the build compiles them in
+// parallel.
 #pragma once
 
 #include <utility>
@@ -10,45 +11,47 @@
 
 namespace jax_flash::sm90::ablation {
 
-// Ablation kAblation of the production configuration of (kHeadDim, kCausalLike).
-template <int kAblation, int kHeadDim, bool kCausalLike>
+// Ablation kAblation of the production configuration of (kHeadDim,
+// kHeadDimV, kCausalLike).
+template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike>
 struct AblationTuning {
-  static constexpr FwdTuning value =
-      kFwdAblations[kAblation].modify(fwd_default_tuning(kHeadDim, kCausalLike), kHeadDim);
+  static constexpr FwdTuning value = kFwdAblations[kAblation].modify(
+      fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike), kHeadDim);
 };
 
 // Whether ablation kAblation gives the configuration of an earlier one (index
 // 0: the default), e.g. "neither" at hdim 256, which has no pingpong anyway.
-template <int kAblation, int kHeadDim, bool kCausalLike, int... kEarlier>
+template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike, int... kEarlier>
 constexpr bool repeats_earlier(std::integer_sequence<int, kEarlier...>) {
-  return (same_tuning(AblationTuning<kAblation, kHeadDim, kCausalLike>::value,
-                      AblationTuning<kEarlier, kHeadDim, kCausalLike>::value) ||
+  return (same_tuning(AblationTuning<kAblation, kHeadDim, kHeadDimV, kCausalLike>::value,
+                      AblationTuning<kEarlier, kHeadDim, kHeadDimV, kCausalLike>::value) ||
           ...);
 }
 
-template <int kAblation, int kHeadDim, bool kCausalLike>
+template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike>
 FwdLaunch ablation_launcher() {
-  using T = AblationTuning<kAblation, kHeadDim, kCausalLike>;
-  if constexpr (kAblation == 0 || repeats_earlier<kAblation, kHeadDim, kCausalLike>(
+  using T = AblationTuning<kAblation, kHeadDim, kHeadDimV, kCausalLike>;
+  if constexpr (kAblation == 0 || repeats_earlier<kAblation, kHeadDim, kHeadDimV, kCausalLike>(
                                       std::make_integer_sequence<int, kAblation>{})) {
     return nullptr;  // index 0 is run_fwd; a configuration is compiled once
   } else {
-    return &launch_fwd<__nv_bfloat16, kHeadDim, T>;
+    return &launch_fwd<__nv_bfloat16, kHeadDim, T, kHeadDimV>;
   }
 }
 
-template <int kHeadDim, int... kI>
+template <int kHeadDim, int kHeadDimV, int... kI>
 FwdAblationBucket make_bucket(std::integer_sequence<int, kI...>) {
   FwdAblationBucket b{};
-  ((b.launch[kI][0] = ablation_launcher<kI, kHeadDim, false>(),
-    b.launch[kI][1] = ablation_launcher<kI, kHeadDim, true>()),
+  ((b.launch[kI][0] = ablation_launcher<kI, kHeadDim, kHeadDimV, false>(),
+    b.launch[kI][1] = ablation_launcher<kI, kHeadDim, kHeadDimV, true>()),
    ...);
   return b;
 }
 
-template <int kHeadDim>
+// A bucket (kHeadDimV = kHeadDim) or a head-dim pair.
+template <int kHeadDim, int kHeadDimV = kHeadDim>
 FwdAblationBucket make_bucket() {
-  return make_bucket<kHeadDim>(std::make_integer_sequence<int, kNumFwdAblations>{});
+  return make_bucket<kHeadDim, kHeadDimV>(std::make_integer_sequence<int, kNumFwdAblations>{});
 }
 
 }  // namespace jax_flash::sm90::ablation

@@ -91,13 +91,18 @@ int main() {
       const int g = persistent_grid(tiles, sms);
       CHECK(g == std::min(tiles, sms), "tiles %d sms %d grid %d", tiles, sms, g);
     }
-  for (int d : {64, 128, 256})
+  // The buckets and the head-dim pair 192 / 128.
+  const int shapes[][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}};
+  for (const auto& shape : shapes)
     for (bool causal_like : {false, true}) {
       ++cases;
-      const FwdTuning t = fwd_default_tuning(d, causal_like);
+      const int d = shape[0], dv = shape[1];
+      const FwdTuning t = fwd_default_tuning(d, dv, causal_like);
       CHECK(!t.q_in_regs || t.overlap, "d %d: Q in registers needs the overlap schedule", d);
       CHECK(t.dynamic_scheduler == causal_like, "d %d causal_like %d", d, causal_like);
       CHECK(t.block_m() <= 256 && t.block_n % 16 == 0 && t.block_n <= 256, "d %d tile", d);
+      // With dropout: whole 64-key chunks per KV block (philox.h).
+      CHECK(fwd_default_tuning(d, dv, causal_like, 2, false, true).block_n % 64 == 0, "d %d dropout", d);
     }
   CHECK(fwd_causal_like(-1, 0) && !fwd_causal_like(-1, -1) && !fwd_causal_like(3, 0),
         "causal-like masks");

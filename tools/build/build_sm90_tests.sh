@@ -52,8 +52,8 @@ python3 tools/lint/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1
 
 # ptxas summary of the sm90 forward kernels: registers (at entry; setmaxnreg
 # then moves them between the roles), spills, stack. Kernel names:
-# <element, head dim, tuning>; DefaultFwdTuning<d, causal-like> is production,
-# AblationTuning<i, d, causal-like> is row i of selftest_sm90 --list.
+# <element, head dim, tuning>; DefaultFwdTuning<d, d_v, causal-like, ...> is production,
+# AblationTuning<i, d, d_v, causal-like> is row i of selftest_sm90 --list.
 echo "sm90 fwd_kernel ptxas report:"
 for log in "$OBJ"/cuda_instantiations_fwd_*_sm90.o.log "$OBJ"/cuda_tests_fwd_ablation_*_sm90.o.log; do
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010fwd_kernel" "$log" |

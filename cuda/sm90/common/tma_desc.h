@@ -93,7 +93,7 @@ inline bool encode_bshd(CUtensorMap* map, DType dtype, const void* ptr, int head
                      box_rows);
 }
 
-// The q / k / v / o tensors of a forward call.
+// The q / k / v / o tensors of a forward call (v and o: head_dim_v columns).
 inline GmemTensor fwd_q(const FwdParams& p) {
   return {p.q, p.head_dim, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
           p.q_batch_stride};
@@ -103,11 +103,11 @@ inline GmemTensor fwd_k(const FwdParams& p) {
           p.k_batch_stride};
 }
 inline GmemTensor fwd_v(const FwdParams& p) {
-  return {p.v, p.head_dim, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
+  return {p.v, p.head_dim_v, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
           p.v_batch_stride};
 }
 inline GmemTensor fwd_o(const FwdParams& p) {
-  return {p.o, p.head_dim, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
+  return {p.o, p.head_dim_v, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
           p.o_batch_stride};
 }
 

@@ -1,6 +1,8 @@
 // sm90 forward: capability checks (fwd_supported) and dispatch to the
-// (dtype, head-dim bucket) instantiation. Buckets switched off at build time
-// (JAX_FLASH_DISABLE_*) report unsupported instead of failing to link.
+// (dtype, head-dim bucket) instantiation, or the (dtype, head-dim pair) one
+// when v's head dim differs from q's and k's. Buckets and pairs switched off
+// at build time (JAX_FLASH_DISABLE_*) report unsupported instead of failing
+// to link; pairs without sm90 kernels are left to the sm80 family.
 #include <cstdint>
 
 #include "sm90/common/device_info.h"
@@ -15,31 +17,53 @@
 namespace jax_flash::sm90 {
 namespace {
 
+// The kernels' (head dim, value head dim) of a bucket, as HeadDimPair names
+// those of a pair.
+template <int kD>
+struct BucketShape {
+  static constexpr int kHeadDim = kD;
+  static constexpr int kHeadDimV = kD;
+};
+
+// run(Shape{}) with the compiled shape (Shape::kHeadDim, Shape::kHeadDimV)
+// that serves the call: the bucket of head_dim (zero-padded) when v's head
+// dim is q's, else the head-dim pair (served exactly); `otherwise` when this
+// build has none.
+template <typename Result, typename Run>
+Result dispatch_shape(const FwdParams& p, Result otherwise, Run&& run) {
+  if (p.head_dim_v != p.head_dim)
+    return dispatch_head_dim_pair(Sm90FwdHeadDimPairs{}, p.head_dim, p.head_dim_v, otherwise, run);
+  return dispatch_head_dim(Sm90FwdHeadDims{}, Sm90FwdHeadDims::bucket(p.head_dim), otherwise,
+                           [&](auto d) { return run(BucketShape<decltype(d)::value>{}); });
+}
+
 // The shared memory of the configuration that serves the call (both 16-bit
 // types have the same plan).
-template <int kHeadDim>
-bool bucket_ok(const FwdParams& p, const DeviceInfo& dev) {
+template <int kD, int kDv>
+bool shape_ok(const FwdParams& p, const DeviceInfo& dev) {
+  using Bf16 = __nv_bfloat16;
   const MaskInfo mi = make_mask_info(p);
-  const int alloc =
-      fwd_causal_like(mi.wl, mi.wr)
-          ? FwdKernelFor<__nv_bfloat16, kHeadDim, DefaultFwdTuning<kHeadDim, true>>::type::kSmemAlloc
-          : FwdKernelFor<__nv_bfloat16, kHeadDim, DefaultFwdTuning<kHeadDim, false>>::type::kSmemAlloc;
+  const int alloc = fwd_causal_like(mi.wl, mi.wr)
+                        ? FwdKernelFor<Bf16, kD, DefaultFwdTuning<kD, kDv, true>, Bf16, kDv>::type::kSmemAlloc
+                        : FwdKernelFor<Bf16, kD, DefaultFwdTuning<kD, kDv, false>, Bf16, kDv>::type::kSmemAlloc;
   return alloc <= dev.smem_optin;
 }
 
-bool bucket_compiled_and_ok(const FwdParams& p, const DeviceInfo& dev) {
-  return dispatch_head_dim(Sm90FwdHeadDims{}, Sm90FwdHeadDims::bucket(p.head_dim), false,
-                           [&](auto d) { return bucket_ok<decltype(d)::value>(p, dev); });
+bool shape_compiled_and_ok(const FwdParams& p, const DeviceInfo& dev) {
+  return dispatch_shape(p, false, [&](auto shape) {
+    using S = decltype(shape);
+    return shape_ok<S::kHeadDim, S::kHeadDimV>(p, dev);
+  });
 }
 
 template <typename Element>
 cudaError_t fwd_dtype(const FwdParams& p, cudaStream_t stream) {
-  return dispatch_head_dim(Sm90FwdHeadDims{}, Sm90FwdHeadDims::bucket(p.head_dim), cudaErrorNotSupported,
-                           [&](auto d) {
-                             constexpr int kD = decltype(d)::value;
-                             return p.dropout.enabled() ? run_fwd_dropout_hdim<Element, kD>(p, stream)
-                                                        : run_fwd_hdim<Element, kD>(p, stream);
-                           });
+  return dispatch_shape(p, cudaErrorNotSupported, [&](auto shape) {
+    using S = decltype(shape);
+    constexpr int kD = S::kHeadDim, kDv = S::kHeadDimV;
+    return p.dropout.enabled() ? run_fwd_dropout_hdim<Element, kD, kDv>(p, stream)
+                               : run_fwd_hdim<Element, kD, kDv>(p, stream);
+  });
 }
 
 // The FP8 buckets are served exactly (fwd_fp8_supported).
@@ -53,9 +77,11 @@ template <int kHeadDim>
 bool fp8_bucket_ok(const Fp8FwdParams& p, const DeviceInfo& dev) {
   const MaskInfo mi = make_mask_info(p);
   const int alloc = fwd_causal_like(mi.wl, mi.wr)
-                        ? FwdKernelFor<__nv_fp8_e4m3, kHeadDim, DefaultFwdTuning<kHeadDim, true, 1>,
+                        ? FwdKernelFor<__nv_fp8_e4m3, kHeadDim,
+                                       DefaultFwdTuning<kHeadDim, kHeadDim, true, 1>,
                                        __nv_bfloat16>::type::kSmemAlloc
-                        : FwdKernelFor<__nv_fp8_e4m3, kHeadDim, DefaultFwdTuning<kHeadDim, false, 1>,
+                        : FwdKernelFor<__nv_fp8_e4m3, kHeadDim,
+                                       DefaultFwdTuning<kHeadDim, kHeadDim, false, 1>,
                                        __nv_bfloat16>::type::kSmemAlloc;
   return alloc <= dev.smem_optin;
 }
@@ -109,7 +135,7 @@ bool fwd_fp8_supported(const Fp8FwdParams& p) {
 
 bool fwd_fp8_needs_tile_counter(const Fp8FwdParams& p) {
   const MaskInfo mi = make_mask_info(p);
-  return fwd_default_tuning(p.head_dim, fwd_causal_like(mi.wl, mi.wr), 1).dynamic_scheduler;
+  return fwd_default_tuning(p.head_dim, p.head_dim, fwd_causal_like(mi.wl, mi.wr), 1).dynamic_scheduler;
 }
 
 cudaError_t run_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
@@ -120,9 +146,12 @@ cudaError_t run_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
 
 bool fwd_supported(const FwdParams& p) {
   if (!fwd_call_ok(p, fwd_needs_tile_counter(p))) return false;
-  if (p.head_dim <= 0 || Sm90FwdHeadDims::bucket(p.head_dim) == 0 || p.head_dim % 8 != 0) return false;
-  // One head dim for q, k and v: the head-dim pairs run in the sm80 family.
-  if (p.head_dim_v != p.head_dim) return false;
+  if (p.head_dim <= 0 || p.head_dim % 8 != 0) return false;
+  // One head dim for q, k and v (its bucket, zero-padded), or a head-dim pair
+  // with sm90 kernels (exact); the sm80 family serves the other pairs.
+  if (p.head_dim_v == p.head_dim ? Sm90FwdHeadDims::bucket(p.head_dim) == 0
+                                 : !Sm90FwdHeadDimPairs::contains(p.head_dim, p.head_dim_v))
+    return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;
 #else
@@ -139,13 +168,14 @@ bool fwd_supported(const FwdParams& p) {
     return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
-  return bucket_compiled_and_ok(p, dev);
+  return shape_compiled_and_ok(p, dev);
 }
 
 bool fwd_needs_tile_counter(const FwdParams& p) {
   const MaskInfo mi = make_mask_info(p);
-  return fwd_default_tuning(Sm90FwdHeadDims::bucket(p.head_dim), fwd_causal_like(mi.wl, mi.wr))
-      .dynamic_scheduler;
+  const bool pair = p.head_dim_v != p.head_dim;  // served exactly (dispatch_shape)
+  const int d = pair ? p.head_dim : Sm90FwdHeadDims::bucket(p.head_dim);
+  return fwd_default_tuning(d, pair ? p.head_dim_v : d, fwd_causal_like(mi.wl, mi.wr)).dynamic_scheduler;
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {

@@ -1,8 +1,8 @@
 // Forward epilogue of one consumer warpgroup: O normalised once (x 1/l),
 // converted to the element type, written to shared memory in the
 // 128B-swizzled tile layout, then stored by TMA (one box of 64 rows x one
-// 128-byte row per column block of the head dim; TMA clips rows >= seqlen_q
-// and columns >= head_dim, so the tails need no special code). LSE (natural
+// 128-byte row per column block of the value head dim; TMA clips rows >=
+// seqlen_q and columns >= head_dim_v, so the tails need no special code). LSE (natural
 // log) goes straight from registers; rows without a visible key get O = 0 and
 // LSE = -inf (the head's sink logit with sinks).
 //
@@ -10,7 +10,8 @@
 // - kOwnTile: its own tile after the mainloop's, when it fits;
 // - kInQ: the Q tile (the WG's own 64 Q rows, dead once its last QK^T
 //   finished; the storing thread then releases Q to the producer once TMA has
-//   read the tile out);
+//   read the tile out). Both tiles are [column block][kBlockM rows][128 B], so
+//   O's kHeadDimV columns lie within Q's kHeadDim in the WG's own rows;
 // - kInV (FwdTuning::o_in_v, FA3's smem_o-aliases-smem_v): the V ring; all
 //   consumer WGs meet before writing it, the storing threads arrive on o_free
 //   once TMA has read it, and the producer's next V load waits for that.
@@ -38,18 +39,23 @@ struct FwdEpilogue {
   using Softmax = typename Mainloop::Softmax;
   // 8-bit inputs: O's columns times V's per-channel descales.
   static constexpr bool kVDescale = Mainloop::kBlockScaled;
-  static constexpr int kHeadDim = Mainloop::kHeadDim;
+  static constexpr int kHeadDimV = Mainloop::kHeadDimV;  // O's columns
   static constexpr int kBlockM = Mainloop::kBlockM;
   static constexpr int kConsumerWGs = Mainloop::kConsumerWGs;
   static constexpr int kRowElems = Traits::kSwizzleRow;
-  static constexpr int kOBytes = kBlockM * kHeadDim * Traits::kBytes;
+  static constexpr int kOBytes = kBlockM * kHeadDimV * Traits::kBytes;
 
   enum OStage { kOwnTile, kInQ, kInV };
   static constexpr OStage kOStage = Mainloop::kOInV                                ? kInV
                                     : Mainloop::kTileBytes + kOBytes <= kFwdSmemLimit ? kOwnTile
                                                                                       : kInQ;
-  static_assert(kOStage != kInV || Mainloop::kStages * Mainloop::kKVBytes >= kOBytes,
+  static_assert(kOStage != kInV || Mainloop::kStages * Mainloop::kVBytes >= kOBytes,
                 "O tile must fit in the V ring");
+  // kInQ: O's column blocks of 128-byte rows must be a prefix of Q's, so that
+  // each WG writes only its own (dead) Q rows.
+  static_assert(kOStage != kInQ ||
+                    (kHeadDimV / kRowElems <= Mainloop::kColBlocks && Mainloop::kRowBytes == 128),
+                "O tile must fit in the Q tile, in the same 128-byte rows");
   // Whether the epilogue (not the mainloop) releases Q's buffer to the producer.
   static constexpr bool kReleasesQ = kOStage == kInQ;
   // empty_q arrivals: each consumer warp once its QK^T GEMMs are done (or,
@@ -75,7 +81,7 @@ struct FwdEpilogue {
     GmemTensor o;
     float* lse;  // [batch, heads, seqlen_q]
     float scale_eff;                   // SoftmaxScale::scale_eff (the LSE of a raw max)
-    const float* v_descale = nullptr;  // kVDescale: [batch, heads_k, kHeadDim]
+    const float* v_descale = nullptr;  // kVDescale: [batch, heads_k, kHeadDimV]
     int heads_per_kv = 1;
     float o_scale = 1.f;  // Mainloop::kDropout: the keep scale 1 / (1 - rate), times 1 / l
     const float* sinks = nullptr;  // [batch, heads] sink logits (jax_flash/sinks.h) or nullptr
@@ -108,7 +114,7 @@ struct FwdEpilogue {
   // ---------------------------------------------------------------- device
   // Stores warpgroup wg's 64 rows of O and their LSE (all 128 threads of the WG).
   JF_DEVICE static void store(const Params& a, const Smem& sm, int wg, int warp, int lane,
-                              const float (&o)[kHeadDim / 2], const Softmax& smx, int m0,
+                              const float (&o)[kHeadDimV / 2], const Softmax& smx, int m0,
                               int head, int batch) {
     // 16-bit O: a thread's pair of accumulator columns is one 4-byte store.
     static_assert(Traits::kBytes == 2, "O staging of 16-bit elements");
@@ -149,9 +155,9 @@ struct FwdEpilogue {
       const float* vd = nullptr;
       if constexpr (kVDescale)
         vd = a.v_descale + (int64_t(batch) * (a.num_heads / a.heads_per_kv) + head / a.heads_per_kv) *
-                               kHeadDim + 2 * (ln % 4);
+                               kHeadDimV + 2 * (ln % 4);
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
+      for (int j = 0; j < kHeadDimV / 8; ++j) {
         // Column block j / 8, 16-byte chunk j % 8; rows r and r + 8 share r % 8.
         const uint32_t addr = row_addr + (j / 8) * kBlockM * 128 + ((uint32_t(j % 8) << 4) ^ sw);
         float c0 = 1.f, c1 = 1.f;
@@ -174,7 +180,7 @@ struct FwdEpilogue {
     named_bar_sync(kBarEpilogue + wg, 128);
     if (tid_wg == 0) {
 #pragma unroll
-      for (int cb = 0; cb < kHeadDim / kRowElems; ++cb)
+      for (int cb = 0; cb < kHeadDimV / kRowElems; ++cb)
         tma_store_4d(&a.tm_o, sm.o + cb * kBlockM * 128 + 64 * wg * 128, cb * kRowElems, m0 + 64 * wg,
                      head, batch);
       bulk_commit();

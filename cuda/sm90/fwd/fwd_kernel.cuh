@@ -181,11 +181,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 #endif
 }
 
-// The kernel of one (element type, head-dim bucket, tuning[, output type])
-// configuration.
-template <typename Element, int kHeadDim, typename Tuning, typename OutElement = Element>
+// The kernel of one (element type, head-dim bucket, tuning[, output type[,
+// value head dim]]) configuration; kHeadDimV != kHeadDim: a head-dim pair.
+template <typename Element, int kHeadDim, typename Tuning, typename OutElement = Element,
+          int kHeadDimV = kHeadDim>
 struct FwdKernelFor {
-  using Mainloop = FwdMainloop<Element, kHeadDim, Tuning, OutElement>;
+  using Mainloop = FwdMainloop<Element, kHeadDim, Tuning, OutElement, kHeadDimV>;
   using Epilogue = FwdEpilogue<Mainloop>;
   using Scheduler = std::conditional_t<Tuning::value.dynamic_scheduler, DynamicPersistentTileScheduler,
                                        StaticPersistentTileScheduler>;

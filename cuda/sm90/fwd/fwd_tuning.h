@@ -57,18 +57,24 @@ struct FwdTuning {
 
 // The production configuration. Measured on the H200 (B=2, T=S=8192, bf16;
 // benchmarks/NOTES.md):
-// - tiles as FA3 for bf16/fp16 (hdim = hdim_v): hdim 64: 192 x 128 with three
-//   consumer WGs (FA3 uses 192 x 192 when not causal; that spills at 160
-//   registers here); hdim 128: 128 x 128 (128 x 176 / 192 were within the
-//   noise); hdim 256: 128 x 80 (224 KB of shared memory).
-// - pingpong + overlap for hdim <= 128, overlap only for 256 (FA3's choices).
+// - tiles as FA3 for bf16/fp16 (hopper/tile_size.h): hdim 64: 192 x 128 with
+//   three consumer WGs (FA3 uses 192 x 192 when not causal; that spills at
+//   160 registers here); hdim 128: 128 x 128 (128 x 176 / 192 were within
+//   the noise); hdim 256: 128 x 80 (224 KB of shared memory); the head-dim
+//   pair 192 / 128 (DeepSeek MLA): 128 x 128 (Q 48 KB, K 2 x 48 KB, V 2 x
+//   32 KB: 208 KB; FA3 takes 112 keys only when D_v > 128).
+// - pingpong + overlap for hdim <= 128, overlap only above (FA3's choices:
+//   its scheduler barrier needs kHeadDim <= 128, the query/key one).
 // - Q in registers where its 32 registers fit: the hdim-128 x 128 tile
-//   (R237 of 240; 256 would need 64); +2.6% at the power cap.
+//   (R237 of 240; 256 would need 64, the pair's 192 would need 48); +2.6%
+//   at the power cap.
 // - lazy rescaling everywhere: +6.5% at the power cap at hdim 128.
 // - causal-like masks (right bound, no left bound): the dynamic scheduler
-//   (+13% at hdim 128, +3% at 64) and, at hdim 256, O in the V ring (+30%
-//   together; the static heaviest-first order leaves SMs idle at the end).
-//   Without such a mask O in the V ring is -8% at hdim 256.
+//   (+13% at hdim 128, +3% at 64) and, above hdim 128, O in the V ring (+30%
+//   together at hdim 256; the static heaviest-first order leaves SMs idle at
+//   the end). Without such a mask O in the V ring is -8% at hdim 256; there
+//   O goes to the Q tile (no room for a tile of its own at hdim 256 or at the
+//   pair's 128 x 128).
 //
 // 8-bit inputs (element_bytes = 1, the FP8 forward): 128 x 128 tiles for
 // hdim 128 and 256, 192 x 128 for hdim 64 (one K descale per 128-key block,
@@ -81,19 +87,23 @@ struct FwdTuning {
 // keys and row, is live across the GEMMs instead), and whole 64-key chunks
 // per KV block (one Philox call covers a row's 64 keys): 128 x 64 tiles at
 // hdim 256.
-constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int element_bytes = 2,
-                                       bool packed = false, bool dropout = false) {
+//
+// head_dim is the query/key head dim (a bucket, or the first of a head-dim
+// pair), head_dim_v the value one (the bucket again, or the pair's second).
+constexpr FwdTuning fwd_default_tuning(int head_dim, int head_dim_v, bool causal_like,
+                                       int element_bytes = 2, bool packed = false,
+                                       bool dropout = false) {
   FwdTuning t{};
   t.packed = packed;
   t.dropout = dropout;
-  t.block_n = head_dim == 256 ? 80 : 128;
+  t.block_n = head_dim <= 192 ? (head_dim_v <= 128 ? 128 : 112) : 80;
   t.consumer_wgs = head_dim == 64 ? 3 : 2;
   t.stages = 2;
   t.pingpong = head_dim <= 128;
   t.overlap = true;
   t.q_in_regs = head_dim == 128;
   t.lazy_rescale = true;
-  t.o_in_v = causal_like && head_dim == 256;
+  t.o_in_v = causal_like && head_dim > 128;
   t.dynamic_scheduler = causal_like;
   if (element_bytes == 1) {
     t.block_n = 128;
@@ -112,10 +122,11 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, bool causal_like, int eleme
 // A configuration as a type (the kernel's template parameter; C++17 has no
 // class-type template parameters): any struct with a `static constexpr
 // FwdTuning value`.
-template <int kHeadDim, bool kCausalLike, int kElementBytes = 2, bool kPacked = false, bool kDropout = false>
+template <int kHeadDim, int kHeadDimV, bool kCausalLike, int kElementBytes = 2, bool kPacked = false,
+          bool kDropout = false>
 struct DefaultFwdTuning {
   static constexpr FwdTuning value =
-      fwd_default_tuning(kHeadDim, kCausalLike, kElementBytes, kPacked, kDropout);
+      fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike, kElementBytes, kPacked, kDropout);
 };
 
 // Which masks count as causal-like for the policy (a right bound without a

@@ -56,16 +56,18 @@ typename Kernel::Scheduler::Arguments fwd_scheduler_args(const FwdParams& p, con
   if (perm != nullptr)
     err = launch_packed_tile_order<Mainloop::kBlockM, Mainloop::kBlockN>(mask, p.batch, num_blocks,
                                                                          p.sm90_tile_order, stream);
-  return {{p.batch, p.num_heads, p.num_heads / p.num_heads_k, p.seqlen_q, p.seqlen_k, Mainloop::kHeadDim,
-           Mainloop::Traits::kBytes, Mainloop::kBlockM, fwd_causal_like(mask.wl, mask.wr), perm},
+  // head_dim: the mean of K's and V's, so that the L2 sections hold a head's K and V.
+  return {{p.batch, p.num_heads, p.num_heads / p.num_heads_k, p.seqlen_q, p.seqlen_k,
+           (Mainloop::kHeadDim + Mainloop::kHeadDimV) / 2, Mainloop::Traits::kBytes, Mainloop::kBlockM,
+           fwd_causal_like(mask.wl, mask.wr), perm},
           p.sm90_tile_counter};
 }
 
-// Launches configuration (Element, kHeadDim, Tuning) on a call that
-// fwd_supported accepted.
-template <typename Element, int kHeadDim, typename Tuning>
+// Launches configuration (Element, kHeadDim, Tuning, kHeadDimV) on a call
+// that fwd_supported accepted.
+template <typename Element, int kHeadDim, typename Tuning, int kHeadDimV = kHeadDim>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Kernel = typename FwdKernelFor<Element, kHeadDim, Tuning>::type;
+  using Kernel = typename FwdKernelFor<Element, kHeadDim, Tuning, Element, kHeadDimV>::type;
   const MaskInfo mask = make_mask_info(p);
   const SoftmaxScale sm = make_softmax_scale(p.scale, p.softcap);
   const int heads_per_kv = p.num_heads / p.num_heads_k;
@@ -103,32 +105,40 @@ cudaError_t launch_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
   return launch_kernel<Kernel>(args, p.num_sms, p.sm90_tile_counter, stream);
 }
 
-// The production forward of one (dtype, bucket): fwd_default_tuning's
-// configuration for the call's mask.
-template <typename Element, int kHeadDim>
+// The production configuration of (kHeadDim, kHeadDimV) for a mask kind.
+template <typename Element, int kHeadDim, int kHeadDimV, bool kCausalLike, bool kPacked, bool kDropout>
+cudaError_t launch_fwd_default(const FwdParams& p, cudaStream_t stream) {
+  using Tuning = DefaultFwdTuning<kHeadDim, kHeadDimV, kCausalLike, 2, kPacked, kDropout>;
+  return launch_fwd<Element, kHeadDim, Tuning, kHeadDimV>(p, stream);
+}
+
+// The production forward of one (dtype, bucket or head-dim pair):
+// fwd_default_tuning's configuration for the call's mask.
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   const MaskInfo mi = make_mask_info(p);
   const bool causal = fwd_causal_like(mi.wl, mi.wr);
   if (mi.q_span != nullptr) {  // packed sequences
-    if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true, 2, true>>(p, stream);
-    return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false, 2, true>>(p, stream);
+    if (causal) return launch_fwd_default<Element, kHeadDim, kHeadDimV, true, true, false>(p, stream);
+    return launch_fwd_default<Element, kHeadDim, kHeadDimV, false, true, false>(p, stream);
   }
-  if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true>>(p, stream);
-  return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false>>(p, stream);
+  if (causal) return launch_fwd_default<Element, kHeadDim, kHeadDimV, true, false, false>(p, stream);
+  return launch_fwd_default<Element, kHeadDim, kHeadDimV, false, false, false>(p, stream);
 }
 
-// The production forward with attention dropout of one (dtype, bucket): a
-// launcher (and translation unit) of its own, fwd_dropout_<dtype>_hdim<d>_sm90.cu.
-template <typename Element, int kHeadDim>
+// The production forward with attention dropout of one (dtype, bucket or
+// head-dim pair): a launcher (and translation unit) of its own,
+// fwd_dropout_<dtype>_hdim<d>_sm90.cu.
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream) {
   const MaskInfo mi = make_mask_info(p);
   const bool causal = fwd_causal_like(mi.wl, mi.wr);
   if (mi.q_span != nullptr) {  // packed sequences
-    if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true, 2, true, true>>(p, stream);
-    return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false, 2, true, true>>(p, stream);
+    if (causal) return launch_fwd_default<Element, kHeadDim, kHeadDimV, true, true, true>(p, stream);
+    return launch_fwd_default<Element, kHeadDim, kHeadDimV, false, true, true>(p, stream);
   }
-  if (causal) return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, true, 2, false, true>>(p, stream);
-  return launch_fwd<Element, kHeadDim, DefaultFwdTuning<kHeadDim, false, 2, false, true>>(p, stream);
+  if (causal) return launch_fwd_default<Element, kHeadDim, kHeadDimV, true, false, true>(p, stream);
+  return launch_fwd_default<Element, kHeadDim, kHeadDimV, false, false, true>(p, stream);
 }
 
 // The production FP8 forward of one (output dtype, bucket).
@@ -136,8 +146,8 @@ template <typename OutElement, int kHeadDim>
 cudaError_t run_fwd_fp8_hdim(const Fp8FwdParams& p, cudaStream_t stream) {
   const MaskInfo mi = make_mask_info(p);
   if (fwd_causal_like(mi.wl, mi.wr))
-    return launch_fwd_fp8<OutElement, kHeadDim, DefaultFwdTuning<kHeadDim, true, 1>>(p, stream);
-  return launch_fwd_fp8<OutElement, kHeadDim, DefaultFwdTuning<kHeadDim, false, 1>>(p, stream);
+    return launch_fwd_fp8<OutElement, kHeadDim, DefaultFwdTuning<kHeadDim, kHeadDim, true, 1>>(p, stream);
+  return launch_fwd_fp8<OutElement, kHeadDim, DefaultFwdTuning<kHeadDim, kHeadDim, false, 1>>(p, stream);
 }
 
 }  // namespace jax_flash::sm90

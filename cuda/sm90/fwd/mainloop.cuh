@@ -1,5 +1,6 @@
 // The mainloop of the sm90 forward: both sides of the warp-specialised pipeline
-// over one tile's KV blocks, for one element type, head-dim bucket and tuning
+// over one tile's KV blocks, for one element type, head-dim bucket (or
+// head-dim pair: V and O kHeadDimV wide, Q and K kHeadDim) and tuning
 // (FwdTuning, fwd_tuning.h).
 //
 // Producer (one thread of the producer warpgroup): per tile, K of the first
@@ -16,7 +17,7 @@
 //               (q_in_regs: wgmma RS, Q's A fragments loaded from shared
 //               memory into registers once per tile, see load_q)
 //   O += P V    wgmma RS, P converted in registers from S, V MN-major (tnspB),
-//               kBlockN / kMmaK k-steps, N = head dim
+//               kBlockN / kMmaK k-steps, N = kHeadDimV
 // 8-bit elements (ElementTraits::kTransposeV, the FP8 forward): the same
 // pipeline with wgmma k = 32. V arrives in its natural layout like K; the
 // producer warpgroup's other warps (kTransposeWarps) rewrite each V stage as
@@ -77,7 +78,8 @@
 
 namespace jax_flash::sm90 {
 
-template <typename Element_, int kHeadDim_, typename TuningT, typename OutElement_ = Element_>
+template <typename Element_, int kHeadDim_, typename TuningT, typename OutElement_ = Element_,
+          int kHeadDimV_ = kHeadDim_>
 struct FwdMainloop {
   static constexpr bool kPacked = TuningT::value.packed;  // fwd_tuning.h
   using Element = Element_;
@@ -90,7 +92,8 @@ struct FwdMainloop {
   static constexpr bool kVTransposed = Traits::kTransposeV;
   static constexpr int kTransposeWarps = kVTransposed ? 3 : 0;
   static constexpr FwdTuning kTuning = TuningT::value;
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDim = kHeadDim_;    // of Q and K
+  static constexpr int kHeadDimV = kHeadDimV_;  // of V and O
   static constexpr int kBlockN = kTuning.block_n;
   static constexpr int kConsumerWGs = kTuning.consumer_wgs;
   static constexpr int kStages = kTuning.stages;
@@ -98,7 +101,7 @@ struct FwdMainloop {
   // for the 21-22 steps per warp of head dim 256 under the producer
   // warpgroup's 24 registers (two consumer warpgroups, fwd_kernel.cuh), where
   // ptxas 13.0 spills the stage loop's phase at 3.
-  static constexpr int kTransposeDepth = kConsumerWGs == 2 && kHeadDim > 128 ? 2 : 3;
+  static constexpr int kTransposeDepth = kConsumerWGs == 2 && kHeadDimV > 128 ? 2 : 3;
   static constexpr int kBlockM = kTuning.block_m();
   static constexpr bool kPingpong = kTuning.pingpong;
   static constexpr bool kOverlap = kTuning.overlap;
@@ -108,10 +111,11 @@ struct FwdMainloop {
   static constexpr bool kDropout = kTuning.dropout;
   // Dropout's Philox output drawn under the block's GEMMs (live across the
   // wait: 2 kBlockN / 16 registers) where the registers allow it (two
-  // consumer warpgroups, head dim <= 128); else right before it is applied.
-  static constexpr bool kDrawEarly = kDropout && kConsumerWGs == 2 && kHeadDim <= 128;
-  // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128,
-  // not in its FP8 path.
+  // consumer warpgroups, O of at most 128 columns: 64 registers); else right
+  // before it is applied.
+  static constexpr bool kDrawEarly = kDropout && kConsumerWGs == 2 && kHeadDimV <= 128;
+  // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128
+  // (its kHeadDim, the query/key one), not in its FP8 path.
   static constexpr bool kRescaleBeforePV = kHeadDim > 128 && !kVTransposed;
 
   // Shared-memory geometry (smem_layout.cuh) of Q, K and V: column blocks of
@@ -119,17 +123,22 @@ struct FwdMainloop {
   // of 64, with the 64B swizzle), k-steps of kMmaK elements.
   static constexpr int kRowBytes = kHeadDim * Traits::kBytes < 128 ? kHeadDim * Traits::kBytes : 128;
   static constexpr int kRowElems = kRowBytes / Traits::kBytes;
-  static constexpr int kColBlocks = kHeadDim / kRowElems;  // TMA boxes per tile
+  static constexpr int kColBlocks = kHeadDim / kRowElems;    // TMA boxes per Q / K tile
+  static constexpr int kColBlocksV = kHeadDimV / kRowElems;  // per V tile
   static constexpr int kStepBytes = Traits::kMmaK * Traits::kBytes;
   static constexpr int kStepsPerRow = kRowBytes / kStepBytes;
   static constexpr uint64_t kDescQK = ptx::desc_k_major<kRowBytes>();
   static constexpr int kQSteps = kHeadDim / Traits::kMmaK;  // k-steps of S = Q K^T
   static constexpr int kPSteps = kBlockN / Traits::kMmaK;   // k-steps of O += P V
   static constexpr int kSR = kBlockN / 2;                   // S registers per thread
-  static constexpr int kOR = kHeadDim / 2;                  // O registers per thread
+  static constexpr int kOR = kHeadDimV / 2;                 // O registers per thread
 
   static_assert(kHeadDim % kRowElems == 0 && (kRowBytes == 128 || (kRowBytes == 64 && kVTransposed)),
                 "head dim bucket: whole 128-byte swizzle rows (8-bit: or one 64-byte row)");
+  static_assert(kHeadDimV % kRowElems == 0 && kHeadDimV <= 256,
+                "value head dim: whole swizzle rows of Q's width, <= 256 (wgmma N of O += P V)");
+  static_assert(kHeadDimV == kHeadDim || !kVTransposed,
+                "8-bit: one head dim (the swizzle rows of V and V^T follow kRowBytes)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: multiple of 16, <= 256 (TMA box, wgmma N)");
   static_assert(kBlockM <= 256, "TMA box rows <= 256");
   static_assert(!kVTransposed || kBlockN == 128,
@@ -151,14 +160,16 @@ struct FwdMainloop {
   // empty_v[S], 8-bit: full_vt[S], empty_vt[S] and an end word per V slot
   // (finish_loads).
   static constexpr int kQBytes = kBlockM * kHeadDim * Traits::kBytes;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * Traits::kBytes;  // one stage of K (or V)
+  static constexpr int kKBytes = kBlockN * kHeadDim * Traits::kBytes;   // one stage of K
+  static constexpr int kVBytes = kBlockN * kHeadDimV * Traits::kBytes;  // one stage of V (or V^T)
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
-  static constexpr int kOffV = kOffK + kStages * kKVBytes;
-  static constexpr int kOffVt = kOffV + kStages * kKVBytes;
-  static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kKVBytes : 0);
+  static constexpr int kOffV = kOffK + kStages * kKBytes;
+  static constexpr int kOffVt = kOffV + kStages * kVBytes;
+  static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kVBytes : 0);
   static constexpr int kNumBarriers = 2 + 4 * kStages + (kVTransposed ? 3 * kStages : 0);
-  static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKVBytes % 1024 == 0 && kQBytes % 1024 == 0,
+  static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 &&
+                    kQBytes % 1024 == 0,
                 "128B-swizzled tiles must start 1 KB aligned");
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
 
@@ -168,9 +179,9 @@ struct FwdMainloop {
     uint32_t bars;    // kNumBarriers mbarriers
     uint32_t o_free;  // kOInV: the epilogue's "O store has read the V ring" barrier
     JF_DEVICE uint32_t q() const { return tiles + kOffQ; }
-    JF_DEVICE uint32_t k(int s) const { return tiles + kOffK + s * kKVBytes; }
-    JF_DEVICE uint32_t v(int s) const { return tiles + kOffV + s * kKVBytes; }
-    JF_DEVICE uint32_t vt(int s) const { return tiles + kOffVt + s * kKVBytes; }
+    JF_DEVICE uint32_t k(int s) const { return tiles + kOffK + s * kKBytes; }
+    JF_DEVICE uint32_t v(int s) const { return tiles + kOffV + s * kVBytes; }
+    JF_DEVICE uint32_t vt(int s) const { return tiles + kOffVt + s * kVBytes; }
     JF_DEVICE uint32_t bar(int i) const { return bars + 8 * i; }
     JF_DEVICE uint32_t full_q() const { return bar(0); }
     JF_DEVICE uint32_t empty_q() const { return bar(1); }
@@ -220,7 +231,7 @@ struct FwdMainloop {
   };
   struct Arguments {
     GmemTensor q, k;
-    GmemTensor v;      // [batch, seq, heads_k, head_dim] like k
+    GmemTensor v;      // [batch, seq, heads_k, head_dim_v], k's batch, seq and heads
     MaskInfo mask;     // make_mask_info (mask.cuh)
     SoftmaxScale sm;   // make_softmax_scale (softmax.cuh)
     int heads_per_kv;
@@ -230,7 +241,7 @@ struct FwdMainloop {
   struct Params {
     CUtensorMap tm_q;  // box {kRowElems, kBlockM, 1, 1} (one swizzle row of kRowBytes)
     CUtensorMap tm_k;  // box {kRowElems, kBlockN, 1, 1}
-    CUtensorMap tm_v;  // box {kRowElems, kBlockN, 1, 1}
+    CUtensorMap tm_v;  // box {kRowElems, kBlockN, 1, 1} (kColBlocksV of them per stage)
     MaskInfo mask;
     SoftmaxScale sm;
     int heads_per_kv;  // num_heads / num_heads_k
@@ -282,7 +293,7 @@ struct FwdMainloop {
     auto load_k = [&](int n) {
       mbar_wait(sm.empty_k(kst.index), kst.phase ^ 1u);
       const uint32_t full = sm.full_k(kst.index), dst = sm.k(kst.index);
-      mbar_arrive_expect_tx(full, kKVBytes);
+      mbar_arrive_expect_tx(full, kKBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
         tma_load_4d(&a.tm_k, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, n * kBlockN, head_k,
@@ -292,9 +303,9 @@ struct FwdMainloop {
     auto load_v = [&](int n) {
       mbar_wait(sm.empty_v(vst.index), vst.phase ^ 1u);
       const uint32_t full = sm.full_v(vst.index), dst = sm.v(vst.index);
-      mbar_arrive_expect_tx(full, kKVBytes);
+      mbar_arrive_expect_tx(full, kVBytes);
 #pragma unroll
-      for (int cb = 0; cb < kColBlocks; ++cb)
+      for (int cb = 0; cb < kColBlocksV; ++cb)
         tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, n * kBlockN, head_k, batch);
       vst.advance();
     };
@@ -367,7 +378,7 @@ struct FwdMainloop {
         if (lane == 0) end = ld_shared_b32(sm.v_end(st.index));
         if (__shfl_sync(0xFFFFFFFFu, end, 0) != 0u) break;
         mbar_wait(sm.empty_vt(st.index), st.phase ^ 1u);
-        VTranspose<kHeadDim, kTransposeWarps, kTransposeDepth>::run(sm.v(st.index), sm.vt(st.index), w);
+        VTranspose<kHeadDimV, kTransposeWarps, kTransposeDepth>::run(sm.v(st.index), sm.vt(st.index), w);
         fence_proxy_async_smem();  // the stores, before the consumers' wgmma reads them
         __syncwarp();
         if (lane == 0) {
@@ -408,14 +419,14 @@ struct FwdMainloop {
     ptx::gemm_rs<Element, kBlockN, 0, kQSteps>(s, q, ptx::make_desc(kDescQK, k_addr),
                                               KMajorStep<kBlockN>{}, true);
   }
-  // Issues O += P V (no commit/wait). 8-bit: V^T is a K-major [kHeadDim][kBlockN] tile
+  // Issues O += P V (no commit/wait). 8-bit: V^T is a K-major [kHeadDimV][kBlockN] tile
   // (Smem::pv, the V^T ring).
   JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr) {
     if constexpr (kVTransposed) {
-      ptx::gemm_rs<Element, kHeadDim, 0, kPSteps>(o, p, ptx::make_desc(ptx::kDescKMajor, v_addr),
-                                                  KMajorStep<kHeadDim, 128>{}, false);
+      ptx::gemm_rs<Element, kHeadDimV, 0, kPSteps>(o, p, ptx::make_desc(ptx::kDescKMajor, v_addr),
+                                                   KMajorStep<kHeadDimV, 128>{}, false);
     } else {
-      ptx::gemm_rs<Element, kHeadDim, 1, kPSteps>(
+      ptx::gemm_rs<Element, kHeadDimV, 1, kPSteps>(
           o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, false);
     }
   }
