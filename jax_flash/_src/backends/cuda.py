@@ -190,32 +190,13 @@ def _dropout(spec: AttentionSpec, dropout_key):
       dropout_broadcast=bool(spec.dropout_broadcast))
 
 
-def _unseen_zeroed(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts):
-  """q, k, v with the keys/values no query row sees and the query rows that
-  see no key set to 0.
-
-  The kernels skip the tiles that no row of a block sees, but a tile that is
-  partly seen is loaded whole, and its masked products are 0 * x: NaN or Inf
-  there (stale cache slots, uninitialised padding) would reach o (P V), and
-  in the backward dQ (dS K) and dK (dS^T Q). Zeroing those tokens first
-  keeps them out. A pass over q, k, v, only for calls where some token can
-  be unseen: segment ids (kv_seq_lengths and varlen included) or a band
-  that leaves keys or rows out (core/seen.py); the rest pay nothing."""
-  if seen.all_seen(spec) and not spec.has_segment_ids:
-    return q, k, v
-  if not spec.has_segment_ids:
-    q_seg = kv_seg = None
-  rows = seen.rows_seeing(spec, q_seg, kv_seg, shifts)
-  keys = seen.keys_seen(spec, q_seg, kv_seg, shifts)
-  zero = lambda x, ok: jnp.where(ok[:, :, None, None], x,
-                                 jnp.zeros((), x.dtype))
-  return zero(q, rows), zero(k, keys), zero(v, keys)
-
-
 def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
              dropout_key=None, sinks=None):
   B, T, H, _ = q.shape
-  q, k, v = _unseen_zeroed(spec, q, k, v, q_seg, kv_seg, shifts)
+  # A tile that is partly seen is loaded whole, and its masked products are
+  # 0 * x: NaN or Inf in tokens no row sees would reach o (P V), and in the
+  # backward dQ (dS K) and dK (dS^T Q).
+  q, k, v = seen.zero_unseen(spec, q, k, v, q_seg, kv_seg, shifts)
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
   words, dropout_attrs = _dropout(spec, dropout_key)
   # The third result is a workspace: the sm90 dynamic tile scheduler's
@@ -241,7 +222,7 @@ def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
               kv_seg, shifts=None, dropout_key=None):
   B, T, H, D = q.shape
   S, H_kv, Dv = k.shape[1], k.shape[2], v.shape[3]
-  q, k, v = _unseen_zeroed(spec, q, k, v, q_seg, kv_seg, shifts)
+  q, k, v = seen.zero_unseen(spec, q, k, v, q_seg, kv_seg, shifts)
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
   words, dropout_attrs = _dropout(spec, dropout_key)
   d_round = dq_accum_pitch(D, Dv)

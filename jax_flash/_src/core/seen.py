@@ -111,3 +111,22 @@ def rows_seeing(spec: AttentionSpec, q_seg=None, kv_seg=None, shifts=None):
     return (jnp.maximum(lo, 0) <= jnp.minimum(hi, S - 1)) & (S > 0)
   lo, hi = (jnp.broadcast_to(x, q_seg.shape) for x in (lo, hi))
   return _meets(q_seg, lo, hi, kv_seg)
+
+
+def zero_unseen(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
+                shifts=None):
+  """(q, k, v) [B, T|S, H, D] with the keys/values that no query row sees and
+  the query rows that see no key set to 0, so that whatever they hold (stale
+  cache slots, uninitialised padding, NaN) enters no product of a pass over
+  whole tensors or whole tiles. An argument given as None is returned as
+  None. Returns the inputs themselves when every token is seen by position
+  and there are no segment ids (the pass is then skipped)."""
+  if all_seen(spec) and not spec.has_segment_ids:
+    return q, k, v
+  if not spec.has_segment_ids:
+    q_seg = kv_seg = None
+  rows = rows_seeing(spec, q_seg, kv_seg, shifts)
+  keys = keys_seen(spec, q_seg, kv_seg, shifts)
+  zero = lambda x, ok: None if x is None else jnp.where(
+      ok[:, :, None, None], x, jnp.zeros((), x.dtype))
+  return zero(q, rows), zero(k, keys), zero(v, keys)

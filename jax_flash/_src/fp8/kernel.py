@@ -84,19 +84,14 @@ def _cuda_prepass_serves(parts, seed) -> bool:
 
 
 def _unseen_zeroed(spec, parts, forms, segs):
-  """The 16-bit inputs with the keys/values that no query row sees and the
-  query rows that see no key set to 0, before quantisation: whatever such
-  tokens hold (stale cache data, NaN, Inf) then enters no block or channel
-  scale and no product. Fp8Tensor inputs are taken as they are."""
-  if seen.all_seen(spec) and not segs:
-    return parts
+  """The 16-bit inputs with unseen tokens zeroed before quantisation
+  (seen.zero_unseen): whatever such tokens hold then enters no block or
+  channel scale and no product. Fp8Tensor inputs are taken as they are."""
   q_seg, kv_seg = segs if segs else (None, None)
-  rows = seen.rows_seeing(spec, q_seg, kv_seg)
-  keys = seen.keys_seen(spec, q_seg, kv_seg)
-  keep = (rows, keys, keys)
-  return [x if is_fp8 else jnp.where(ok[:, :, None, None], x,
-                                     jnp.zeros((), x.dtype))
-          for x, is_fp8, ok in zip(parts, forms, keep)]
+  zeroed = seen.zero_unseen(spec, *(None if is_fp8 else x
+                                    for x, is_fp8 in zip(parts, forms)),
+                            q_seg, kv_seg)
+  return [x if is_fp8 else z for x, z, is_fp8 in zip(parts, zeroed, forms)]
 
 
 def _kernel_body(impl, local, *args):
