@@ -419,3 +419,84 @@ def test_seen_with_shifts(rng):
         seen.keys_seen(spec, q_seg, kv_seg, shifts), mask.any(1))
     np.testing.assert_array_equal(
         seen.rows_seeing(spec, q_seg, kv_seg, shifts), mask.any(2))
+
+
+def _zeroed_rows_keys(spec, q_seg, kv_seg):
+  """(rows, keys) that seen.zero_unseen keeps, read off ones it zeroes."""
+  T, S = spec.q_len, spec.kv_len
+  q, k = jnp.ones((q_seg.shape[0], T, 1, 1)), jnp.ones((kv_seg.shape[0], S, 1, 1))
+  zq, zk, _ = seen.zero_unseen(spec, q, k, None, q_seg, kv_seg)
+  return np.asarray(zq[:, :, 0, 0] > 0), np.asarray(zk[:, :, 0, 0] > 0)
+
+
+def test_aligned_segments_match_the_dense_mask(rng):
+  """spec.segments_aligned (one id array for q and kv, or varlen offsets
+  given once): zero_unseen's elementwise test keeps exactly the rows and
+  keys the dense mask sees, on bands that hold the diagonal, for random and
+  packed ids and varlen layouts with tokens outside every sequence."""
+  from jax_flash._src.api import varlen
+  T = 41
+  pos = jnp.arange(T)
+  for trial in range(16):
+    side = lambda: int(rng.choice([UNBOUNDED, 0, 2, 7]))
+    spec = AttentionSpec(scale=1.0, window_left=side(), window_right=side(),
+                         has_segment_ids=True, segments_aligned=True,
+                         q_len=T, kv_len=T)
+    if trial % 2:  # varlen: offsets once, padding after the last sequence
+      cu = np.concatenate([[0], np.cumsum(rng.integers(0, 9, 4))])
+      q_seg, kv_seg = varlen.packing_arrays(jnp.asarray(cu), jnp.asarray(cu),
+                                            T, T, False)
+    else:
+      ids = rng.integers(-1, 4, (2, T))
+      if rng.random() < 0.5:
+        ids = np.sort(ids, 1)
+      q_seg = kv_seg = jnp.asarray(ids, jnp.int32)
+    assert seen._sees_itself(spec)
+    mask = np.asarray(masking.visible(spec, pos[:, None], pos[None, :],
+                                      q_seg[:, :, None], kv_seg[:, None, :]))
+    rows, keys = _zeroed_rows_keys(spec, q_seg, kv_seg)
+    np.testing.assert_array_equal(rows, mask.any(2), err_msg=str(spec))
+    np.testing.assert_array_equal(keys, mask.any(1), err_msg=str(spec))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(q_offset=3),                              # a shifted diagonal
+    dict(window_left=5, window_right=0, q_offset=-2),  # a band left of it
+    dict(kv_len=44),                               # T != S
+    dict(has_shifts=True)])                        # per-token shifts
+def test_aligned_segments_need_the_diagonal(kw):
+  """The elementwise test is taken only where every token sees itself;
+  otherwise the general search."""
+  base = dict(scale=1.0, has_segment_ids=True, segments_aligned=True,
+              q_len=41, kv_len=41)
+  spec = AttentionSpec(**{**base, **kw})
+  assert not seen._sees_itself(spec)
+  assert seen._sees_itself(AttentionSpec(**base))
+  assert not seen._sees_itself(AttentionSpec(**{**base,
+                                                "segments_aligned": False}))
+
+
+def test_api_marks_aligned_segments(monkeypatch, rng):
+  """attention() with one segment-id array and varlen_attention() with one
+  offsets array mark the spec aligned (varlen: without shifts); two arrays
+  do not."""
+  from jax_flash._src.backends import registry
+  specs = []
+  real = registry.choose_per_platform
+  monkeypatch.setattr(registry, "choose_per_platform",
+                      lambda spec, *a: (specs.append(spec), real(spec, *a))[1])
+  q = jnp.asarray(rng.standard_normal((1, 24, 2, 16)), jnp.float32)
+  ids = jnp.asarray(np.repeat([0, 1, 2], 8)[None], jnp.int32)
+  jax_flash.attention(q, q, q, causal=True, segment_ids=ids,
+                      implementation="xla")
+  jax_flash.attention(q, q, q, causal=True, segment_ids=(ids, ids + 0),
+                      implementation="xla")
+  cu = jnp.asarray([0, 5, 20], jnp.int32)
+  jax_flash.varlen_attention(q[0], q[0], q[0], cu, cu, max_seqlen_q=15,
+                             max_seqlen_k=15, causal=True,
+                             implementation="xla")
+  jax_flash.varlen_attention(q[0], q[0], q[0], cu, cu + 0, max_seqlen_q=15,
+                             max_seqlen_k=15, causal=True,
+                             implementation="xla")
+  assert [s.segments_aligned for s in specs] == [True, False, True, False]
+  assert [s.has_shifts for s in specs[2:]] == [False, True]

@@ -120,6 +120,8 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
                      "give the padding as segment_ids instead")
   if kv_seq_lengths is None:
     segs = check_segment_ids(segment_ids, batch_shape, T, S)
+    if segs and segs[0] is segs[1] and T == S:
+      spec = spec.with_shapes(segments_aligned=True)
   else:
     k, v, segs = kv_lengths.inputs(spec, k, v, kv_seq_lengths, segment_ids,
                                    batch_shape)

@@ -161,10 +161,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
                      f"(num_seqs + 1)")
   band = window_fields(window, causal)
   banded = band["window_left"] != UNBOUNDED or band["window_right"] != UNBOUNDED
+  # One offsets array for queries and keys (self-attention over a packing):
+  # every sequence has as many queries as keys, so no token is shifted off
+  # its diagonal, and each token's q and kv ids agree (spec.segments_aligned).
+  aligned = cu_seqlens_q is cu_seqlens_k and Tq == Tk
   spec = AttentionSpec(
       scale=check_scale(scale, D), causal=bool(causal), **band,
       softcap=check_softcap(softcap), has_segment_ids=True,
-      has_shifts=banded, batch=1, q_len=Tq, kv_len=Tk, num_heads=H,
+      has_shifts=banded and not aligned, segments_aligned=aligned,
+      batch=1, q_len=Tq, kv_len=Tk, num_heads=H,
       num_kv_heads=H_kv, head_dim=D,
       value_head_dim=AttentionSpec.value_head_dim_of(D, v.shape[-1]),
       dtype=jnp.dtype(q.dtype).name,
@@ -177,7 +182,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
   if api.no_rows((H,)):
     res = api.empty_result(q[None], return_lse, v.shape[-1])
     return (res[0][0], res[1][0]) if return_lse else res[0]
-  packing = packing_arrays(cu_seqlens_q, cu_seqlens_k, Tq, Tk, banded)
+  packing = packing_arrays(cu_seqlens_q, cu_seqlens_k, Tq, Tk,
+                           spec.has_shifts)
   o, lse = backends.run(
       branches, lambda b: lambda *a: sharding.call(
           lambda s: attention_fn(b.name, s), spec, *a),

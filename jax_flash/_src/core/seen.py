@@ -113,6 +113,18 @@ def rows_seeing(spec: AttentionSpec, q_seg=None, kv_seg=None, shifts=None):
   return _meets(q_seg, lo, hi, kv_seg)
 
 
+def _sees_itself(spec: AttentionSpec) -> bool:
+  """Whether token t, as a row, sees itself as a key whenever its q and kv
+  ids agree, and sees nothing (and is seen by nothing) otherwise: aligned
+  segment ids (spec.segments_aligned) on a band that holds the diagonal.
+  Then the visibility is an elementwise test, not `_meets`' sorts."""
+  if not (spec.segments_aligned and spec.has_segment_ids) or spec.has_shifts:
+    return False
+  left, right = masking.window_bounds(spec)
+  return (spec.q_len == spec.kv_len and spec.kv_offset == 0 and left >= 0
+          and right >= 0)
+
+
 def zero_unseen(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
                 shifts=None):
   """(q, k, v) [B, T|S, H, D] with the keys/values that no query row sees and
@@ -125,8 +137,11 @@ def zero_unseen(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
     return q, k, v
   if not spec.has_segment_ids:
     q_seg = kv_seg = None
-  rows = rows_seeing(spec, q_seg, kv_seg, shifts)
-  keys = keys_seen(spec, q_seg, kv_seg, shifts)
+  if _sees_itself(spec):
+    rows = keys = q_seg == kv_seg
+  else:
+    rows = rows_seeing(spec, q_seg, kv_seg, shifts)
+    keys = keys_seen(spec, q_seg, kv_seg, shifts)
   zero = lambda x, ok: None if x is None else jnp.where(
       ok[:, :, None, None], x, jnp.zeros((), x.dtype))
   return zero(q, rows), zero(k, keys), zero(v, keys)

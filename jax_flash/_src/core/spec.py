@@ -123,6 +123,12 @@ class AttentionSpec:
   value_head_dim: int | None = None
   # Learnable per-head sink logits (an extra forward operand, see above).
   has_sinks: bool = False
+  # The q and kv segment ids are one layout (the API saw one array for both,
+  # or varlen offsets given as one array with as many queries as keys): at
+  # every position both ids are equal, except at tokens outside every
+  # sequence, whose q and kv ids differ and match nothing; no shifts. Then a
+  # token is seen iff its two ids agree (core/seen.py), with no search.
+  segments_aligned: bool = False
 
   @property
   def has_window(self) -> bool:
