@@ -10,6 +10,9 @@
 # statistics and occupancy. Reports in $OUT/fp8_profile_D*.ncu-rep (open with
 # ncu-ui), text in $OUT/fp8_profile_D*.txt; a short table of the key metrics
 # per kernel is printed last. Clocks are left alone (--clock-control none).
+# SourceCounters: the SASS of each kernel with its warp-stall samples
+# ($OUT/fp8_profile_D*_sass_K.csv, K = 0 for the FP8 kernel, 1 for the
+# 16-bit one) and the hottest instructions printed per kernel.
 DEFAULT_STAGES=""
 source "$(dirname "$0")/carried.sh"
 DIMS=${*:-128 64 256}
@@ -27,6 +30,11 @@ METRICS=(
   l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
   l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
   smsp__inst_executed.sum
+  smsp__issue_active.avg.pct_of_peak_sustained_active
+  sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+  sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+  sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active
+  sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
   launch__registers_per_thread
 )
 for D in $DIMS; do
@@ -48,7 +56,7 @@ PY
     -k regex:'fwd_kernel' --launch-skip 6 --launch-count 2 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis_Tables \
-    --section LaunchStats --section Occupancy \
+    --section LaunchStats --section Occupancy --section SourceCounters \
     --metrics "$(IFS=,; echo "${METRICS[*]}")" \
     -o "$OUT/fp8_profile_D$D" -f python3 /tmp/fp8_profile_case.py >"$OUT/fp8_profile_D$D.log" 2>&1
   echo "D=$D: ncu exit $?"
@@ -67,5 +75,35 @@ for r in rows[head + 2:]:
   kind = "fp8" if "e4m3" in d["Kernel Name"] or "float_e4m3" in d["Kernel Name"] or "fp8" in d["Kernel Name"].lower() else "16-bit"
   short = {k.split("__", 1)[-1][:48]: v for k, v in d.items() if "__" in k}
   print(f"D={sys.argv[2]} {kind:6s} " + "  ".join(f"{k}={v}" for k, v in short.items()))
+PY
+  ncu -i "$OUT/fp8_profile_D$D.ncu-rep" --page source --csv --print-source sass \
+    >"$OUT/fp8_profile_D${D}_sass.csv" 2>&1
+  python3 - "$OUT/fp8_profile_D${D}_sass.csv" "$D" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+heads = [i for i, r in enumerate(rows) if any("Sampling" in c for c in r)]
+if not heads:
+  print("no source page:", "".join(open(sys.argv[1]).readlines()[:3])[:300]); sys.exit()
+def num(x):
+  try: return float(x.replace(",", ""))
+  except ValueError: return 0.0
+for k, head in enumerate(heads):  # one section per profiled kernel (FP8 first)
+  names = rows[head]
+  col = next((i for i, c in enumerate(names) if "Sampling" in c and "All" in c),
+             next(i for i, c in enumerate(names) if "Sampling" in c))
+  src = next((i for i, c in enumerate(names) if c.strip().lower() in ("source", "sass")), 1)
+  end = heads[k + 1] if k + 1 < len(heads) else len(rows)
+  body = [r for r in rows[head + 1:end] if len(r) > max(col, src)]
+  total = sum(num(r[col]) for r in body) or 1.0
+  print(f"D={sys.argv[2]} kernel {k}: {len(body)} SASS lines, column {names[col]!r}")
+  for r in sorted(body, key=lambda r: -num(r[col]))[:25]:
+    print(f"  {100 * num(r[col]) / total:5.1f}%  {r[src][:90]}")
+  by = {}
+  for r in body:
+    w = [t for t in r[src].split() if not t.startswith("@")]
+    op = w[0].split(".")[0] if w else "?"
+    by[op] = by.get(op, 0.0) + num(r[col])
+  print("  by opcode:", ", ".join(f"{o} {100 * v / total:.1f}%" for o, v in
+                                   sorted(by.items(), key=lambda kv: -kv[1])[:14]))
 PY
 done
