@@ -19,10 +19,18 @@
 // Registers: dK, dV 64 each; S, dP, P 16 each; dQ 32 per slice.
 // Releases: dO (empty_do, 1 stage) once dV is done (first of the three
 // GEMMs, so that the producer can refill it early), Q once dK is done.
+// Dropout (Cfg::kDropout): with the keep mask Z and k = 1 / (1 - rate),
+//   dS = P (k Z dP - delta),  dV += (Z P)^T dO  (k applied to dV once, at
+// the end: BwdMainloop::consume). S rows are queries, so each thread applies
+// its rows' bits in registers; one Philox call (a row's 64-key chunk) covers
+// both WGs' 32 keys, so draw_dropout (under the step's S and dP GEMMs) draws
+// one row per thread, r0 + 8 wg, and the WGs swap the halves through shared
+// memory (BwdDropoutConfig).
 #pragma once
 
 #include "bwd_dq.cuh"
 #include "bwd_tile.cuh"
+#include "jax_flash/philox.h"
 #include "sm90/ptx/wgmma.cuh"
 
 namespace jax_flash::sm90 {
@@ -120,6 +128,38 @@ struct BwdColumnSplit {
   JF_DEVICE void issue_s(float (&acc)[kSR], uint32_t q_tile) const { issue_sdp(acc, q_tile, sm.k()); }
   JF_DEVICE void issue_dp(float (&acc)[kSR], uint32_t do_tile) const { issue_sdp(acc, do_tile, sm.v()); }
 
+  // ---- dropout (Cfg::kDropout)
+  // The keep bits of one generator call (a row's 64-key chunk, philox.h
+  // KeepBits) packed into one word: byte c of output word j (keys
+  // 8 (2j + c / 2) + 2t + c % 2) at bit 8 + 16 (c / 2) + 2j + c % 2. Shifted
+  // right by 4 wg, the word holds WG wg's keys at keep_bit(m, e).
+  static JF_DEVICE uint32_t pack_keep(const KeepBits& k) {
+    uint32_t f = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f |= ((k.lo[j] & 0x01000100u) | ((k.hi[j] & 0x01000100u) << 1)) << (2 * j);
+    return f;
+  }
+  // Accumulator element 4m + 2h + e (key 32 wg + 8m + 2t + e: byte
+  // 8 wg + 2m + e of the call) in the word shifted by 4 wg.
+  static constexpr int keep_bit(int m, int e) { return 8 + 16 * (m % 2) + 2 * (m / 2) + e; }
+  // This thread's word of the step: its row r0 + 8 wg of the block's 64 keys
+  // (one call), for itself and the thread of the same warp and lane in the
+  // other WG; the mainloop calls this after issuing the step's S and dP
+  // GEMMs. One buffer (BwdDropoutConfig), so the step's parity is unused.
+  JF_DEVICE void draw_dropout(int /*it*/, const BwdTile& w, int n0, int m0, int head) const {
+    if constexpr (Cfg::kDropout) {
+      const Dropout d(a.dropout);
+      const int row = m0 + 16 * warp + lane / 4 + 8 * wg;
+      const KeepBits k = d.keep_bits(w.batch, head, row, uint32_t(n0) / 64u, lane % 4);
+      ptx::st_shared_b32(drop_word(), pack_keep(k));
+      ptx::named_bar_arrive(kBwdBarDrop + wg, 256);  // read by the other WG after its sync
+    }
+  }
+  // The address of this thread's words: [0] drawn by WG 0 (row r0), [1] by
+  // WG 1 (row r0 + 8); its own at + 4 wg.
+  JF_DEVICE uint32_t drop_pair() const { return sm.drop_words() + 8 * (32 * warp + lane); }
+  JF_DEVICE uint32_t drop_word() const { return drop_pair() + 4 * wg; }
+
   // The registers of a step besides S and dP (BwdMainloop::consume declares
   // them, step fills them): the two dQ slices, the row statistics, P (unless
   // in place: softcap), the 16-bit P and dS fragments.
@@ -176,7 +216,25 @@ struct BwdColumnSplit {
     float(&pr)[kSR] = *select_p<kSoftcap>(&sc, &pr_own);
 #pragma unroll
     for (int i = 0; i < kSR; ++i) pr[i] = exp2_approx(fmaf(sc[i], scale_log2, -lse[(i / 2) % 2]));
-    if constexpr (!kSoftcap) {
+    if constexpr (Cfg::kDropout) {
+      static_assert(!kSoftcap, "dropout kernels: no softcap (the sm80 backward serves it)");
+      fence_regs(pr);
+      named_bar_sync(kBwdBarDrop + 1 - wg, 256);  // the other WG's words of the step are written
+      const uint2 z2 = ld_shared_v2_u32(drop_pair());
+      wgmma_wait<0>();  // dP ready
+      fence_regs(dp);
+      dl[0] = ld_shared_f32(sm.delta(sd) + 4 * r0);
+      dl[1] = ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8));
+      const float keep_scale = dropout_keep_scale(a.dropout);
+      const uint32_t z[2] = {z2.x >> (4 * wg), z2.y >> (4 * wg)};  // rows r0, r0 + 8
+#pragma unroll
+      for (int i = 0; i < kSR; ++i) {
+        const int h = (i / 2) % 2;
+        const bool keep = (z[h] >> keep_bit(i / 4, i % 2)) & 1u;
+        dp[i] = pr[i] * (keep ? fmaf(dp[i], keep_scale, -dl[h]) : -dl[h]);
+        pr[i] = keep ? pr[i] : 0.f;
+      }
+    } else if constexpr (!kSoftcap) {
       fence_regs(pr);   // P computed while the dP GEMM runs (not sunk below the wait)
       wgmma_wait<0>();  // dP ready
       fence_regs(dp);

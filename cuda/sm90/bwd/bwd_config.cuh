@@ -168,20 +168,29 @@ struct BwdConfig {
   static constexpr bool kDropout = false;
 };
 
-// A config with attention dropout (the key split only: its S^T rows are keys,
-// so the keep mask, drawn by query rows, goes through shared memory,
-// bwd_key_split.cuh): the base plan plus, per consumer WG and step parity,
-// the mask of the WG's 64 keys x kBlockM queries, [2 words][kBlockM + 8]
-// (word w of query q: the generator's calls t = 2w, 2w + 1; +8 words per row
-// of words keeps the transposed reads conflict-free).
+// A config with attention dropout: the base plan plus the keep mask's
+// buffers (one Philox call gives the 16 keep bits of one query row in a
+// 64-key chunk, philox.h).
+// Key split (S^T rows are keys, so the mask drawn by query rows goes
+// through shared memory, bwd_key_split.cuh): per consumer WG and step
+// parity, the mask of the WG's 64 keys x kBlockM queries, [2 words][kBlockM
+// + 8] (word w of query q: the generator's calls t = 2w, 2w + 1; +8 words
+// per row of words keeps the transposed reads conflict-free).
+// Column split (S rows are queries, bwd_column_split.cuh): a thread's call
+// covers its row's keys of both WGs (32 each), so the thread of WG wg draws
+// its row r0 + 8 wg for both and the two threads of the same warp and lane
+// exchange the bits: one word per thread and WG, [128 threads][2 WGs], one
+// buffer (a WG writes a step's words after the PdS barrier of the step
+// before, which the other WG reaches only after reading that step's).
 template <typename Base>
 struct BwdDropoutConfig : Base {
-  static_assert(Base::kSdpSwapAB, "dropout: the key split (hdim 64, 128)");
   static constexpr bool kDropout = true;
   static constexpr int kDropRowWords = Base::kBlockM + 8;
   static constexpr int kDropWGBytes = 2 * kDropRowWords * 4;
+  static constexpr int kDropBytes =
+      Base::kSdpSwapAB ? 2 * Base::kConsumerWGs * kDropWGBytes : 128 * Base::kConsumerWGs * 4;
   static constexpr int kOffDrop = Base::kSmemBytes;  // 8-byte aligned
-  static constexpr int kSmemBytes = kOffDrop + 2 * Base::kConsumerWGs * kDropWGBytes;
+  static constexpr int kSmemBytes = kOffDrop + kDropBytes;
   static constexpr int kSmemAlloc = kSmemBytes + 1024;
   static_assert(kSmemBytes % 8 == 0 && kSmemAlloc <= 227 * 1024, "shared memory plan too large");
 };
@@ -207,7 +216,8 @@ constexpr int kBwdBarDqEmpty = 3;  // + WG: the writer has read the WG's tile ou
 constexpr int kBwdBarPdS = 5;      // both consumer WGs wrote their dS (256 threads)
 constexpr int kBwdBarEpi = 6;      // both consumer WGs are done with K and V (256 threads)
 constexpr int kBwdBarEpiWG = 7;    // + WG: the WG's dK/dV tile is staged (128 threads)
-constexpr int kBwdBarDrop = 9;     // + WG: the WG's dropout mask of the step is drawn (128 threads)
+constexpr int kBwdBarDrop = 9;     // + WG: the WG's dropout mask of the step is drawn (key split: 128
+                                   // threads; column split: the WG's arrivals + the other WG's, 256)
 constexpr int kBwdDqBarThreads = 128 + 32;
 
 // The tile order and scheduler (tile_scheduler.cuh): one CTA per (KV block,
@@ -267,6 +277,14 @@ struct BwdSmem {
   JF_DEVICE uint32_t drop(int b, int wg) const {
     if constexpr (Cfg::kDropout) {
       return base + Cfg::kOffDrop + (2 * b + wg) * Cfg::kDropWGBytes;
+    } else {
+      return 0;
+    }
+  }
+  // Cfg::kDropout, column split: the exchanged keep words, [thread][WG].
+  JF_DEVICE uint32_t drop_words() const {
+    if constexpr (Cfg::kDropout) {
+      return base + Cfg::kOffDrop;
     } else {
       return 0;
     }

@@ -20,11 +20,14 @@ namespace jax_flash::sm90 {
 #ifndef JAX_FLASH_DISABLE_BACKWARD
 namespace {
 
-// The shared memory of the tile bwd_default_tile picks (bwd_launch_templates.cuh).
+// The shared memory of the tile bwd_default_tile picks (bwd_launch_templates.cuh),
+// with dropout's buffers for a dropout call.
 bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, BwdTileChoice tile) {
   return dispatch_head_dim(Sm90BwdHeadDims{}, Sm90BwdHeadDims::bucket(p.head_dim), false, [&](auto d) {
+    using Cfg = typename BwdConfigFor<decltype(d)::value>::type;
     const int smem = tile == BwdTileChoice::kBlockM80 ? BwdConfigHd128Bm80::kSmemAlloc
-                                                      : BwdConfigFor<decltype(d)::value>::type::kSmemAlloc;
+                     : p.dropout.enabled()            ? BwdDropoutConfig<Cfg>::kSmemAlloc
+                                                      : Cfg::kSmemAlloc;
     return smem <= dev.smem_optin;
   });
 }
@@ -53,8 +56,8 @@ cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
 bool bwd_supported(const BwdParams&) { return false; }
 #else
 bool bwd_supported(const BwdParams& p) {
-  // Dropout: the key-split buckets (hdim <= 128) without softcap; the sm80
-  // backward serves the rest. Its tile is the bucket's (not kBlockM 80).
+  // Dropout: the buckets of Sm90BwdDropoutHeadDims without softcap; the
+  // sm80 backward serves the rest. Its tile is the bucket's (not kBlockM 80).
   if (p.dropout.enabled() &&
       (p.softcap > 0.f || Sm90BwdDropoutHeadDims::bucket(p.head_dim) == 0))
     return false;

@@ -16,7 +16,7 @@ namespace jax_flash::sm90 {
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream);
 
-// With attention dropout (hdim 64 and 128): bwd_dropout_<dtype>_hdim<d>_sm90.cu.
+// With attention dropout: bwd_dropout_<dtype>_hdim<d>_sm90.cu.
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream);
 

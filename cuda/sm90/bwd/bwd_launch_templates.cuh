@@ -141,16 +141,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   return launch_bwd_kernels<Element, Cfg, kDqTensor, false>(p, mask, stream);
 }
 
-// With attention dropout (hdim 64, 128: the key split): the bucket's tile
-// with the mask's buffers (BwdDropoutConfig), in translation units of its
-// own (bwd_dropout_<dtype>_hdim<d>_sm90.cu).
+// With attention dropout: the bucket's tile with the mask's buffers
+// (BwdDropoutConfig), in translation units of its own
+// (bwd_dropout_<dtype>_hdim<d>_sm90.cu).
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream) {
-  if constexpr (kHeadDim <= 128) {
-    return launch_bwd<Element, BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type>>(p, stream);
-  } else {
-    return cudaErrorNotSupported;
-  }
+  return launch_bwd<Element, BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type>>(p, stream);
 }
 
 template <typename Element, int kHeadDim>

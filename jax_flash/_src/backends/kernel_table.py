@@ -39,9 +39,9 @@ HEAD_DIMS = {
     # so 65..128 run in the 128 kernel.
     "sm90_fwd": (64, 128, 256),
     "sm90_bwd": (64, 128, 256),
-    # The sm90 backward with attention dropout: the key-split buckets (its
-    # S^T rows are keys); larger head dims take the sm80 backward.
-    "sm90_bwd_dropout": (64, 128),
+    # The sm90 backward with attention dropout (every bucket; softcap with
+    # dropout takes the sm80 backward).
+    "sm90_bwd_dropout": (64, 128, 256),
     # The sm90 FP8 forward (e4m3 inputs), served exactly: whole 128-byte
     # swizzle rows of e4m3, or one 64-byte row (the 64B swizzle).
     "sm90_fp8": (64, 128, 256),
