@@ -6,8 +6,9 @@ reproducibility per key; vmap (a batched key: each element its own mask; a
 shared key: the same one, as jax.random); check_grads; fully masked rows;
 the Flax drop-in's dropout (broadcast_dropout included); argument errors.
 The CUDA kernels' dropout (GPU): outputs and gradients against the float64
-xla result with the same key, both kernel families, deterministic mode,
-keys no query sees holding NaN/Inf, the default dispatch."""
+xla result with the same key, both kernel families (and the sm90 kernels
+forced on Hopper, every head-dim bucket), deterministic mode, keys no query
+sees holding NaN/Inf, the default dispatch."""
 
 from __future__ import annotations
 
@@ -419,6 +420,7 @@ import dataclasses  # noqa: E402
 import re  # noqa: E402
 import zlib  # noqa: E402
 
+from jax_flash._src.backends import cuda as cuda_backend  # noqa: E402
 from jax_flash._src.backends import ffi  # noqa: E402
 from jax_flash._src.backends import registry as backends  # noqa: E402
 from jax_flash._src.core.spec import AttentionSpec  # noqa: E402
@@ -588,6 +590,47 @@ def test_cuda_dropout_matches_xla(case, head_dim, cuda_family):
   assert _kernel_families(g, args) == {_FAMILY_CODES[cuda_family]}
 
 
+ON_HOPPER = (ON_GPU and ffi.available()
+             and cuda_backend._compute_capability() == (9, 0))
+# The cases the sm90 kernels serve with dropout (softcap with dropout runs
+# the sm80 backward).
+SM90_DROPOUT_CASES = [c for c in CUDA_CASES if "softcap" not in CUDA_CASES[c]]
+
+
+@pytest.fixture
+def sm90_family(monkeypatch):
+  """JAX_FLASH_CUDA_FAMILY=sm90: the handlers fail rather than fall back, so
+  a passing call proves the sm90 kernels computed it (jax's trace caches
+  cleared around it, as cuda_family)."""
+  assert "sm90" in ffi.families(), "extension built without the sm90 family"
+  monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", "sm90")
+  jax.clear_caches()
+  yield
+  jax.clear_caches()
+
+
+@cuda_only
+@pytest.mark.skipif(not ON_HOPPER,
+                    reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256, 200])
+@pytest.mark.parametrize("case", SM90_DROPOUT_CASES)
+def test_sm90_dropout_matches_xla(case, head_dim, sm90_family):
+  """The sm90 forward and backward (forced: no fallback) draw the xla
+  path's mask in every head-dim bucket: the key split's backward (64, 96,
+  128) and the column split's (256, and 200 zero-padded into it)."""
+  g, args = _check_against_xla("cuda", case, head_dim)
+  assert _kernel_families(g, args) == {90}
+
+
+@cuda_only
+@pytest.mark.skipif(not ON_HOPPER,
+                    reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_sm90_dropout_deterministic_is_bitwise_reproducible(head_dim,
+                                                            sm90_family):
+  _check_deterministic_dropout(head_dim, 90)
+
+
 def test_cuda_harness_with_pallas_standing_in():
   """The check above, run here with the Pallas kernels (interpret mode on
   CPU) in the place of the CUDA ones: the harness itself (inputs, empty
@@ -617,6 +660,12 @@ def test_cuda_criterion_rejects_another_mask(case):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_cuda_dropout_deterministic_is_bitwise_reproducible(head_dim,
                                                             cuda_family):
+  _check_deterministic_dropout(head_dim, _FAMILY_CODES[cuda_family])
+
+
+def _check_deterministic_dropout(head_dim, family_code):
+  """deterministic=True with dropout: the gradients of four calls are
+  bitwise equal, run by the kernel family family_code."""
   B, T, S, H, Hk = 2, 291, 403, 8, 2
   rng = np.random.default_rng(head_dim)
   mk = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.bfloat16)
@@ -630,8 +679,7 @@ def test_cuda_dropout_deterministic_is_bitwise_reproducible(head_dim,
         dropout_rate=0.1, dropout_rng=jax.random.key(3)), q, k, v)
     return vjp(do)
 
-  assert _kernel_families(grads, (q, k, v, do)) == {
-      _FAMILY_CODES[cuda_family]}
+  assert _kernel_families(grads, (q, k, v, do)) == {family_code}
   first = [np.asarray(x) for x in grads(q, k, v, do)]
   for _ in range(3):
     for name, a, b in zip(("dq", "dk", "dv"), first, grads(q, k, v, do)):

@@ -53,12 +53,6 @@ struct Case {
   int dv() const { return Dv > 0 ? Dv : D; }
 };
 
-// The dropout key of every case: key words and a nonzero origin (the call
-// as one shard of a larger request, a block of ring attention: batch0,
-// head0, row0, col0 with col0 a multiple of 64), so that all enter the
-// positions.
-constexpr uint32_t kDropoutWords[6] = {0x9E3779B9u, 0x243F6A88u, 3u, 5u, 77u, 192u};
-
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
 static double err16(const std::vector<uint16_t>& got, const Tensor& layout,
                     const std::vector<double>& ref, bool fp16, double* ref_max) {
@@ -111,11 +105,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     fill(qs, c.T);
     fill(ks, c.S);
   }
-  jax_flash::DropoutArgs drop_args{};
-  if (c.dropout > 0.f) {
-    drop_args.threshold = std::min(uint32_t(std::lround(c.dropout * 256.f)), 255u);
-    drop_args.broadcast = c.drop_broadcast;
-  }
+  jax_flash::DropoutArgs drop_args = dropout_args(c.dropout, c.drop_broadcast);
   jax_flash::DropoutArgs host_drop = drop_args;
   host_drop.words = kDropoutWords;
   const jax_flash::Dropout drop_ref(host_drop);

@@ -23,6 +23,24 @@
 #include "host_utils.h"  // CHECK_CUDA, to_bits / from_bits
 #include "jax_flash/philox.h"  // Dropout: the reference's keep decisions
 
+// The dropout key of every case: key words and a nonzero origin (the call
+// as one shard of a larger request, a block of ring attention: batch0,
+// head0, row0, col0 with col0 a multiple of 64), so that all enter the
+// positions.
+constexpr uint32_t kDropoutWords[6] = {0x9E3779B9u, 0x243F6A88u, 3u, 5u, 77u, 192u};
+
+// A case's dropout arguments for `rate` (threshold round(rate * 256), at
+// most 255; none for rate 0), without key words: the host reference points
+// them at kDropoutWords, the kernels at a device copy.
+inline jax_flash::DropoutArgs dropout_args(float rate, bool broadcast) {
+  jax_flash::DropoutArgs a{};
+  if (rate > 0.f) {
+    a.threshold = std::min(uint32_t(std::lround(rate * 256.f)), 255u);
+    a.broadcast = broadcast;
+  }
+  return a;
+}
+
 // A [batch, seq, heads, D] tensor stored with row pitch heads*D + pad.
 struct Tensor {
   int B, L, H, D, pad;

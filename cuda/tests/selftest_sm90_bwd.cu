@@ -21,7 +21,10 @@
 // blocks]. For information the non-deterministic kernel is run the same way
 // and "(nondet: differs)" noted when its dq_accum bits changed. Head dims: the buckets 64,
 // 128 (incl. 96, 80) and 256 (incl. 200, 136, 160: zero-padded columns, a
-// whole padding column block for 136 and 160). Builds with
+// whole padding column block for 136 and 160). Attention dropout ("dropout"
+// cases, every bucket): the reference draws the generator's keep bit per
+// element (Dropout::keep, philox.h) at the nonzero origin of kDropoutWords;
+// softcap with dropout must answer cudaErrorNotSupported (sm80 serves it).
 // Every case runs variant 0 (the default, sm90::run_bwd) and the explicit
 // variants of the tuning table that apply (sm90_bwd_tuning.h; bf16 only):
 // 1 (dQ by row bulk reductions), 2 (kBlockM 80, dQ_swapAB; hdim-128 bucket,
@@ -59,6 +62,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,6 +91,8 @@ struct Case {
   int pitch_pad = 0;      // extra elements per row (non-contiguous strides)
   bool expect_ns = false; // run_bwd must answer cudaErrorNotSupported
   bool no_semaphore = false;  // deterministic without BwdParams::sm90_dq_semaphore
+  float dropout = 0.f;        // attention dropout rate (selftest_common.h dropout_args)
+  bool drop_broadcast = false;  // one mask for every (batch, head)
 };
 
 // Max |got - ref| over the logical elements of a 16-bit tensor (NaN -> inf).
@@ -216,7 +222,20 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     qs = make_segments(c, c.T, rng);
     ks = make_segments(c, c.S, rng);
   }
-  const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale);
+  // Dropout: the reference draws Dropout::keep per element with the same
+  // key words (kDropoutWords: a nonzero origin), so a kernel mask that
+  // differs from the generator's anywhere fails by O(1).
+  jax_flash::DropoutArgs drop_args = dropout_args(c.dropout, c.drop_broadcast);
+  jax_flash::DropoutArgs host_drop = drop_args;
+  host_drop.words = kDropoutWords;
+  const jax_flash::Dropout drop_ref(host_drop);
+  const Reference ref = reference(c, q, k, v, &dout, qs, ks, scale, drop_args.enabled() ? &drop_ref : nullptr);
+  uint32_t* d_words = nullptr;
+  if (drop_args.enabled()) {
+    d_words = dev_alloc<uint32_t>(std::size(kDropoutWords));
+    CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
+    drop_args.words = d_words;
+  }
 
   uint16_t *d_q = upload(q), *d_k = upload(k), *d_v = upload(v), *d_do = upload(dout);
   uint16_t *d_dq = dev_alloc<uint16_t>(q.count()), *d_dk = dev_alloc<uint16_t>(k.count()),
@@ -293,6 +312,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   bp.dv_accum = nullptr;
   bp.deterministic = c.deterministic;
   bp.sm90_dq_semaphore = d_sem;
+  bp.dropout = drop_args;
 
   auto poison = [&] {
     CHECK_CUDA(cudaMemset(d_dq, 0xFF, q.count() * 2));
@@ -306,7 +326,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   Row row;
   auto free_all = [&] {
     for (void* ptr : std::initializer_list<void*>{d_q, d_k, d_v, d_do, d_dq, d_dk, d_dv, d_lse,
-                                                  d_delta, d_acc, d_qs, d_ks, d_sem})
+                                                  d_delta, d_acc, d_qs, d_ks, d_sem, d_words})
       if (ptr) CHECK_CUDA(cudaFree(ptr));
   };
   // --variant=N runs only variant N (e.g. 1 when the default
@@ -572,6 +592,86 @@ static std::vector<Case> all_cases(bool quick) {
       cs.push_back(c);
     }
   }
+  // Attention dropout (the filter "dropout" runs them all), every bucket:
+  // the key split (64, 128) and the column split (256, incl. 200 and 160 in
+  // it), rates 0.1 - 0.5 (0.9 on a 1 x 1 problem), GQA / MQA, causal incl.
+  // T > S, windows, segment ids, the broadcast mask, deterministic mode, odd
+  // and multi-block shapes, strided rows; every case at the nonzero origin
+  // of kDropoutWords. Softcap with dropout is the sm80 backward's ("NS ok").
+  for (int D : {64, 128, 256}) {
+    const std::string d = "d" + std::to_string(D);
+    Case base{d + " dropout 0.1 GQA", 2, 37, 53, 4, 2, D};
+    base.dropout = 0.1f;
+    cs.push_back(base);
+    Case c = base;
+    c.name = d + " dropout 0.5 causal T>S";
+    c.dropout = 0.5f;
+    c.causal = true;
+    c.T = 53;
+    c.S = 37;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " dropout 0.5 det causal";
+    c.dropout = 0.5f;
+    c.causal = true;
+    c.deterministic = true;
+    cs.push_back(c);
+    c = Case{d + " dropout 0.1 multiblock MQA causal", 1, 300, 517, 2, 1, D};
+    c.dropout = 0.1f;
+    c.causal = true;
+    cs.push_back(c);
+    c = base;
+    c.name = d + " dropout softcap -> NS";
+    c.softcap = 2.f;
+    c.expect_ns = true;
+    cs.push_back(c);
+    if (!quick) {
+      c = base;
+      c.name = d + " dropout window(7,3) fp16";
+      c.wl = 7;
+      c.wr = 3;
+      c.fp16 = true;
+      cs.push_back(c);
+      c = base;
+      c.name = d + " dropout segments";
+      c.segments = true;
+      cs.push_back(c);
+      c = base;
+      c.name = d + " dropout 0.5 broadcast";
+      c.dropout = 0.5f;
+      c.drop_broadcast = true;
+      cs.push_back(c);
+      c = Case{d + " dropout 0.3 multiblock win+seg det", 1, 333, 290, 2, 2, D};
+      c.wl = 100;
+      c.wr = 20;
+      c.segments = true;
+      c.deterministic = true;
+      c.dropout = 0.3f;
+      cs.push_back(c);
+      c = Case{d + " dropout 0.5 multiblock GQA 4:1 T=1000 S=1531", 1, 1000, 1531, 4, 1, D};
+      c.dropout = 0.5f;
+      cs.push_back(c);
+      c = Case{d + " dropout 0.2 multiblock causal T>S fp16", 2, 517, 300, 4, 2, D};
+      c.dropout = 0.2f;
+      c.causal = true;
+      c.fp16 = true;
+      cs.push_back(c);
+    }
+  }
+  {
+    Case c{"d200 (bucket 256) dropout 0.25 strided", 2, 70, 45, 2, 1, 200};
+    c.dropout = 0.25f;
+    c.pitch_pad = 8;
+    cs.push_back(c);
+    c = Case{"d160 (bucket 256) dropout 0.1 multiblock window", 1, 200, 180, 2, 2, 160};
+    c.dropout = 0.1f;
+    c.wl = 40;
+    c.wr = 10;
+    cs.push_back(c);
+    c = Case{"d256 tiny T=1 S=1 dropout 0.9", 1, 1, 1, 1, 1, 256};
+    c.dropout = 0.9f;
+    cs.push_back(c);
+  }
   // kBlockM 80 (variant 2: hdim-128 bucket, no causal / local bound):
   // whole and partial 80-row blocks, GQA sums over several query blocks,
   // softcap and segments together (the segment mask of the softcap kernel
@@ -704,6 +804,12 @@ static void bench() {
   std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %9s %7s %7s %9s %6s %5s   %s\n", "D", "H", "causal", "sm90",
               "sm90 v1", "sm90 v2", "sm90 v3", "sm80", "90/80", "v2/v3", "sm90 det", "det/90", "bits",
               "max|d90-d80|/max|d80| (dQ, dK, dV; default, v2)");
+  // Attention dropout rows, printed after the table: rate 0.1 (threshold 26)
+  // with the tests' key words, the sm90 dropout kernels against the sm80
+  // backward's (the same mask, so their gradients agree to rounding).
+  std::vector<std::string> drop_rows;
+  uint32_t* d_words = dev_alloc<uint32_t>(std::size(kDropoutWords));
+  CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
   for (Shape sh : {Shape{128, 16}, Shape{64, 32}, Shape{256, 8}}) {
     const size_t n = size_t(B) * T * sh.H * sh.D;
     uint16_t *dq_in = dev_alloc<uint16_t>(n), *dk_in = dev_alloc<uint16_t>(n),
@@ -862,6 +968,27 @@ static void bench() {
       if (tf[2] > 0) std::printf("   v2: %.3g %.3g %.3g", rel2[0], rel2[1], rel2[2]);
       std::printf("\n");
       std::fflush(stdout);
+      {
+        BwdParams pd = p;
+        pd.dropout = dropout_args(0.1f, false);
+        pd.dropout.words = d_words;
+        double td[2] = {-1, -1};  // sm90, sm80
+        for (int impl : {1, 0}) {
+          BwdParams pi = pd;
+          pi.dq = g[impl][0];
+          pi.dk = g[impl][1];
+          pi.dv = g[impl][2];
+          td[impl] = impl == 1 ? time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); })
+                               : time_it([&] { return jax_flash::sm90::run_bwd(pi, 0); });
+        }
+        double rd[3] = {-1, -1, -1};
+        if (td[0] > 0 && td[1] > 0) rel_to_sm80(0, rd);
+        char line[256];
+        std::snprintf(line, sizeof(line), "%-5d %-4d %-7s %9.1f %9.1f %7.2f   %.3g %.3g %.3g", sh.D, sh.H,
+                      causal ? "yes" : "no", td[0], td[1], td[0] > 0 && td[1] > 0 ? td[0] / td[1] : 0.0, rd[0],
+                      rd[1], rd[2]);
+        drop_rows.push_back(line);
+      }
       CHECK_CUDA(cudaEventDestroy(e0));
       CHECK_CUDA(cudaEventDestroy(e1));
     }
@@ -871,6 +998,10 @@ static void bench() {
     for (auto& gi : g)
       for (auto& x : gi) CHECK_CUDA(cudaFree(x));
   }
+  CHECK_CUDA(cudaFree(d_words));
+  std::printf("\ndropout 0.1 (same shapes; -1: not served): backward TF/s\n%-5s %-4s %-7s %9s %9s %7s   %s\n", "D",
+              "H", "causal", "sm90", "sm80", "90/80", "max|d90-d80|/max|d80| (dQ, dK, dV)");
+  for (const std::string& r : drop_rows) std::printf("%s\n", r.c_str());
 }
 
 int main(int argc, char** argv) {

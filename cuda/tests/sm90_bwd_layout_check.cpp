@@ -1,6 +1,7 @@
 // CPU-only check of the sm90 backward's shared-memory index math (no GPU, no
 // nvcc): the kernel's own address / descriptor functions (BwdKeySplit /
-// BwdColumnSplit ds_offset, pds_offset, *_desc_*, BwdDqAccumulator offsets,
+// BwdColumnSplit ds_offset, pds_offset, *_desc_*, the column split's dropout
+// keep-word exchange, BwdDqAccumulator offsets,
 // BwdEpilogue::kv_offset, the k-step functors, the smem
 // plan, the masks and the tile scheduler) are compiled by g++ and checked
 // against independent models of the hardware, written from the PTX ISA and
@@ -407,6 +408,76 @@ static void check_config() {
       }
   }
   std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
+// ---------------------------------------------------------------- dropout, hdim 256
+// The column split's keep mask (bwd_column_split.cuh draw_dropout / step):
+// each consumer thread (wg, warp, lane) draws one generator call (row
+// drop_row, the block's 64-key chunk), packs it (pack_keep) into its word
+// (drop_word); after the exchange every thread reads its pair (drop_pair)
+// and takes accumulator element i = 4m + 2h + e (the accumulator model:
+// query r0 + 8h, key 32 wg + 8m + 2t + e, the WG's keys of S = Q K_wg^T) at
+// keep_bit(m, e) of word h shifted by 4 wg. Checked bit for bit against the
+// reference form Dropout::keep(batch, head, row, col) at several blocks,
+// thresholds, origins and the broadcast mask; the words must lie in the
+// plan's buffer, one per (thread, WG), past the barriers.
+static void check_dropout_hd256() {
+  using Cfg = BwdDropoutConfig<BwdConfigFor<256>::type>;
+  using C = BwdColumnSplit<__nv_bfloat16, Cfg, false, true>;
+  const int fail0 = g_fail;
+  CHECK(Cfg::kOffDrop >= Cfg::kOffBar + 8 * Cfg::kNumBars, "dropout words overlap the barriers");
+  CHECK(Cfg::kOffDrop + Cfg::kDropBytes == Cfg::kSmemBytes && Cfg::kSmemAlloc <= 227 * 1024,
+        "dropout plan: %d + %d B, alloc %d", Cfg::kOffDrop, Cfg::kDropBytes, Cfg::kSmemAlloc);
+  std::printf("config D=256 with dropout: smem %d B (+1 KB slack), %d B of keep words\n", Cfg::kSmemBytes,
+              Cfg::kDropBytes);
+  const BwdKernelArgs args{};
+  const BwdSmem<Cfg> sm{0};
+  const uint32_t words[6] = {0x9E3779B9u, 0x243F6A88u, 3u, 5u, 77u, 192u};
+  struct Draw {
+    uint32_t threshold;
+    bool broadcast;
+    int batch, head, n_block, m0;
+  } draws[] = {{26, false, 0, 0, 0, 0}, {128, false, 1, 3, 2, 64}, {230, false, 3, 1, 5, 320},
+               {1, false, 0, 2, 1, 128}, {128, true, 2, 7, 3, 192}};
+  for (const Draw& dr : draws) {
+    DropoutArgs da{words, dr.threshold, dr.broadcast};
+    const Dropout d(da);
+    const int n0 = 64 * dr.n_block;
+    std::vector<uint32_t> smem(Cfg::kSmemAlloc / 4, 0xDEADBEEFu);
+    std::vector<int> writes(Cfg::kSmemAlloc / 4, 0);
+    for (int wg = 0; wg < 2; ++wg)  // draw_dropout: one call and one word per thread
+      for (int warp = 0; warp < 4; ++warp)
+        for (int lane = 0; lane < 32; ++lane) {
+          const C c{args, sm, wg, warp, lane};
+          const int row = C::drop_row(dr.m0, wg, warp, lane);
+          const uint32_t a = c.drop_word();
+          CHECK(a % 4 == 0 && a >= uint32_t(Cfg::kOffDrop) && a + 4 <= uint32_t(Cfg::kOffDrop + Cfg::kDropBytes),
+                "keep word of wg%d warp%d lane%d at %u outside the buffer", wg, warp, lane, a);
+          if (a % 4 || a / 4 >= smem.size()) continue;
+          smem[a / 4] = C::pack_keep(d.keep_bits(dr.batch, dr.head, row, uint32_t(n0) / 64u, lane % 4));
+          ++writes[a / 4];
+        }
+    for (int x : writes) CHECK(x <= 1, "two threads write one keep word");
+    for (int wg = 0; wg < 2; ++wg)  // step: the pair, element by element
+      for (int warp = 0; warp < 4; ++warp)
+        for (int lane = 0; lane < 32; ++lane) {
+          const C c{args, sm, wg, warp, lane};
+          const uint32_t a = c.drop_pair();
+          CHECK(a % 8 == 0, "pair address %u not 8-byte aligned (ld.shared.v2)", a);
+          if (a / 4 + 1 >= smem.size()) continue;
+          const uint32_t pair[2] = {smem[a / 4], smem[a / 4 + 1]};
+          for (int i = 0; i < C::kSR; ++i) {
+            const int m = i / 4, h = (i / 2) % 2, e = i % 2;
+            const int row = dr.m0 + 16 * warp + lane / 4 + 8 * h;
+            const int col = n0 + 32 * wg + 8 * m + 2 * (lane % 4) + e;
+            const bool got = ((pair[h] >> (4 * wg)) >> C::keep_bit(m, e)) & 1u;
+            const bool want = d.keep(dr.batch, dr.head, row, col);
+            CHECK(got == want, "dropout t%u: wg%d warp%d lane%d element %d (row %d, col %d): %d, want %d",
+                  dr.threshold, wg, warp, lane, i, row, col, got, want);
+          }
+        }
+  }
+  std::printf("  dropout keep bits (column split): %s\n", g_fail == fail0 ? "ok" : "FAILED");
 }
 
 // ---------------------------------------------------------------- hdim 256
@@ -946,6 +1017,7 @@ int main() {
   check_config<BwdConfigFor<128>::type>();
   check_config<BwdConfigHd128Bm80>();
   check_config_hd256<BwdConfigFor<256>::type>();
+  check_dropout_hd256();
   check_masks<128>();
   check_masks<64>();
   check_masks<80>();

@@ -44,7 +44,8 @@ cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
 bool variant_applies(const BwdParams& p, int variant) {
   if (!bwd_supported(p)) return false;
   if (variant == kDefault) return true;
-  if (p.dtype != DType::kBFloat16) return false;
+  // The variants are tiles without dropout's mask (its kernels: the default).
+  if (p.dtype != DType::kBFloat16 || p.dropout.enabled()) return false;
   switch (variant) {
     case kRowReduce: return !p.deterministic;
     case kBlockM80:

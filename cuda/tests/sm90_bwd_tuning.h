@@ -24,7 +24,8 @@ enum BwdVariant : int {
 };
 
 // Whether `variant` can run the case: sm90::bwd_supported and the variant's
-// own limits. The non-default variants are built for bf16 only.
+// own limits. The non-default variants are built for bf16 only, without
+// attention dropout.
 bool variant_applies(const BwdParams& p, int variant);
 
 // Runs `variant` (cudaErrorNotSupported where it does not apply).

@@ -142,15 +142,16 @@ struct BwdColumnSplit {
   // Accumulator element 4m + 2h + e (key 32 wg + 8m + 2t + e: byte
   // 8 wg + 2m + e of the call) in the word shifted by 4 wg.
   static constexpr int keep_bit(int m, int e) { return 8 + 16 * (m % 2) + 2 * (m / 2) + e; }
-  // This thread's word of the step: its row r0 + 8 wg of the block's 64 keys
-  // (one call), for itself and the thread of the same warp and lane in the
-  // other WG; the mainloop calls this after issuing the step's S and dP
-  // GEMMs. One buffer (BwdDropoutConfig), so the step's parity is unused.
+  // The query row whose call the thread draws: r0 + 8 wg of the block at m0.
+  static JF_DEVICE int drop_row(int m0, int wg, int warp, int lane) { return m0 + 16 * warp + lane / 4 + 8 * wg; }
+  // This thread's word of the step: its row's call for the block's 64 keys,
+  // for itself and the thread of the same warp and lane in the other WG;
+  // the mainloop calls this after issuing the step's S and dP GEMMs. One
+  // buffer (BwdDropoutConfig), so the step's parity is unused.
   JF_DEVICE void draw_dropout(int /*it*/, const BwdTile& w, int n0, int m0, int head) const {
     if constexpr (Cfg::kDropout) {
       const Dropout d(a.dropout);
-      const int row = m0 + 16 * warp + lane / 4 + 8 * wg;
-      const KeepBits k = d.keep_bits(w.batch, head, row, uint32_t(n0) / 64u, lane % 4);
+      const KeepBits k = d.keep_bits(w.batch, head, drop_row(m0, wg, warp, lane), uint32_t(n0) / 64u, lane % 4);
       ptx::st_shared_b32(drop_word(), pack_keep(k));
       ptx::named_bar_arrive(kBwdBarDrop + wg, 256);  // read by the other WG after its sync
     }
