@@ -16,8 +16,8 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             ragged lengths split in three (with and without sinks), and a
             paged one (shuffled pages)
   dropout   forward + backward with attention dropout (rate 0.1): D = 64 and
-            128 causal, D = 64 window + segment ids (the sm90 kernels), and
-            D = 256 (forward sm90, backward sm80)
+            128 causal, D = 64 window + segment ids, and D = 256 causal (the
+            sm90 kernels; the column split's backward at D = 256)
   fp8       fp8_attention (the quantisation pre-pass and the FP8 forward, its
             V transpose in shared memory), T=200 S=333, D = 64 and 128
             causal, D = 256 not
