@@ -44,7 +44,8 @@ cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
 bool variant_applies(const BwdParams& p, int variant) {
   if (!bwd_supported(p)) return false;
   if (variant == kDefault) return true;
-  if (p.dtype != DType::kBFloat16) return false;
+  // The head-dim pairs: their own tile (the default) only.
+  if (p.dtype != DType::kBFloat16 || p.head_dim_v != p.head_dim) return false;
   switch (variant) {
     case kRowReduce: return !p.deterministic;
     case kBlockM80:

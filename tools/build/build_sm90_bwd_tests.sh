@@ -66,10 +66,12 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"$CUDA_INC
 # ptxas summary of the sm90 backward kernels: registers at entry (setmaxnreg
 # then gives the consumers 240), spills, stack; C75xx notes (wgmma
 # serialisation, injected warpgroup.arrive) would be performance bugs.
-echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions, deterministic):"
+echo "sm90 bwd_kernel ptxas report (dtype, D, D_v, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions, deterministic, packed):"
 for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log "$OBJ"/cuda_tests_sm90_bwd_tuning.o.log; do
+  # (The config's six arguments first become one readable group: sed has 9 back-references.)
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
-    sed -nE "/Compiling entry/s/.*bwd_kernelI[0-9]*([^N]*)NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])EEELb([01])ELb([01])ELb([01])EEE.*/  \1 D=\2 BM=\3 BN=\4 dO_stages=\5 swapAB=\6 softcap=\7 dq_tensor=\8 det=\9/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    sed -E "s/NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEE/<D=\1 D_v=\6 BM=\2 BN=\3 dO_stages=\4 swapAB=\5>/" |
+    sed -nE "/Compiling entry/s/.*bwd_kernelI[0-9]*([^<]*)<([^>]*)>Lb([01])ELb([01])ELb([01])ELb([01])E.*/  \1 \2 softcap=\3 dq_tensor=\4 det=\5 packed=\6/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
     paste -d' ' - - -
   grep -h "C75" "$log" || true
 done
