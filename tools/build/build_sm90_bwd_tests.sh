@@ -70,7 +70,7 @@ echo "sm90 bwd_kernel ptxas report (dtype, D, D_v, kBlockM, kBlockN, dO stages, 
 for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log "$OBJ"/cuda_tests_sm90_bwd_tuning.o.log; do
   # (The config's six arguments first become one readable group: sed has 9 back-references.)
   grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
-    sed -E "s/NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEE/<D=\1 D_v=\6 BM=\2 BN=\3 dO_stages=\4 swapAB=\5>/" |
+    sed -E "s/NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEE/<D=\1 D_v=\6 BM=\2 BN=\3 dO_stages=\4 swapAB=\5>/; s/NS0_16BwdDropoutConfigI<([^>]*)>EE/<\1 dropout>/" |
     sed -nE "/Compiling entry/s/.*bwd_kernelI[0-9]*([^<]*)<([^>]*)>Lb([01])ELb([01])ELb([01])ELb([01])E.*/  \1 \2 softcap=\3 dq_tensor=\4 det=\5 packed=\6/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
     paste -d' ' - - -
   grep -h "C75" "$log" || true
