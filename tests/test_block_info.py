@@ -241,17 +241,18 @@ def test_cpp_workspace_rules_match_cuda_backend(tmp_path):
 
 # The head-dim pairs (a value head dim of its own): one query "d dv" per
 # line; one output line: rounded_head_dim(d, dv) (the dq_accum pitch, 0 for a
-# pair without kernels), Sm80HeadDimPairs::contains(d, dv) and
-# Sm90FwdHeadDimPairs::contains(d, dv).
+# pair without kernels), Sm80HeadDimPairs::contains(d, dv),
+# Sm90FwdHeadDimPairs::contains(d, dv) and Sm90BwdHeadDimPairs::contains(d, dv).
 PAIRS_PROGRAM = r"""
 #include <cstdio>
 #include "jax_flash/head_dim.h"
 int main() {
   int d, dv;
   while (std::scanf("%d %d", &d, &dv) == 2)
-    std::printf("%d %d %d\n", jax_flash::rounded_head_dim(d, dv),
+    std::printf("%d %d %d %d\n", jax_flash::rounded_head_dim(d, dv),
                 int(jax_flash::Sm80HeadDimPairs::contains(d, dv)),
-                int(jax_flash::Sm90FwdHeadDimPairs::contains(d, dv)));
+                int(jax_flash::Sm90FwdHeadDimPairs::contains(d, dv)),
+                int(jax_flash::Sm90BwdHeadDimPairs::contains(d, dv)));
   return 0;
 }
 """
@@ -272,10 +273,11 @@ def test_cpp_head_dim_pairs_match_cuda_backend(tmp_path):
                        capture_output=True, text=True, check=True, timeout=60)
   served = 0
   for (d, dv), line in zip(queries, out.stdout.splitlines(), strict=True):
-    pitch, contains, contains90 = (int(x) for x in line.split())
+    pitch, contains, contains90, contains90_bwd = (int(x) for x in line.split())
     pair = d != dv and kernel_table.serves_pair("sm80", d, dv)
     assert contains == pair, (d, dv)
     assert contains90 == (d != dv and kernel_table.serves_pair("sm90_fwd", d, dv)), (d, dv)
+    assert contains90_bwd == (d != dv and kernel_table.serves_pair("sm90_bwd", d, dv)), (d, dv)
     if d == dv or pair:
       assert pitch == cuda_backend.dq_accum_pitch(d, dv), (d, dv)
     else:

@@ -217,6 +217,116 @@ def test_sm90_backward_serves_hopper(monkeypatch, rng, head_dim, causal):
     assert_close_to_reference(name, g, r, b)
 
 
+def _mla_pair_case(rng, mask):
+  """q, k, v, do and the attention keywords of one mask case of the head-dim
+  pair (192, 128): odd lengths, GQA / MQA, shapes unique to these tests."""
+  D, Dv, H = 192, 128, 4
+  dtype = jnp.float16 if "fp16" in mask else jnp.bfloat16
+  B, T, S, H_kv = {"plain_gqa": (2, 291, 403, 2),
+                   "causal_gqa": (2, 389, 645, 2),
+                   "causal_t_gt_s_mqa": (1, 283, 130, 1),
+                   "window_softcap_fp16": (2, 157, 389, 2),
+                   "packed_causal": (2, 301, 301, 2),
+                   "segments_window": (1, 333, 333, 4)}[mask]
+  mk = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
+  q, k, v, do = mk(B, T, H, D), mk(B, S, H_kv, D), mk(B, S, H_kv, Dv), mk(B, T, H, Dv)
+  if mask in ("causal_gqa", "causal_t_gt_s_mqa"):
+    kw = dict(causal=True)
+  elif mask == "window_softcap_fp16":
+    kw = dict(window=(70, 9), softcap=5.0)
+  elif mask == "packed_causal":
+    ids = np.repeat(np.asarray([[0] * 90 + [1] * 150 + [2] * 61]), B, 0)
+    ids[1, :40] = 0
+    ids[1, 40:] = 1
+    ids = jnp.asarray(ids, jnp.int32)
+    kw = dict(causal=True, segment_ids=(ids, ids))
+  elif mask == "segments_window":
+    ids = jnp.asarray(np.cumsum(rng.random((B, T)) < 0.01, axis=1), jnp.int32)
+    kw = dict(window=(100, 20), segment_ids=(ids, ids))
+  else:
+    kw = {}
+  return q, k, v, do, kw
+
+
+def _loss_grads(f, q, k, v, do):
+  def loss(q, k, v):
+    return jnp.sum(f(q, k, v).astype(jnp.float32) * do.astype(jnp.float32))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+@pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
+                    reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("mask", ["plain_gqa", "causal_gqa", "causal_t_gt_s_mqa",
+                                  "window_softcap_fp16", "packed_causal",
+                                  "segments_window"])
+def test_sm90_backward_mla_192v128(monkeypatch, rng, mask):
+  """DeepSeek MLA's head-dim pair (192, 128) in the sm90 backward (64 x 64
+  tiles, per-warpgroup column blocks): forced to the sm90 family (the
+  handler fails rather than fall back to sm80), gradients against the
+  float64 reference next to the same-dtype XLA attention's, for plain, causal
+  GQA, causal T > S with one kv head (rows that see no key), a window with
+  softcap in fp16, packed segment ids with causal (the tile-span kernels) and
+  segment ids with a window."""
+  monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", "sm90")
+  q, k, v, do, kw = _mla_pair_case(rng, mask)
+  got = _loss_grads(lambda q, k, v: jax_flash.attention(
+      q, k, v, implementation="cuda", **kw), q, k, v, do)
+  assert got[2].shape == v.shape
+  base = _loss_grads(lambda q, k, v: reference.dense_attention_jax(
+      q, k, v, **kw)[0], q, k, v, do)
+  ref = reference.attention_vjp(q, k, v, do, **kw)
+  for name, g, r, b in zip(("dq", "dk", "dv"), got, ref, base):
+    assert_close_to_reference(name, g, r, b)
+
+
+@pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
+                    reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
+@pytest.mark.parametrize("mask", ["plain_gqa", "causal_gqa"])
+def test_sm90_deterministic_backward_mla_192v128(monkeypatch, rng, mask):
+  """deterministic=True for the head-dim pair (192, 128) on Hopper, forced to
+  the sm90 family: bitwise identical gradients over repeated runs, close to
+  the float64 reference."""
+  monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", "sm90")
+  q, k, v, do, kw = _mla_pair_case(rng, mask)
+
+  @jax.jit
+  def grads(q, k, v, do):
+    _, vjp = jax.vjp(lambda q, k, v: jax_flash.attention(
+        q, k, v, implementation="cuda", deterministic=True, **kw), q, k, v)
+    return vjp(do)
+
+  first = [np.asarray(g) for g in grads(q, k, v, do)]
+  for _ in range(4):
+    again = grads(q, k, v, do)
+    for name, a, b in zip(("dq", "dk", "dv"), first, again):
+      np.testing.assert_array_equal(a.view(np.uint16),
+                                    np.asarray(b).view(np.uint16),
+                                    err_msg=f"{name} not bitwise reproducible")
+  base = _loss_grads(lambda q, k, v: reference.dense_attention_jax(
+      q, k, v, **kw)[0], q, k, v, do)
+  ref = reference.attention_vjp(q, k, v, do, **kw)
+  for name, g, r, b in zip(("dq", "dk", "dv"), first, ref, base):
+    assert_close_to_reference(name, jnp.asarray(g), r, b)
+
+
+@pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
+                    reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
+def test_sm90_backward_mla_192v128_against_sm80(monkeypatch, rng):
+  """The pair's sm90 and sm80 backward kernels agree (each forced; causal
+  GQA): the sm80 gradients are the ones the pair had before."""
+  q, k, v, do, kw = _mla_pair_case(rng, "causal_gqa")
+  f = lambda q, k, v: jax_flash.attention(q, k, v, implementation="cuda", **kw)
+  monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", "sm90")
+  g90 = _loss_grads(f, q, k, v, do)
+  monkeypatch.setenv("JAX_FLASH_CUDA_FAMILY", "sm80")
+  g80 = _loss_grads(f, q, k, v, do)
+  for name, a, b in zip(("dq", "dk", "dv"), g90, g80):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.all(np.isfinite(a)), name
+    err = np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-6)
+    assert err < 4e-2, (name, err)  # both bf16 (selftest_sm90_bwd.cu's tolerance)
+
+
 @pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
                     reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("causal", [False, True])

@@ -115,9 +115,9 @@ ffi::Error LaunchBackward(const BwdParams& p, int32_t family, cudaStream_t strea
 #endif
   if (family == 90) {
     return Invalid("the sm90 backward cannot serve this call (needs an sm_90 GPU, a build with sm90, "
-                   "head_dim <= 256, v's head_dim equal to q's, 16-byte aligned rows; deterministic=True "
-                   "needs the dq_semaphore "
-                   "workspace); use kernel_family 0 or 80");
+                   "head_dim <= 256, v's head_dim equal to q's or one of the (head_dim, value head_dim) "
+                   "pairs " + PairList(Sm90BwdHeadDimPairs{}) + " without dropout, 16-byte aligned rows; "
+                   "deterministic=True needs the dq_semaphore workspace); use kernel_family 0 or 80");
   }
   return LaunchError(sm80::run_bwd(p, stream), "backward");
 }

@@ -73,9 +73,11 @@ set(JAX_FLASH_SM90_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim64_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim256_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_bf16_hdim192v128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim64_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim256_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_fp16_hdim192v128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim64_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_bf16_hdim256_sm90.cu

@@ -42,7 +42,9 @@ bool fwd_fp8_needs_tile_counter(const Fp8FwdParams& params);
 // Backward (FA3 style, bwd_*.cuh): true when run_bwd can serve `params`: an
 // sm_90 GPU, bf16/fp16, head_dim a multiple of 8 up to 256 (buckets 64 / 128 /
 // 256; head_dim_rounded must be rounded_head_dim(head_dim), the dq_accum pitch)
-// and head_dim_v == head_dim,
+// with head_dim_v == head_dim, or a (head_dim, head_dim_v) pair of
+// Sm90BwdHeadDimPairs (192 / 128, DeepSeek MLA; served exactly, pitch 192;
+// without dropout: other pairs and the pair's dropout run in sm80),
 // deterministic only with params.sm90_dq_semaphore (sm90_bwd_semaphore_ints
 // int32, params.h; then dQ is added in a fixed order, bitwise reproducible), the
 // TMA layout rules of fwd_supported for q, k, v, dout (o strides), dk (k

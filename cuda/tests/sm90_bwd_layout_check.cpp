@@ -687,6 +687,146 @@ static void check_config_hd256() {
   std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
 }
 
+// ---------------------------------------------------------------- head-dim pair
+// The pair 192 / 128 (Cfg::kPair, the column split on 64 x 64): the plan with
+// V / dO stages of their own, S over 192 and dP over 128 columns, and the
+// per-WG column blocks of dK, dV, dQ (every column of each made by exactly
+// one WG, read from the right column of Q / dO / K), the epilogue's dK / dV
+// blocks through the tiles to the TMA store boxes. The P / dS tiles and the
+// dQ staging are the hdim-256 config's functions on the same 64 x 64 shape
+// (checked there).
+template <typename Cfg>
+static void check_config_pair() {
+  using C = BwdColumnSplit<__nv_bfloat16, Cfg, false, true>;
+  using Epi = BwdEpilogue<BwdMainloop<__nv_bfloat16, Cfg, false, true, false, false>>;
+  constexpr int kD = Cfg::kHeadDim, kDv = Cfg::kHeadDimV, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  constexpr int kWN = C::kWN;
+  static_assert(Cfg::kPair && kBM == 64 && kBN == 64, "the pair's tile");
+  std::printf("config D=%d D_v=%d BM=%d BN=%d (column split, per-WG column blocks, dO stages %d): smem %d B "
+              "(+1 KB slack)\n",
+              kD, kDv, kBM, kBN, Cfg::kStagesDo, Cfg::kSmemBytes);
+  const int fail0 = g_fail;
+  {
+    struct R {
+      const char* n;
+      int off, bytes;
+    } rs[] = {{"K", Cfg::kOffK, Cfg::kKVBytes},
+              {"V", Cfg::kOffV, Cfg::kVBytes},
+              {"Q", Cfg::kOffQ, Cfg::kStages * Cfg::kQBytes},
+              {"dO", Cfg::kOffdO, Cfg::kStagesDo * Cfg::kDoBytes},
+              {"dS", Cfg::kOffdS, 2 * Cfg::kDsBytes},
+              {"P", Cfg::kOffP, 2 * Cfg::kDsBytes},
+              {"dQ", Cfg::kOffdQ, Cfg::kConsumerWGs * Cfg::kDqWGBytes},
+              {"LSE", Cfg::kOffLse, Cfg::kStages * Cfg::kStatBytes},
+              {"delta", Cfg::kOffDelta, Cfg::kStagesDo * Cfg::kStatBytes},
+              {"bars", Cfg::kOffBar, 8 * Cfg::kNumBars}};
+    for (size_t i = 0; i + 1 < sizeof(rs) / sizeof(rs[0]); ++i)
+      CHECK(rs[i].off + rs[i].bytes <= rs[i + 1].off, "%s overlaps %s", rs[i].n, rs[i + 1].n);
+    CHECK(Cfg::kKVBytes == kBN * kD * 2 && Cfg::kVBytes == kBN * kDv * 2 && Cfg::kQBytes == kBM * kD * 2 &&
+              Cfg::kDoBytes == kBM * kDv * 2,
+          "tile sizes");
+    CHECK(Cfg::kSmemAlloc <= 227 * 1024, "plan > 227 KB");
+    BwdSmem<Cfg> sm{0};
+    for (int st = 0; st < Cfg::kStagesDo; ++st)
+      CHECK(sm.dout(st) == uint32_t(Cfg::kOffdO + st * Cfg::kDoBytes) && sm.dout(st) % 1024 == 0, "dO stage %d", st);
+  }
+
+  Smem16 sm(Cfg::kOffdS);  // K, V, Q stage 0, dO stage 0
+  for (int cb = 0; cb < kD / 64; ++cb) {
+    tma_load_box16(sm, Cfg::kOffK + cb * kBN * 128, kBN, ident, kTagK, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffQ + cb * kBM * 128, kBM, ident, kTagQ, 0, 64 * cb);
+  }
+  for (int cb = 0; cb < kDv / 64; ++cb) {
+    tma_load_box16(sm, Cfg::kOffV + cb * kBN * 128, kBN, ident, kTagV, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffdO + cb * kBM * 128, kBM, ident, kTagDO, 0, 64 * cb);
+  }
+  std::vector<int> dk_cols(kD, 0), dv_cols(kDv, 0), dq_cols(kD, 0);
+  for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
+    // ---- S = Q K_wg^T over kD, dP = dO V_wg^T over kDv
+    for (int pass = 0; pass < 2; ++pass) {
+      const int depth = pass == 0 ? kD : kDv;
+      const int ta = pass == 0 ? kTagQ : kTagDO, tb = pass == 0 ? kTagK : kTagV;
+      const int oa = pass == 0 ? Cfg::kOffQ : Cfg::kOffdO, ob = pass == 0 ? Cfg::kOffK : Cfg::kOffV;
+      for (int kk = 0; kk < depth / 16; ++kk)
+        for (int k = 0; k < 16; ++k) {
+          const uint64_t da = step_desc(C::sdp_desc_a(oa), typename C::SdpStepA{}, kk);
+          for (int m = 0; m < kBM; ++m)
+            CHECK(sm.get(kmajor_addr(da, m, k)) == ident(ta, m, 16 * kk + k), "%s A kk%d (m%d,k%d)",
+                  pass ? "dP" : "S", kk, m, k);
+          const uint64_t db = step_desc(C::sdp_desc_b(wg, ob), typename C::SdpStepB{}, kk);
+          for (int n = 0; n < kWN; ++n)
+            CHECK(sm.get(kmajor_addr(db, n, k)) == ident(tb, kWN * wg + n, 16 * kk + k), "%s B wg%d kk%d (n%d,k%d)",
+                  pass ? "dP" : "S", wg, kk, n, k);
+        }
+    }
+    // ---- dV block dv_block(wg) (N = 64) from dO; dK blocks [dk_block0, +dk_blocks) from Q
+    const int vb = C::dv_block(wg), kb0 = C::dk_block0(wg), kbs = C::dk_blocks(wg);
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      const uint64_t ddo = step_desc(C::dkv_desc_b_block(vb, Cfg::kOffdO), typename C::DkvStepB{}, kk);
+      const uint64_t dq = step_desc(C::dkv_desc_b_block(kb0, Cfg::kOffQ), typename C::DkvStepB{}, kk);
+      for (int k = 0; k < 16; ++k) {
+        for (int n = 0; n < 64; ++n)
+          CHECK(sm.get(mnmajor_addr(ddo, k, n)) == ident(kTagDO, 16 * kk + k, 64 * vb + n), "dV B wg%d kk%d (k%d,n%d)",
+                wg, kk, k, n);
+        for (int n = 0; n < 64 * kbs; ++n)
+          CHECK(sm.get(mnmajor_addr(dq, k, n)) == ident(kTagQ, 16 * kk + k, 64 * kb0 + n), "dK B wg%d kk%d (k%d,n%d)",
+                wg, kk, k, n);
+      }
+    }
+    for (int n = 0; n < 64; ++n) ++dv_cols[64 * vb + n];
+    for (int n = 0; n < 64 * kbs; ++n) ++dk_cols[64 * kb0 + n];
+    CHECK(64 * kbs / 2 <= C::kKR && 32 <= C::kVR, "dK / dV registers wg%d", wg);
+    // ---- dQ slices: B = K MN-major at Cfg::dq_col0(wg, sl)
+    for (int sl = 0; sl < Cfg::dq_slices(wg); ++sl) {
+      const int c0 = Cfg::dq_col0(wg, sl);
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t d = step_desc(C::dq_desc_b(wg, sl, Cfg::kOffK), typename C::DqStepB{}, kk);
+        for (int k = 0; k < 16; ++k)
+          for (int n = 0; n < Cfg::kDqCols; ++n)
+            CHECK(sm.get(mnmajor_addr(d, k, n)) == ident(kTagK, 16 * kk + k, c0 + n), "dQ B wg%d sl%d kk%d (k%d,n%d)",
+                  wg, sl, kk, k, n);
+      }
+      for (int n = 0; n < Cfg::kDqCols; ++n) ++dq_cols[c0 + n];
+    }
+  }
+  for (int c = 0; c < kD; ++c) CHECK(dk_cols[c] == 1 && dq_cols[c] == 1, "column %d: dK by %d WGs, dQ by %d", c,
+                                     dk_cols[c], dq_cols[c]);
+  for (int c = 0; c < kDv; ++c) CHECK(dv_cols[c] == 1, "dV column %d made by %d WGs", c, dv_cols[c]);
+  // Balance: 4 column-block GEMMs per WG and step.
+  for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+    CHECK(C::dk_blocks(wg) + 1 + Cfg::dq_slices(wg) == 4, "wg%d: GEMMs per step", wg);
+
+  // ---- dK / dV accumulators (every key; the WG's blocks) -> the K / V tiles
+  // (store_kv_blocks' offsets) -> TMA store boxes {64, 64} per column block.
+  for (int tensor = 0; tensor < 2; ++tensor) {
+    const int cols = tensor == 0 ? kD : kDv;
+    Smem16 t(kBN * cols * 2);
+    std::vector<int> wr(t.v.size(), 0);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
+      const int cb0 = tensor == 0 ? C::dk_block0(wg) : C::dv_block(wg);
+      const int blocks = tensor == 0 ? C::dk_blocks(wg) : 1;
+      for (int w = 0; w < 4; ++w)
+        for (int l = 0; l < 32; ++l)
+          for (int j = 0; j < 8 * blocks; ++j)
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t off = Epi::kv_offset_at(0, cb0, w, l, j, h);
+              CHECK(off % 4 == 0 && off + 4 <= uint32_t(kBN * cols * 2), "dK/dV pair offset %u", off);
+              if (off % 4 || off + 4 > uint32_t(kBN * cols * 2)) continue;
+              for (int e = 0; e < 2; ++e)
+                t.put(off + 2 * e, ident(7, 16 * w + l / 4 + 8 * h, 64 * cb0 + 8 * j + 2 * (l % 4) + e), wr.data());
+            }
+    }
+    for (size_t i = 0; i < wr.size(); ++i)
+      CHECK(wr[i] == 1, "%s tile element %zu written %d times", tensor ? "dV" : "dK", i, wr[i]);
+    for (int c = 0; c < cols / 64; ++c)
+      for (int r = 0; r < kBN; ++r)
+        for (int cc = 0; cc < 64; ++cc)
+          CHECK(t.get(uint32_t(c * kBN * 128) + swz(uint32_t(r * 128 + 2 * cc))) == ident(7, r, 64 * c + cc),
+                "%s store box c%d (%d,%d)", tensor ? "dV" : "dK", c, r, cc);
+  }
+  std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
 // ---------------------------------------------------------------- masks
 static bool visible_ref(const MaskInfo& mi, int i, int k, const int* qs, const int* ks) {
   if (k >= mi.seqlen_k) return false;
@@ -1018,6 +1158,7 @@ int main() {
   check_config<BwdConfigHd128Bm80>();
   check_config_hd256<BwdConfigFor<256>::type>();
   check_dropout_hd256();
+  check_config_pair<BwdPairConfigFor<192, 128>::type>();
   check_masks<128>();
   check_masks<64>();
   check_masks<80>();

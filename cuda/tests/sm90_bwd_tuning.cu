@@ -44,8 +44,9 @@ cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
 bool variant_applies(const BwdParams& p, int variant) {
   if (!bwd_supported(p)) return false;
   if (variant == kDefault) return true;
-  // The variants are tiles without dropout's mask (its kernels: the default).
-  if (p.dtype != DType::kBFloat16 || p.dropout.enabled()) return false;
+  // The variants are bucket tiles without dropout's mask (dropout and the
+  // head-dim pairs: their own tile, the default, only).
+  if (p.dtype != DType::kBFloat16 || p.dropout.enabled() || p.head_dim_v != p.head_dim) return false;
   switch (variant) {
     case kRowReduce: return !p.deterministic;
     case kBlockM80:

@@ -66,21 +66,12 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"$CUDA_INC
 # ptxas summary of the sm90 backward kernels: registers at entry (setmaxnreg
 # then gives the consumers 240), spills, stack; C75xx notes (wgmma
 # serialisation, injected warpgroup.arrive) would be performance bugs.
-echo "sm90 bwd_kernel ptxas report (dtype, D, kBlockM, kBlockN, dO stages, SdP_swapAB, dropout, softcap, dQ tensor reductions, deterministic, packed):"
+echo "sm90 bwd_kernel ptxas report (dtype, D, D_v, kBlockM, kBlockN, dO stages, SdP_swapAB, softcap, dQ tensor reductions, deterministic, packed):"
 for log in "$OBJ"/cuda_instantiations_bwd_*_sm90.o.log "$OBJ"/cuda_tests_sm90_bwd_tuning.o.log; do
-  # One line per kernel: its template arguments (the config optionally
-  # wrapped in BwdDropoutConfig), then its spill and register lines.
-  awk '/Compiling entry function .*bwd_kernel/ {
-         if (match($0, /bwd_kernelI[0-9]+[^N]*N/)) dt = substr($0, RSTART + 11, RLENGTH - 12); sub(/^[0-9]+/, "", dt)
-         drop = index($0, "BwdDropoutConfig") ? 1 : 0
-         if (match($0, /BwdConfigILi[0-9]+ELi[0-9]+ELi[0-9]+ELi[0-9]+ELb[01]E+(Lb[01]E)+/)) {
-           split(substr($0, RSTART, RLENGTH), v, /[^0-9]+/)  # v[1] empty
-           name = sprintf("  %s D=%s BM=%s BN=%s dO_stages=%s swapAB=%s dropout=%d softcap=%s dq_tensor=%s det=%s packed=%s",
-                          dt, v[2], v[3], v[4], v[5], v[6], drop, v[7], v[8], v[9], v[10])
-         }
-         next }
-       /bytes stack frame/ { sub(/^ +/, ""); spill = $0; next }
-       /Used [0-9]+ registers/ && name != "" { match($0, /Used [0-9]+ registers/)
-         print name "   " spill "   " substr($0, RSTART, RLENGTH); name = "" }' "$log"
+  # (The config's six arguments first become one readable group: sed has 9 back-references.)
+  grep -A3 "Compiling entry function '_ZN9jax_flash4sm9010bwd_kernel" "$log" |
+    sed -E "s/NS0_9BwdConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELb([01])ELi([0-9]+)EEE/<D=\1 D_v=\6 BM=\2 BN=\3 dO_stages=\4 swapAB=\5>/; s/NS0_16BwdDropoutConfigI<([^>]*)>EE/<\1 dropout>/" |
+    sed -nE "/Compiling entry/s/.*bwd_kernelI[0-9]*([^<]*)<([^>]*)>Lb([01])ELb([01])ELb([01])ELb([01])E.*/  \1 \2 softcap=\3 dq_tensor=\4 det=\5 packed=\6/p; s/^ +([0-9]+ bytes stack frame.*)/   \1/p; s/.*(Used [0-9]+ registers).*/   \1/p" |
+    paste -d' ' - - -
   grep -h "C75" "$log" || true
 done

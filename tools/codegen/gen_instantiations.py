@@ -99,7 +99,7 @@ SOURCE_LISTS = {
 MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIMS"
           for family in ("sm80", "sm90_fwd", "sm90_bwd", "sm90_bwd_dropout", "sm90_fp8")}
 # ... and of its head-dim pairs (the families that have some).
-PAIR_MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIM_PAIRS" for family in ("sm80", "sm90_fwd")}
+PAIR_MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIM_PAIRS" for family in ("sm80", "sm90_fwd", "sm90_bwd")}
 
 INSTANTIATION = """\
 // {banner}

@@ -51,6 +51,7 @@ using Sm80HeadDimPairs = HeadDimPairs<JAX_FLASH_SM80_HEAD_DIM_PAIRS>;
 using Sm90FwdHeadDims = HeadDimBuckets<JAX_FLASH_SM90_FWD_HEAD_DIMS>;
 using Sm90FwdHeadDimPairs = HeadDimPairs<JAX_FLASH_SM90_FWD_HEAD_DIM_PAIRS>;
 using Sm90BwdHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_HEAD_DIMS>;
+using Sm90BwdHeadDimPairs = HeadDimPairs<JAX_FLASH_SM90_BWD_HEAD_DIM_PAIRS>;
 using Sm90BwdDropoutHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_DROPOUT_HEAD_DIMS>;
 using Sm90Fp8HeadDims = HeadDimBuckets<JAX_FLASH_SM90_FP8_HEAD_DIMS>;
 

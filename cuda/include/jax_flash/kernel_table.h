@@ -13,6 +13,7 @@
 #define JAX_FLASH_SM90_FP8_HEAD_DIMS 64, 128, 256
 #define JAX_FLASH_SM80_HEAD_DIM_PAIRS HeadDimPair<192, 128>
 #define JAX_FLASH_SM90_FWD_HEAD_DIM_PAIRS HeadDimPair<192, 128>
+#define JAX_FLASH_SM90_BWD_HEAD_DIM_PAIRS HeadDimPair<192, 128>
 
 namespace jax_flash {
 

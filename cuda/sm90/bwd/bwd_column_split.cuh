@@ -26,6 +26,14 @@
 // both WGs' 32 keys, so draw_dropout (under the step's S and dP GEMMs) draws
 // one row per thread, r0 + 8 wg, and the WGs swap the halves through shared
 // memory (BwdDropoutConfig).
+//
+// The head-dim pair 192 / 128 (Cfg::kPair; 2 dO stages): S has K = 192, dP
+// K = 128; dK (3 column blocks of 64), dV (2) and dQ (3) are 8 GEMMs of
+// 64 x 64 x 64 per step, 4 per WG, so the WGs own column blocks:
+//   WG 0: dK blocks 1-2 (one 64 x 128 GEMM), dV block 0, dQ block 0
+//   WG 1: dK block 0,                        dV block 1, dQ blocks 1, 2
+// (dk: 64 registers, WG 1 uses the first 32; dv: 32). The dK GEMM's width
+// and WG 1's second dQ slice are branches on the (warpgroup-uniform) WG.
 #pragma once
 
 #include "bwd_dq.cuh"
@@ -37,22 +45,31 @@ namespace jax_flash::sm90 {
 
 template <typename Element, typename Cfg, bool kSoftcap, bool kDqTensor, bool kPacked = false>
 struct BwdColumnSplit {
-  static_assert(!Cfg::kSdpSwapAB && Cfg::kConsumerWGs == 2, "hdim-256 work split");
+  static_assert(!Cfg::kSdpSwapAB && Cfg::kConsumerWGs == 2, "hdim-256 / pair work split");
   using Dq = BwdDqAccumulator<Cfg, kDqTensor>;
+  static constexpr bool kPair = Cfg::kPair;
   static constexpr int kD = Cfg::kHeadDim;
+  static constexpr int kDv = Cfg::kHeadDimV;
   static constexpr int kBM = Cfg::kBlockM;
   static constexpr int kBN = Cfg::kBlockN;
   static_assert(kBM == 64 && kBN == 64, "P / dS tiles are one 128-byte swizzle column block");
   static constexpr int kWN = kBN / 2;           // S / dP keys per WG
   static constexpr int kWD = kD / 2;            // dK / dV / dQ columns per WG
   static constexpr int kSR = kWN / 2;           // S / dP registers (64 x 32)
-  static constexpr int kKR = kWD / 2;           // dK / dV registers (64 x 128)
+  static constexpr int kKR = kPair ? 64 : kWD / 2;  // dK registers (64 x 128; the pair: WG 0's 2 blocks)
+  static constexpr int kVR = kPair ? 32 : kKR;      // dV registers (the pair: one block)
   static constexpr int kQR = Cfg::kDqCols / 2;  // dQ registers per slice (64 x 64)
   static constexpr int kPK = kWN / 16;          // 16-key fragments of P / dS
-  static_assert(Cfg::kDqSlices * Cfg::kDqCols == kWD, "dQ slices cover the WG's columns");
-  // The WG's part of the dK / dV tiles (BwdEpilogue): every row, its columns.
+  static_assert(kPair || Cfg::kDqSlices * Cfg::kDqCols == kWD, "dQ slices cover the WG's columns");
+  // The WG's part of the dK / dV tiles (BwdEpilogue): every row, its columns
+  // (the pair: the most, WG 0's dK; BwdEpilogue asks dk_block0 / dk_blocks).
   static constexpr int kKvRows = kBN;
-  static constexpr int kKvCols = kWD;
+  static constexpr int kKvCols = kPair ? 128 : kWD;
+  // The pair's column blocks of WG wg (see the top): dK [dk_block0, +dk_blocks),
+  // dV dv_block; dQ slice sl: block wg + sl (Cfg::dq_col0).
+  static constexpr int dk_block0(int wg) { return 1 - wg; }
+  static constexpr int dk_blocks(int wg) { return 2 - wg; }
+  static constexpr int dv_block(int wg) { return wg; }
 
   const BwdKernelArgs& a;
   const BwdSmem<Cfg>& sm;
@@ -78,7 +95,11 @@ struct BwdColumnSplit {
     return ptx::make_desc(ptx::desc_mn_major<kBM>(), pds_tile);
   }
   static JF_DEVICE uint64_t dkv_desc_b(int wg, uint32_t b_tile) {
-    return ptx::make_desc(ptx::desc_mn_major<kBM>(), b_tile + (kWD / 64) * wg * kBM * 128);
+    return dkv_desc_b_block((kWD / 64) * wg, b_tile);
+  }
+  // ... from column block cb of the B tile.
+  static JF_DEVICE uint64_t dkv_desc_b_block(int cb, uint32_t b_tile) {
+    return ptx::make_desc(ptx::desc_mn_major<kBM>(), b_tile + cb * kBM * 128);
   }
   using DkvStepA = MNMajorStep;
   using DkvStepB = MNMajorStep;
@@ -87,19 +108,28 @@ struct BwdColumnSplit {
   // (k = key). N = 64, K = 64 keys.
   static JF_DEVICE uint64_t dq_desc_a(uint32_t ds_tile) { return ptx::make_desc(ptx::kDescKMajor, ds_tile); }
   static JF_DEVICE uint64_t dq_desc_b(int wg, int sl, uint32_t k_tile) {
-    return ptx::make_desc(ptx::desc_mn_major<kBN>(), k_tile + ((kWD / 64) * wg + sl) * kBN * 128);
+    return ptx::make_desc(ptx::desc_mn_major<kBN>(),
+                          k_tile + (kPair ? Cfg::dq_col0(wg, sl) / 64 : (kWD / 64) * wg + sl) * kBN * 128);
   }
   using DqStepA = KMajorStep<kBM>;
   using DqStepB = MNMajorStep;
 
   // Issue only (no commit / wait).
+  // S: K = kD (Q, K); dP: K = kDv (dO, V).
+  template <int kDepth = kD>
   JF_DEVICE void issue_sdp(float (&acc)[kSR], uint32_t a_tile, uint32_t b_tile) const {
-    ptx::gemm_ss<Element, kWN, 0, kD / 16>(acc, sdp_desc_a(a_tile), sdp_desc_b(wg, b_tile), SdpStepA{},
-                                           SdpStepB{}, true);
+    ptx::gemm_ss<Element, kWN, 0, kDepth / 16>(acc, sdp_desc_a(a_tile), sdp_desc_b(wg, b_tile), SdpStepA{},
+                                               SdpStepB{}, true);
   }
   JF_DEVICE void issue_dkv(float (&acc)[kKR], uint32_t pds_tile, uint32_t b_tile) const {
     ptx::gemm_ss<Element, kWD, 1, kBM / 16, /*kTransA=*/1>(acc, dkv_desc_a(pds_tile), dkv_desc_b(wg, b_tile),
                                                             DkvStepA{}, DkvStepB{}, false);
+  }
+  // The pair: kN columns of dV or dK from column block cb of dO or Q.
+  template <int kN>
+  JF_DEVICE void issue_dkv_block(float (&acc)[kN / 2], uint32_t pds_tile, uint32_t b_tile, int cb) const {
+    ptx::gemm_ss<Element, kN, 1, kBM / 16, /*kTransA=*/1>(acc, dkv_desc_a(pds_tile), dkv_desc_b_block(cb, b_tile),
+                                                           DkvStepA{}, DkvStepB{}, false);
   }
   JF_DEVICE void issue_dq(float (&acc)[kQR], uint32_t ds_tile, int sl) const {
     ptx::gemm_ss<Element, Cfg::kDqCols, 1, kBN / 16>(acc, dq_desc_a(ds_tile), dq_desc_b(wg, sl, sm.k()),
@@ -126,7 +156,7 @@ struct BwdColumnSplit {
 
   // S = Q K_wg^T and dP = dO V_wg^T for BwdMainloop::consume (issue only).
   JF_DEVICE void issue_s(float (&acc)[kSR], uint32_t q_tile) const { issue_sdp(acc, q_tile, sm.k()); }
-  JF_DEVICE void issue_dp(float (&acc)[kSR], uint32_t do_tile) const { issue_sdp(acc, do_tile, sm.v()); }
+  JF_DEVICE void issue_dp(float (&acc)[kSR], uint32_t do_tile) const { issue_sdp<kDv>(acc, do_tile, sm.v()); }
 
   // ---- dropout (Cfg::kDropout)
   // The keep bits of one generator call (a row's 64-key chunk, philox.h
@@ -175,7 +205,7 @@ struct BwdColumnSplit {
   // is ready and dP issued: P, dS, the dV, dQ (two slices), dK GEMMs, dQ to
   // the writer warp, the releases (see the top).
   JF_DEVICE void step(int it, const BwdTile& w, int n0, int m0, int s, int sd, float (&sc)[kSR],
-                      float (&dp)[kSR], StepRegs& x, float (&dk)[kKR], float (&dv)[kKR],
+                      float (&dp)[kSR], StepRegs& x, float (&dk)[kKR], float (&dv)[kVR],
                       float scale_log2, float softcap_pre) const {
     using namespace ptx;
     // The thread's S / dP rows (queries within the block): r0 and r0 + 8
@@ -259,33 +289,85 @@ struct BwdColumnSplit {
     fence_proxy_async_smem();  // stmatrix (generic proxy) -> wgmma reads (async proxy)
     named_bar_sync(kBwdBarPdS, 256);
 
-    // ---- dV += P^T dO, dQ slice 0 = dS K, dK += dS^T Q
+    if constexpr (kPair) {
+      pair_gemms(s, sd, p_tile, ds_tile, dq0, dq1, dk, dv);
+    } else {
+      // ---- dV += P^T dO, dQ slice 0 = dS K, dK += dS^T Q
+      fence_regs(dv);
+      fence_regs(dk);
+      wgmma_fence();
+      issue_dkv(dv, p_tile, sm.dout(sd));
+      wgmma_commit();
+      issue_dq(dq0, ds_tile, 0);
+      wgmma_commit();
+      issue_dkv(dk, ds_tile, sm.q(s));
+      wgmma_commit();
+      wgmma_wait<2>();  // dV done: dO is free
+      fence_regs(dv);
+      mbar_arrive(sm.empty_do(sd));
+      wgmma_wait<1>();  // dQ slice 0 done
+      fence_regs(dq0);
+      Dq::stage(sm, wg, warp, lane, dq0);
+
+      // ---- dQ slice 1 (while dK runs)
+      wgmma_fence();
+      issue_dq(dq1, ds_tile, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dK done: Q is free
+      fence_regs(dk);
+      mbar_arrive(sm.empty_q(s));
+      wgmma_wait<0>();
+      fence_regs(dq1);
+      Dq::stage(sm, wg, warp, lane, dq1);
+    }
+  }
+
+  // The pair's GEMMs of a step, once both WGs' P and dS are in shared memory
+  // (see the top for the column blocks): dV, dQ slice 0, dK issued together;
+  // dO released once dV is done, Q once dK is; WG 1's second dQ slice runs
+  // behind its dK.
+  JF_DEVICE void pair_gemms(int s, int sd, uint32_t p_tile, uint32_t ds_tile, float (&dq0)[kQR],
+                            float (&dq1)[kQR], float (&dk)[kKR], float (&dv)[kVR]) const {
+    using namespace ptx;
+    float(&dk_lo)[kKR / 2] = *reinterpret_cast<float(*)[kKR / 2]>(&dk[0]);
     fence_regs(dv);
     fence_regs(dk);
     wgmma_fence();
-    issue_dkv(dv, p_tile, sm.dout(sd));
+    issue_dkv_block<64>(dv, p_tile, sm.dout(sd), dv_block(wg));
     wgmma_commit();
     issue_dq(dq0, ds_tile, 0);
     wgmma_commit();
-    issue_dkv(dk, ds_tile, sm.q(s));
-    wgmma_commit();
+    // (Fence and commit inside each branch: else ptxas injects them there.)
+    if (wg == 0) {
+      wgmma_fence();
+      issue_dkv_block<128>(dk, ds_tile, sm.q(s), dk_block0(0));
+      wgmma_commit();
+    } else {
+      wgmma_fence();
+      issue_dkv_block<64>(dk_lo, ds_tile, sm.q(s), dk_block0(1));
+      wgmma_commit();
+    }
     wgmma_wait<2>();  // dV done: dO is free
     fence_regs(dv);
     mbar_arrive(sm.empty_do(sd));
     wgmma_wait<1>();  // dQ slice 0 done
     fence_regs(dq0);
     Dq::stage(sm, wg, warp, lane, dq0);
-
-    // ---- dQ slice 1 (while dK runs)
-    wgmma_fence();
-    issue_dq(dq1, ds_tile, 1);
-    wgmma_commit();
-    wgmma_wait<1>();  // dK done: Q is free
-    fence_regs(dk);
-    mbar_arrive(sm.empty_q(s));
-    wgmma_wait<0>();
-    fence_regs(dq1);
-    Dq::stage(sm, wg, warp, lane, dq1);
+    if (wg == 1) {
+      wgmma_fence();
+      issue_dq(dq1, ds_tile, 1);
+      wgmma_commit();
+      wgmma_wait<1>();  // dK done: Q is free
+      fence_regs(dk);
+      mbar_arrive(sm.empty_q(s));
+      wgmma_wait<0>();
+      fence_regs(dq1);
+      Dq::stage(sm, wg, warp, lane, dq1);
+    } else {
+      wgmma_wait<0>();  // dK done: Q is free
+      fence_regs(dk);
+      mbar_arrive(sm.empty_q(s));
+    }
   }
 };
 

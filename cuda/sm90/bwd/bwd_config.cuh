@@ -36,11 +36,19 @@
 // dQ is made in kDqSlices = 2 column slices of 64 per warpgroup (32
 // registers each), each through the warpgroup's 64 x 64 fp32 staging tile.
 //
+// Head-dim pair (kHeadDimV != kHeadDim: 192 / 128, DeepSeek MLA; the column
+// split, 64 x 64): Q, K, dQ and dK are kHeadDim wide, V, dO and dV
+// kHeadDimV; S = Q K^T has kHeadDim / 16 k-steps, dP = dO V^T kHeadDimV / 16.
+// dK, dV and dQ are 8 column blocks of 64 (3 + 2 + 3), each a 64 x 64 x 64
+// GEMM per step; the split gives each WG 4 (bwd_column_split.cuh): WG 0 dK
+// blocks 1-2, dV block 0, dQ block 0; WG 1 dK block 0, dV block 1, dQ blocks
+// 1 and 2 (kDqSlices = 2 the most per WG, dq_slices(wg) each WG's).
+//
 // Shared memory (all 16-bit tiles in the 128B-swizzled TMA/wgmma layout of
 // smem_layout.cuh, [cols / 64][rows][64]):
-//   K, V          [D/64][kBlockN][64]           loaded once per CTA
+//   K, V          [D/64][kBlockN][64]           loaded once per CTA (V: D_v)
 //   Q             kStages x [D/64][kBlockM][64] TMA ring (producer warp)
-//   dO            kStagesDo x [D/64][kBlockM][64]  TMA ring (1 stage for hdim 256)
+//   dO            kStagesDo x [D_v/64][kBlockM][64]  TMA ring (1 stage for hdim 256)
 //   dS            2 x [kBlockN/64][kBlockM][64] dS (queries x keys, K-major
 //                                               for dQ = dS K), double buffered
 //   P             2 x [kBlockM][64]             !kSdpSwapAB only: P (queries x
@@ -72,9 +80,12 @@
 
 namespace jax_flash::sm90 {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_ = 128, int kStagesDo_ = 2, bool kSdpSwapAB_ = true>
+template <int kHeadDim_, int kBlockM_, int kBlockN_ = 128, int kStagesDo_ = 2, bool kSdpSwapAB_ = true,
+          int kHeadDimV_ = kHeadDim_>
 struct BwdConfig {
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDim = kHeadDim_;    // Q, K, dQ, dK
+  static constexpr int kHeadDimV = kHeadDimV_;  // V, dO, dV (O for delta)
+  static constexpr bool kPair = kHeadDimV != kHeadDim;
   static constexpr int kBlockM = kBlockM_;  // query rows per step
   static constexpr int kBlockN = kBlockN_;  // keys per CTA
   static constexpr bool kSdpSwapAB = kSdpSwapAB_;  // the work split (see the top)
@@ -87,9 +98,10 @@ struct BwdConfig {
   static constexpr int kConsumerRegs = 240;
   static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
 
-  static_assert(kSdpSwapAB ? (kHeadDim % 64 == 0 && kHeadDim <= 128 && kBlockN == 128)
-                           : (kHeadDim == 256 && kBlockN == 64 && kBlockM == 64),
-                "head dim buckets: 64 and 128 (SdP_swapAB, 128 keys), 256 (64 x 64)");
+  static_assert(kSdpSwapAB ? (kHeadDim % 64 == 0 && kHeadDim <= 128 && kBlockN == 128 && !kPair)
+                           : ((kPair ? kHeadDim == 192 && kHeadDimV == 128 : kHeadDim == 256) &&
+                              kBlockN == 64 && kBlockM == 64),
+                "head dim buckets: 64 and 128 (SdP_swapAB, 128 keys), 256 and the pair 192 / 128 (64 x 64)");
   static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128),
                 "kBlockM: 64 or 128 (80: hdim 128, dQ_swapAB)");
   // dQ_swapAB (FA3: kBlockM % 64 != 0, i.e. kBlockM = 80): each WG makes
@@ -103,9 +115,15 @@ struct BwdConfig {
   static constexpr int kDqSplitM = kDqSwapAB ? 1 : kBlockM / 64;  // WGs along the rows
   static constexpr int kDqSplitN = kConsumerWGs / kDqSplitM;  // WGs along the head dim
   static_assert(kDqSplitM * kDqSplitN == kConsumerWGs, "dQ split");
-  static constexpr int kDqWGCols = kHeadDim / kDqSplitN;
+  // (The pair: dQ blocks 1 + 2, see the top; kDqWGCols is the most a WG makes.)
+  static constexpr int kDqWGCols = kPair ? 128 : kHeadDim / kDqSplitN;
   static constexpr int kDqCols = 64;
   static constexpr int kDqSlices = kDqWGCols / kDqCols;
+  // dQ slices WG wg makes per step, and the first column of its slice sl.
+  static constexpr int dq_slices(int wg) { return kPair ? 1 + wg : kDqSlices; }
+  static constexpr int dq_col0(int wg, int sl) {
+    return kPair ? kDqCols * (wg + sl) : (kDqSplitN == 2 ? kDqWGCols * wg : 0) + kDqCols * sl;
+  }
   static constexpr int kDqRows = kDqSwapAB ? kBlockM : 64;  // rows of a WG's dQ tile
   static_assert(kDqSlices * kDqCols == kDqWGCols && (kSdpSwapAB ? kDqSlices == 1 : kDqSlices == 2),
                 "each WG's dQ staging tile is 64 x 64 (one wgmma N=64, one K column block)");
@@ -116,8 +134,10 @@ struct BwdConfig {
   // default tensor-reduction layout does not use the pitch).
   static constexpr int kDqPitch = kDqCols + (kSdpSwapAB ? 8 : 0);
 
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;  // one Q (or dO) stage
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;   // K (and V of a bucket)
+  static constexpr int kVBytes = kBlockN * kHeadDimV * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;    // one Q stage
+  static constexpr int kDoBytes = kBlockM * kHeadDimV * 2;  // one dO stage
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;  // one dS (or P) buffer
   static constexpr int kPBytes = kSdpSwapAB ? 0 : 2 * kDsBytes;  // P^T stays in registers there
   // One WG's dQ staging tile: the larger of the two layouts (64 x kDqPitch
@@ -129,9 +149,9 @@ struct BwdConfig {
 
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKVBytes;
-  static constexpr int kOffQ = kOffV + kKVBytes;
+  static constexpr int kOffQ = kOffV + kVBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr int kOffdS = kOffdO + kStagesDo * kQBytes;
+  static constexpr int kOffdS = kOffdO + kStagesDo * kDoBytes;
   static constexpr int kOffP = kOffdS + 2 * kDsBytes;
   static constexpr int kOffdQ = kOffP + kPBytes;
   static constexpr int kOffLse = kOffdQ + kConsumerWGs * kDqWGBytes;
@@ -145,7 +165,8 @@ struct BwdConfig {
                 "the claim slot (BwdSmem::claim_slot) fits the slack whatever the 16-byte aligned start");
   static_assert(kSmemAlloc <= 227 * 1024, "shared memory plan too large");
   static_assert(kOffV % 1024 == 0 && kOffQ % 1024 == 0 && kOffdO % 1024 == 0 &&
-                    kOffdS % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0 &&
+                    kOffdS % 1024 == 0 && kQBytes % 1024 == 0 && kDoBytes % 1024 == 0 &&
+                    kDsBytes % 1024 == 0 &&
                     kOffP % 1024 == 0 && kOffdQ % 1024 == 0,
                 "128B-swizzled tiles must start 1 KB aligned");
   static_assert(kOffdQ % 16 == 0 && kDqWGBytes % 16 == 0 && (kDqPitch * 4) % 16 == 0,
@@ -202,6 +223,14 @@ template <> struct BwdConfigFor<64>  { using type = BwdConfig<64, 128>; };
 template <> struct BwdConfigFor<128> { using type = BwdConfig<128, 64>; };
 //                                         D   BM  BN  dO stages  SdP_swapAB
 template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, false>; };
+// The head-dim pair 192 / 128 (DeepSeek MLA), the column split on 64 x 64
+// with 2 dO stages: K 24 KB, V 16 KB, Q 2 x 24 KB, dO 2 x 16 KB, P and dS
+// 2 x 8 KB each, dQ staging 2 x 16 KB, LSE / delta 2 x 256 B each: 189440 B
+// (+ barriers, 1 KB slack). FA3 runs hdim 192 on 64 x 96 with 3 consumer WGs (dKV_swapAB);
+// 64 keys keep dK / dV unswapped in the 2-WG column split of hdim 256.
+template <int kHeadDim, int kHeadDimV>
+struct BwdPairConfigFor;
+template <> struct BwdPairConfigFor<192, 128> { using type = BwdConfig<192, 64, 64, 2, false, 128>; };
 // hdim 128 with kBlockM = 80 (FA3 hopper/flash_bwd_launch_template.h: 80 x
 // 128 with dQ_swapAB when not causal and not local, 64 x 128 otherwise), the
 // default for masks without a causal / local bound (+4% on the H200 at
@@ -267,7 +296,7 @@ struct BwdSmem {
   JF_DEVICE uint32_t k() const { return base + Cfg::kOffK; }
   JF_DEVICE uint32_t v() const { return base + Cfg::kOffV; }
   JF_DEVICE uint32_t q(int s) const { return base + Cfg::kOffQ + s * Cfg::kQBytes; }
-  JF_DEVICE uint32_t dout(int s) const { return base + Cfg::kOffdO + s * Cfg::kQBytes; }
+  JF_DEVICE uint32_t dout(int s) const { return base + Cfg::kOffdO + s * Cfg::kDoBytes; }
   JF_DEVICE uint32_t ds(int b) const { return base + Cfg::kOffdS + b * Cfg::kDsBytes; }
   JF_DEVICE uint32_t p(int b) const { return base + Cfg::kOffP + b * Cfg::kDsBytes; }  // !kSdpSwapAB
   JF_DEVICE uint32_t dq(int wg) const { return base + Cfg::kOffdQ + wg * Cfg::kDqWGBytes; }

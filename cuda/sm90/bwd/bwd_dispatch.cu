@@ -1,9 +1,11 @@
 // sm90 backward: capability checks (bwd_supported) and dispatch to the
-// (dtype, head-dim bucket) instantiation. Anything not served here answers
-// cudaErrorNotSupported so that the caller runs jax_flash::sm80::run_bwd:
-// deterministic mode without its workspace (BwdParams::sm90_dq_semaphore),
-// head dims above 256, a value head dim other than q's and k's, non-sm_90
-// devices, TMA-incompatible layouts.
+// (dtype, head-dim bucket) instantiation, or the (dtype, head-dim pair) one
+// when v's head dim differs from q's and k's. Anything not served here
+// answers cudaErrorNotSupported so that the caller runs
+// jax_flash::sm80::run_bwd: deterministic mode without its workspace
+// (BwdParams::sm90_dq_semaphore), head dims above 256, a value head dim
+// other than q's and k's outside Sm90BwdHeadDimPairs (and a pair's dropout),
+// non-sm_90 devices, TMA-incompatible layouts.
 #include <cstdint>
 
 #include "bwd_config.cuh"
@@ -21,8 +23,13 @@ namespace jax_flash::sm90 {
 namespace {
 
 // The shared memory of the tile bwd_default_tile picks (bwd_launch_templates.cuh),
-// with dropout's buffers for a dropout call.
+// with dropout's buffers for a dropout call, or of the head-dim pair's.
 bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, BwdTileChoice tile) {
+  if (p.head_dim_v != p.head_dim)
+    return dispatch_head_dim_pair(Sm90BwdHeadDimPairs{}, p.head_dim, p.head_dim_v, false, [&](auto pair) {
+      using P = decltype(pair);
+      return BwdPairConfigFor<P::kHeadDim, P::kHeadDimV>::type::kSmemAlloc <= dev.smem_optin;
+    });
   return dispatch_head_dim(Sm90BwdHeadDims{}, Sm90BwdHeadDims::bucket(p.head_dim), false, [&](auto d) {
     using Cfg = typename BwdConfigFor<decltype(d)::value>::type;
     const int smem = tile == BwdTileChoice::kBlockM80 ? BwdConfigHd128Bm80::kSmemAlloc
@@ -32,8 +39,14 @@ bool bucket_compiled_and_ok(const BwdParams& p, const DeviceInfo& dev, BwdTileCh
   });
 }
 
-// Keys per CTA of the bucket's tiles (the kBlockM 80 tile has the bucket's).
-int bwd_block_n(int bucket) {
+// Keys per CTA of the bucket's tiles (the kBlockM 80 tile has the bucket's),
+// or of the head-dim pair's (0: not compiled).
+int bwd_block_n(const BwdParams& p, int bucket) {
+  if (p.head_dim_v != p.head_dim)
+    return dispatch_head_dim_pair(Sm90BwdHeadDimPairs{}, p.head_dim, p.head_dim_v, 0, [](auto pair) {
+      using P = decltype(pair);
+      return BwdPairConfigFor<P::kHeadDim, P::kHeadDimV>::type::kBlockN;
+    });
   return dispatch_head_dim(Sm90BwdHeadDims{}, bucket, 0,
                            [](auto d) { return BwdConfigFor<decltype(d)::value>::type::kBlockN; });
 }
@@ -45,6 +58,12 @@ cudaError_t bwd_dtype(const BwdParams& p, cudaStream_t stream) {
                              cudaErrorNotSupported,
                              [&](auto d) { return run_bwd_dropout_hdim<Element, decltype(d)::value>(p, stream); });
   }
+  if (p.head_dim_v != p.head_dim)
+    return dispatch_head_dim_pair(Sm90BwdHeadDimPairs{}, p.head_dim, p.head_dim_v, cudaErrorNotSupported,
+                                  [&](auto pair) {
+                                    using P = decltype(pair);
+                                    return run_bwd_hdim<Element, P::kHeadDim, P::kHeadDimV>(p, stream);
+                                  });
   return dispatch_head_dim(Sm90BwdHeadDims{}, Sm90BwdHeadDims::bucket(p.head_dim), cudaErrorNotSupported,
                            [&](auto d) { return run_bwd_hdim<Element, decltype(d)::value>(p, stream); });
 }
@@ -70,8 +89,11 @@ bool bwd_supported(const BwdParams& p) {
   // shifts (packed sequences of unequal lengths) invalidate: sm80 serves those.
   if (p.deterministic && p.q_shift != nullptr) return false;
   if (!problem_ok(p) || !bwd_buffers_ok(p) || !dq_accum_ok(p)) return false;
-  // One head dim for q, k and v: the head-dim pairs run in the sm80 family.
-  if (p.head_dim_v != p.head_dim) return false;
+  // One head dim for q, k and v, or a head-dim pair with sm90 kernels (served
+  // exactly; no dropout kernels); the sm80 family serves the other pairs.
+  if (p.head_dim_v != p.head_dim &&
+      (!Sm90BwdHeadDimPairs::contains(p.head_dim, p.head_dim_v) || p.dropout.enabled()))
+    return false;
   if (p.dq == nullptr || !aligned16(p.dq)) return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;
@@ -83,7 +105,7 @@ bool bwd_supported(const BwdParams& p) {
                                  ? BwdTileChoice::kBucket
                                  : bwd_default_tile(bucket, make_mask_info(p).bounded(), p.deterministic);
   // A bucket this build serves, and its grid (KV blocks x kv heads x batch) fits.
-  const int64_t block_n = bwd_block_n(bucket);
+  const int64_t block_n = bwd_block_n(p, bucket);
   if (block_n == 0) return false;
   if (int64_t(p.batch) * p.num_heads_k * ((int64_t(p.seqlen_k) + block_n - 1) / block_n) >=
       (int64_t(1) << 31))

@@ -4,7 +4,7 @@
 // dq_convert pass then writes dq = scale * dq_accum in the input dtype.
 //
 // Writer warp (warp 1 of the producer warpgroup): per step (and dQ slice,
-// hdim 256) and consumer warpgroup, waits for the WG's staged 64 x 64 fp32 dQ
+// hdim 256 and the head-dim pair) and consumer warpgroup, waits for the WG's staged 64 x 64 fp32 dQ
 // tile (named barrier dQFull), adds it into dq_accum (rows < seqlen_q,
 // columns < head_dim) and once the copy engine has read the tile hands it
 // back (dQEmpty). FA3's dQ path (store_dq), with bulk reductions into a
@@ -155,6 +155,15 @@ struct BwdDqAccumulator {
   // rows per tile).
   template <bool kDet>
   JF_DEVICE static void store(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, const BwdTile& w) {
+    if constexpr (Cfg::kPair) {
+      store_pair<kDet>(a, sm, w);
+    } else {
+      store_uniform<kDet>(a, sm, w);
+    }
+  }
+  // Both WGs stage the same slices (kDqSlices per step).
+  template <bool kDet>
+  JF_DEVICE static void store_uniform(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, const BwdTile& w) {
     using namespace ptx;
     static_assert(kDqTensor || Cfg::kDqRows == 64, "row reductions: 64-row tiles");
     if (w.iters == 0) return;
@@ -241,6 +250,77 @@ struct BwdDqAccumulator {
         }
       }
       if (sl == Cfg::kDqSlices - 1) walk.advance();
+    }
+    bulk_wait<0>();  // every reduction complete before the CTA exits
+  }
+
+  // The head-dim pair (Cfg::dq_slices: WG 0 one slice, WG 1 two): per step
+  // WG 0's slice and WG 1's first, then WG 1's second once its staging tile
+  // is read out (both 64 x 64 at Cfg::dq_col0; head_dim exact, so only rows
+  // past seqlen_q are clipped). The deterministic order as above, around
+  // the step's three reductions.
+  template <bool kDet>
+  JF_DEVICE static void store_pair(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, const BwdTile& w) {
+    using namespace ptx;
+    static_assert(kDqTensor && Cfg::kDqRows == 64 && Cfg::dq_slices(0) == 1 && Cfg::dq_slices(1) == 2,
+                  "the pair: tensor reductions of 64-row tiles, slices 1 + 2");
+    if (w.iters == 0) return;
+    const int lane = lane_id();
+    int pred_first = 0, pred_last = 0;
+    if constexpr (kDet)
+      dq_pred_range(a.mask, w.n_block, w.num_n_blocks, Cfg::kBlockN, Cfg::kBlockM, pred_first,
+                    pred_last);
+    named_bar_arrive(kBwdBarDqEmpty + 0, kBwdDqBarThreads);
+    named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
+    const int seqlen_q = a.mask.seqlen_q;
+    BwdStepWalker walk(w, a.heads_per_kv);
+    for (int it = 0; it < w.iters; ++it) {
+      const int m0 = walk.mb * Cfg::kBlockM;
+      const bool last = it + 1 == w.iters;  // then no hand-back: no taker
+      int* sem = nullptr;
+      if constexpr (kDet) {
+        sem = a.dq_sem + (int64_t(w.batch) * a.num_heads + walk.hq) * a.sem_m_blocks + walk.mb;
+        if (walk.mb >= pred_first && walk.mb < pred_last && lane == 0) {
+          const int want = w.n_block + 2;
+          while (ld_relaxed_gpu(sem) != want) nanosleep_ns(64);
+          (void)ld_acquire_gpu(sem);
+          fence_proxy_async_global();
+        }
+        __syncwarp();
+      }
+      // Slice sl of WG wg: one commit group (empty past seqlen_q).
+      auto reduce = [&](int wg, int sl) {
+        named_bar_sync(kBwdBarDqFull + wg, kBwdDqBarThreads);
+        if (lane == 0 && m0 < seqlen_q) {
+#pragma unroll
+          for (int b = 0; b < 2; ++b)
+            tma_reduce_add_4d(&a.tm_dqacc, sm.dq(wg) + b * Cfg::kDqRows * 128, Cfg::dq_col0(wg, sl) + 32 * b,
+                              m0, walk.hq, w.batch);
+        }
+        bulk_commit();
+        __syncwarp();
+      };
+      reduce(0, 0);
+      reduce(1, 0);
+      bulk_wait_read<1>();  // WG 0's tile read out
+      __syncwarp();
+      if (!last) named_bar_arrive(kBwdBarDqEmpty + 0, kBwdDqBarThreads);
+      bulk_wait_read<0>();  // WG 1's: its second slice follows
+      __syncwarp();
+      named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
+      reduce(1, 1);
+      if (!last) {
+        bulk_wait_read<0>();
+        __syncwarp();
+        named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
+      }
+      if constexpr (kDet) {
+        bulk_wait<0>();
+        fence_proxy_async_global();
+        __syncwarp();
+        if (lane == 0) st_release_gpu(sem, w.n_block + 1);
+      }
+      walk.advance();
     }
     bulk_wait<0>();  // every reduction complete before the CTA exits
   }

@@ -3,7 +3,8 @@
 // 128B-swizzled [D/64][kBlockN][64] layout the TMA loads used) -> TMA store,
 // which clips the seq and head-dim tails. The work split (Mainloop::Split)
 // gives the WG's part: kKvRows rows x kKvCols columns of the tile (key split:
-// its 64 keys, every column; column split: every key, its 128 columns).
+// its 64 keys, every column; column split: every key, its 128 columns; the
+// head-dim pair: every key, the column blocks the split names per WG).
 #pragma once
 
 #include "bwd_tile.cuh"
@@ -22,11 +23,13 @@ struct BwdEpilogue {
   using Split = typename Mainloop::Split;
   static constexpr int kD = Cfg::kHeadDim;
   static constexpr int kBN = Cfg::kBlockN;
-  static constexpr int kKR = Split::kKR;  // dK / dV registers per thread
+  static constexpr int kKR = Split::kKR;  // dK registers per thread
+  static constexpr int kVR = Split::kVR;  // dV registers per thread
   // Rows / column blocks between consecutive WGs' parts (0: the WGs share them).
   static constexpr int kRowStep = Split::kKvRows == kBN ? 0 : Split::kKvRows;
   static constexpr int kColBlockStep = Split::kKvCols == kD ? 0 : Split::kKvCols / 64;
-  static_assert(kKR == Split::kKvCols / 2 && Split::kKvRows == 64, "a WG's part: 64 rows x kKvCols");
+  static_assert(kKR == Split::kKvCols / 2 && (Cfg::kPair || kVR == kKR) && Split::kKvRows == 64,
+                "a WG's part: 64 rows x kKvCols");
 
   // ---------------------------------------------------------------- host -> device
   struct Arguments {
@@ -46,10 +49,14 @@ struct BwdEpilogue {
   // Byte offset in the tile of the packed pair acc[4j + 2h], acc[4j + 2h + 1]
   // (key 16 warp + g + 8h, column 8j + 2t of the WG's part).
   static JF_DEVICE uint32_t kv_offset(int wg, int warp, int lane, int j, int h) {
-    const int row = kRowStep * wg + 16 * warp + lane / 4;  // h = 0; row % 8 == lane / 4
+    return kv_offset_at(kRowStep * wg, kColBlockStep * wg, warp, lane, j, h);
+  }
+  // ... in the part whose first row is row0 and first column block cblk0.
+  static JF_DEVICE uint32_t kv_offset_at(int row0, int cblk0, int warp, int lane, int j, int h) {
+    const int row = row0 + 16 * warp + lane / 4;  // h = 0; row % 8 == lane / 4
     const uint32_t row_addr = uint32_t(row * 128 + 4 * (lane % 4));
     const uint32_t sw = uint32_t(lane / 4) << 4;
-    return row_addr + uint32_t((kColBlockStep * wg + j / 8) * kBN * 128) + ((uint32_t(j % 8) << 4) ^ sw) +
+    return row_addr + uint32_t((cblk0 + j / 8) * kBN * 128) + ((uint32_t(j % 8) << 4) ^ sw) +
            uint32_t(h * 8 * 128);
   }
   JF_DEVICE static void store_kv_tile(const Split& c, const float (&acc)[kKR], uint32_t tile) {
@@ -61,9 +68,32 @@ struct BwdEpilogue {
                            ptx::pack2<Element>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
   }
 
+  // The head-dim pair: the first `blocks` column blocks of acc (every key)
+  // to column blocks [cblk0, cblk0 + blocks) of the tile.
+  template <int kR>
+  JF_DEVICE static void store_kv_blocks(const Split& c, const float (&acc)[kR], uint32_t tile, int cblk0,
+                                        int blocks) {
+#pragma unroll
+    for (int j = 0; j < kR / 4; ++j)
+      if (j / 8 < blocks) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          ptx::st_shared_b32(tile + kv_offset_at(0, cblk0, c.warp, c.lane, j, h),
+                             ptx::pack2<Element>(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+      }
+  }
+
   // Stores the part of dK (scaled here) and dV of consumer warpgroup c (its
   // work split's view); all 128 threads of the WG.
-  JF_DEVICE static void store(const Split& c, const BwdTile& w, float (&dk)[kKR], const float (&dv)[kKR]) {
+  JF_DEVICE static void store(const Split& c, const BwdTile& w, float (&dk)[kKR], const float (&dv)[kVR]) {
+    if constexpr (Cfg::kPair) {
+      store_pair(c, w, dk, dv);
+    } else {
+      store_parts(c, w, dk, dv);
+    }
+  }
+  // The buckets: the WG's part (kKvRows x kKvCols) of both tiles.
+  JF_DEVICE static void store_parts(const Split& c, const BwdTile& w, float (&dk)[kKR], const float (&dv)[kVR]) {
     using namespace ptx;
     const BwdKernelArgs& a = c.a;
     const BwdSmem<Cfg>& sm = c.sm;
@@ -89,6 +119,32 @@ struct BwdEpilogue {
                        n0 + kRowStep * c.wg, w.head_k, w.batch);
         }
       }
+      bulk_commit();
+      bulk_wait<0>();  // stores done before the CTA's shared memory goes away
+    }
+    __syncwarp();
+  }
+
+  // The head-dim pair (column split): WG wg's dK blocks [dk_block0, +dk_blocks)
+  // and dV block dv_block (Split), every key; head_dim and head_dim_v exact.
+  JF_DEVICE static void store_pair(const Split& c, const BwdTile& w, float (&dk)[kKR], const float (&dv)[kVR]) {
+    using namespace ptx;
+    const BwdKernelArgs& a = c.a;
+    const BwdSmem<Cfg>& sm = c.sm;
+    const int n0 = w.n_block * kBN;
+    const float scale = a.scale;
+#pragma unroll
+    for (int i = 0; i < kKR; ++i) dk[i] *= scale;
+    const int kb0 = Split::dk_block0(c.wg), kbs = Split::dk_blocks(c.wg), vb = Split::dv_block(c.wg);
+    named_bar_sync(kBwdBarEpi, 256);  // both WGs are past their last GEMM on K and V
+    store_kv_blocks(c, dk, sm.k(), kb0, kbs);
+    store_kv_blocks(c, dv, sm.v(), vb, 1);
+    fence_proxy_async_smem();
+    named_bar_sync(kBwdBarEpiWG + c.wg, 128);
+    if (c.warp == 0 && c.lane == 0) {
+      for (int cb = kb0; cb < kb0 + kbs; ++cb)
+        tma_store_4d(&a.tm_dk, sm.k() + cb * kBN * 128, 64 * cb, n0, w.head_k, w.batch);
+      tma_store_4d(&a.tm_dv, sm.v() + vb * kBN * 128, 64 * vb, n0, w.head_k, w.batch);
       bulk_commit();
       bulk_wait<0>();  // stores done before the CTA's shared memory goes away
     }

@@ -13,7 +13,9 @@
 
 namespace jax_flash::sm90 {
 
-template <typename Element, int kHeadDim>
+// kHeadDimV: a head-dim pair (v, dO, dV of their own head dim,
+// bwd_<dtype>_hdim<d>v<d_v>_sm90.cu), served exactly.
+template <typename Element, int kHeadDim, int kHeadDimV = kHeadDim>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream);
 
 // With attention dropout: bwd_dropout_<dtype>_hdim<d>_sm90.cu.

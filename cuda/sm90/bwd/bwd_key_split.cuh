@@ -40,6 +40,7 @@ struct BwdKeySplit {
   static constexpr int kBN = Cfg::kBlockN;
   static constexpr int kSR = kBM / 2;   // S^T / dP^T registers (64 x kBlockM)
   static constexpr int kKR = kD / 2;    // dK / dV registers (64 x D)
+  static constexpr int kVR = kKR;
   // dQ registers: 64 x 64 (dQ_swapAB: dQ^T, 64 columns x kBlockM queries)
   static constexpr int kQR = Cfg::kDqSwapAB ? kBM / 2 : Cfg::kDqCols / 2;
   static_assert(!Cfg::kDqSwapAB || kDqTensor, "dQ_swapAB: tensor reductions only");
@@ -186,7 +187,7 @@ struct BwdKeySplit {
   // dO) once S^T is ready and dP^T issued: P^T, dS^T, the dV, dQ, dK GEMMs,
   // dQ to the writer warp, the releases (see the top).
   JF_DEVICE void step(int it, const BwdTile& w, int n0, int m0, int s, int sd, float (&sc)[kSR],
-                      float (&dp)[kSR], StepRegs& x, float (&dk)[kKR], float (&dv)[kKR],
+                      float (&dp)[kSR], StepRegs& x, float (&dk)[kKR], float (&dv)[kVR],
                       float scale_log2, float softcap_pre) const {
     using namespace ptx;
     float(&dq)[kQR] = x.dq;

@@ -33,12 +33,12 @@ typename Kernel::Arguments bwd_arguments(const BwdParams& p, const MaskInfo& mas
   using Cfg = typename Kernel::Cfg;
   constexpr bool kDet = Kernel::Scheduler::kNeedsWorkspace;  // the claimed scheduler: deterministic kernels
   const int group = p.num_heads / p.num_heads_k;
-  // dO has O's layout, dK / dV those of K / V.
-  const GmemTensor dout{p.dout, p.head_dim, p.seqlen_q, p.num_heads, p.batch,
+  // dO has O's layout, dK / dV those of K / V (dO, dV: head_dim_v columns).
+  const GmemTensor dout{p.dout, p.head_dim_v, p.seqlen_q, p.num_heads, p.batch,
                         p.o_row_stride, p.o_head_stride, p.o_batch_stride};
   const GmemTensor dk{p.dk, p.head_dim, p.seqlen_k, p.num_heads_k, p.batch,
                       p.k_row_stride, p.k_head_stride, p.k_batch_stride};
-  const GmemTensor dv{p.dv, p.head_dim, p.seqlen_k, p.num_heads_k, p.batch,
+  const GmemTensor dv{p.dv, p.head_dim_v, p.seqlen_k, p.num_heads_k, p.batch,
                       p.v_row_stride, p.v_head_stride, p.v_batch_stride};
   // Deterministic kernels: the scheduler's claim counter is the workspace's
   // first int, the semaphores per (batch, q head, query block) follow
@@ -107,8 +107,11 @@ cudaError_t launch_bwd_kernels(const BwdParams& p, const MaskInfo& mask, cudaStr
   }
   if (p.seqlen_q == 0) return cudaSuccess;
   // The dq_accum row pitch is the workspace's head_dim_rounded (96 for head
-  // dims 65..96, which this kernel runs in the 128 bucket; 256 for 129..256).
-  if constexpr (Cfg::kHeadDim == 64) {
+  // dims 65..96, which this kernel runs in the 128 bucket; 256 for 129..256;
+  // a head-dim pair's own head dim).
+  if constexpr (Cfg::kPair) {
+    if (p.head_dim_rounded == Cfg::kHeadDim) return launch_dq_convert<Element, Cfg::kHeadDim>(p, stream);
+  } else if constexpr (Cfg::kHeadDim == 64) {
     if (p.head_dim_rounded == 64) return launch_dq_convert<Element, 64>(p, stream);
   } else if constexpr (Cfg::kHeadDim == 128) {
     if (p.head_dim_rounded == 96) return launch_dq_convert<Element, 96>(p, stream);
@@ -149,13 +152,17 @@ cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream) {
   return launch_bwd<Element, BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type>>(p, stream);
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream) {
-  if constexpr (kHeadDim == 128) {
-    if (bwd_default_tile(kHeadDim, make_mask_info(p).bounded(), p.deterministic) == BwdTileChoice::kBlockM80)
-      return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream);
+  if constexpr (kHeadDimV != kHeadDim) {  // a head-dim pair: its own tile
+    return launch_bwd<Element, typename BwdPairConfigFor<kHeadDim, kHeadDimV>::type>(p, stream);
+  } else {
+    if constexpr (kHeadDim == 128) {
+      if (bwd_default_tile(kHeadDim, make_mask_info(p).bounded(), p.deterministic) == BwdTileChoice::kBlockM80)
+        return launch_bwd<Element, BwdConfigHd128Bm80>(p, stream);
+    }
+    return launch_bwd<Element, typename BwdConfigFor<kHeadDim>::type>(p, stream);
   }
-  return launch_bwd<Element, typename BwdConfigFor<kHeadDim>::type>(p, stream);
 }
 
 }  // namespace jax_flash::sm90

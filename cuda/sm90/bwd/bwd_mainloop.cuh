@@ -49,7 +49,8 @@ struct BwdMainloop {
   using Smem = BwdSmem<Cfg>;
   static constexpr int kBlockM = Cfg::kBlockM;
   static constexpr int kBlockN = Cfg::kBlockN;
-  static constexpr int kKR = Split::kKR;  // dK / dV registers per consumer thread
+  static constexpr int kKR = Split::kKR;  // dK registers per consumer thread
+  static constexpr int kVR = Split::kVR;  // dV registers per consumer thread
   static constexpr int kSR = Split::kSR;  // S / dP registers per consumer thread
   // The dO ring has its own state only when it has fewer stages (hdim 256).
   static constexpr bool kSameStages = Cfg::kStagesDo == Cfg::kStages;
@@ -109,7 +110,8 @@ struct BwdMainloop {
   // ---------------------------------------------------------------- producer warp
   JF_DEVICE static void load(const BwdKernelArgs& a, const Smem& sm, const BwdTile& w) {
     using namespace ptx;
-    constexpr int kCB = Cfg::kHeadDim / 64;       // TMA boxes per tile
+    constexpr int kCB = Cfg::kHeadDim / 64;       // TMA boxes per Q / K tile
+    constexpr int kCBV = Cfg::kHeadDimV / 64;     // ... per V / dO tile
     // Stat rows per lane (kBlockM 80: lanes 0-15 take a third row).
     constexpr int kRowsPerLane = (Cfg::kBlockM + 31) / 32;
     constexpr bool kFullRows = Cfg::kBlockM % 32 == 0;
@@ -117,13 +119,13 @@ struct BwdMainloop {
     const int lane = lane_id();
     const int n0 = w.n_block * Cfg::kBlockN;
     if (lane == 0) {
-      mbar_arrive_expect_tx(sm.full_kv(), 2 * Cfg::kKVBytes);
+      mbar_arrive_expect_tx(sm.full_kv(), Cfg::kKVBytes + Cfg::kVBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb)
         tma_load_4d(&a.tm_k, sm.full_kv(), sm.k() + cb * Cfg::kBlockN * 128, cb * 64, n0, w.head_k,
                     w.batch);
 #pragma unroll
-      for (int cb = 0; cb < kCB; ++cb)
+      for (int cb = 0; cb < kCBV; ++cb)
         tma_load_4d(&a.tm_v, sm.full_kv(), sm.v() + cb * Cfg::kBlockN * 128, cb * 64, n0, w.head_k,
                     w.batch);
     }
@@ -170,9 +172,9 @@ struct BwdMainloop {
       for (int i = 0; i < kRowsPerLane; ++i)
         if (kFullRows || lane + 32 * i < Cfg::kBlockM) st_shared_f32(sm.delta(sd) + 4 * (lane + 32 * i), dl[i]);
       if (lane == 0) {
-        mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kQBytes);
+        mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kDoBytes);
 #pragma unroll
-        for (int cb = 0; cb < kCB; ++cb)
+        for (int cb = 0; cb < kCBV; ++cb)
           tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, m0,
                       walk.hq, w.batch);
       } else {
@@ -202,9 +204,16 @@ struct BwdMainloop {
     using namespace ptx;
     const BwdKernelArgs& a = split.a;
     const Smem& sm = split.sm;
-    float dk[kKR], dv[kKR];
+    float dk[kKR], dv[kVR];
+    if constexpr (kVR == kKR) {
 #pragma unroll
-    for (int i = 0; i < kKR; ++i) dk[i] = dv[i] = 0.f;
+      for (int i = 0; i < kKR; ++i) dk[i] = dv[i] = 0.f;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kKR; ++i) dk[i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kVR; ++i) dv[i] = 0.f;
+    }
     const int n0 = w.n_block * kBlockN;
 
     if (w.iters > 0) {
@@ -249,7 +258,7 @@ struct BwdMainloop {
     if constexpr (Cfg::kDropout) {  // dV summed (Z P)^T dO: the keep scale, once
       const float keep_scale = dropout_keep_scale(a.dropout);
 #pragma unroll
-      for (int i = 0; i < kKR; ++i) dv[i] *= keep_scale;
+      for (int i = 0; i < kVR; ++i) dv[i] *= keep_scale;
     }
     Epilogue::store(split, w, dk, dv);
   }

@@ -20,7 +20,7 @@ A value head dim other than the query/key one (v and o [.., D_v]) runs in
 kernels of their own, one per (D_qk, D_v) pair of HEAD_DIM_PAIRS, served
 exactly (no padding); adding a pair is one entry there plus its tiles
 (sm80: FwdConfigFor / BwdConfigFor / DqConfigFor<D_qk, D_v>; sm90 forward:
-fwd_default_tuning(D_qk, D_v, ...)).
+fwd_default_tuning(D_qk, D_v, ...); sm90 backward: BwdPairConfigFor<D_qk, D_v>).
 """
 
 from __future__ import annotations
@@ -54,8 +54,11 @@ HEAD_DIM_PAIRS = {
     # DeepSeek MLA prefill (V2 / V3): 192 / 128.
     "sm80": ((192, 128),),
     # The sm90 forward (and its dropout kernels) for the same pair; the sm80
-    # family serves the pairs the sm90 families lack (their backward).
+    # family serves the pairs the sm90 families lack.
     "sm90_fwd": ((192, 128),),
+    # The sm90 backward for the same pair (no dropout kernels: the sm80
+    # backward serves the pair's dropout).
+    "sm90_bwd": ((192, 128),),
 }
 
 
