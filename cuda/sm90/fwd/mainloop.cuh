@@ -148,7 +148,9 @@ struct FwdMainloop {
   static_assert(!kBlockScaled || !kQInRegs, "q_in_regs reads 16-bit A fragments (load_a_sw128)");
   static_assert(!kDropout || (kBlockN % 64 == 0 && !kBlockScaled),
                 "dropout: whole 64-key chunks per KV block (one Philox call per chunk and row), 16-bit");
-  static_assert(!kBlockScaled || kBlockM % 64 == 0, "one Q descale per warpgroup (scheme.py Q_BLOCK)");
+  static_assert(!kBlockScaled || kBlockM % kFp8QBlock == 0, "one Q descale per warpgroup (fp8_scheme.h)");
+  static_assert(!kBlockScaled || kBlockN == fp8_k_block(kHeadDim),
+                "one K descale per KV block: the tile is the scheme's K block (fp8_scheme.h)");
   // ptxas 13.0 miscompiles Q in registers in the serial schedule: it hands the
   // loop-invariant Q fragments' registers to P inside the loop (the PTX is
   // right; the results were wrong on the H200). The overlap schedule compiles
@@ -449,7 +451,7 @@ struct FwdMainloop {
         : scale_log2(a.sm.scale_log2), softcap_pre(a.sm.softcap_pre) {
       if constexpr (kBlockScaled) {
         const Descales& d = a.descale;
-        q = __ldg(d.q + (int64_t(batch) * a.num_heads + head) * d.q_blocks + m0_wg / 64);
+        q = __ldg(d.q + (int64_t(batch) * a.num_heads + head) * d.q_blocks + m0_wg / kFp8QBlock);
         k = d.k + (int64_t(batch) * (a.num_heads / a.heads_per_kv) + head / a.heads_per_kv) * d.k_blocks;
         k_next = __ldg(k + n_first_visit);
       }

@@ -75,7 +75,8 @@ def quantize(q, k, v, *, seed):
       jax.ShapeDtypeStruct(q.shape, E4M3),
       jax.ShapeDtypeStruct((B, H, scheme.num_blocks(T, scheme.Q_BLOCK)), f32),
       jax.ShapeDtypeStruct(k.shape, E4M3),
-      jax.ShapeDtypeStruct((B, Hk, scheme.num_blocks(S, scheme.K_BLOCK)), f32),
+      jax.ShapeDtypeStruct((B, Hk, scheme.num_blocks(S, scheme.k_block(D))),
+                           f32),
       jax.ShapeDtypeStruct(v.shape, E4M3),
       jax.ShapeDtypeStruct((B, Hk, D), f32),
       jax.ShapeDtypeStruct((max(B * Hk * v_chunks(S) * D, 1),), f32))
