@@ -119,6 +119,15 @@ struct FwdMainloop {
   // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128
   // (its kHeadDim, the query/key one), not in its FP8 path.
   static constexpr bool kRescaleBeforePV = kHeadDim > 128 && !kVTransposed;
+  // O not zero-filled before the tile: its first PV GEMM ignores the
+  // accumulator (wgmma scale-d = 0, as CUTLASS's ScaleOut::Zero), so O's
+  // registers are free until then (the tile's first QK^T and softmax); a
+  // tile without keys zeroes O itself. Where it lowers ptxas 13.0's spills:
+  // the 8-bit 128 x 224 tile (100 -> 44 bytes; at 192 x 160 and 128 x 128 it
+  // raises them: 52 -> 84, 40 -> 276). Elsewhere the caller zero-fills O
+  // (kZeroFillO).
+  static constexpr bool kFirstPVZeroes = kVTransposed && kConsumerWGs == 2 && kBlockN > 128;
+  static constexpr bool kZeroFillO = !kFirstPVZeroes;
 
   // Shared-memory geometry (smem_layout.cuh) of Q, K and V: column blocks of
   // one swizzle row (128 bytes; 64 for the 64-byte rows of an 8-bit head dim
@@ -426,13 +435,15 @@ struct FwdMainloop {
   }
   // Issues O += P V (no commit/wait). 8-bit: V^T is K-major, atoms of
   // [kHeadDimV][128 keys] (Smem::pv, the V^T ring).
-  JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr) {
+  // first: the tile's first PV GEMM, which (kFirstPVZeroes) overwrites O.
+  JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr,
+                                 bool first) {
     if constexpr (kVTransposed) {
       ptx::gemm_rs<Element, kHeadDimV, 0, kPSteps>(o, p, ptx::make_desc(ptx::kDescKMajor, v_addr),
-                                                   KMajorStep<kHeadDimV, 128>{}, false);
+                                                   KMajorStep<kHeadDimV, 128>{}, kFirstPVZeroes && first);
     } else {
       ptx::gemm_rs<Element, kHeadDimV, 1, kPSteps>(
-          o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, false);
+          o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, kFirstPVZeroes && first);
     }
   }
 
@@ -602,7 +613,8 @@ struct FwdMainloop {
     }
 
     // One tile: waits for Q, runs the KV blocks [n_first, n_last) into O
-    // (pre-zeroed) and the softmax state, and releases Q's buffer unless the
+    // (pre-zeroed when kZeroFillO, else written by the first PV GEMM or zeroed
+    // here) and the softmax state, and releases Q's buffer unless the
     // epilogue stages O there (kEpilogueReleasesQ).
     template <bool kEpilogueReleasesQ>
     JF_DEVICE void mma(float (&o)[kOR], Softmax& smx, int m0, int head, int batch, int n_first,
@@ -621,14 +633,20 @@ struct FwdMainloop {
         ptx::fence_proxy_async_smem();
         release(sm.empty_q());
       }
-      if (n_last > n_first) run(o, smx, q, m0 + 64 * wg, head, batch, n_first, n_last);
+      if (n_last > n_first) {
+        run(o, smx, q, m0 + 64 * wg, head, batch, n_first, n_last);
+      } else if constexpr (kFirstPVZeroes) {
+#pragma unroll
+        for (int i = 0; i < kOR; ++i) o[i] = 0.f;
+      }
       if constexpr (!kQInRegs && !kEpilogueReleasesQ)
         release(sm.empty_q());  // all QK^T of this warp are done
     }
 
-    // O (pre-zeroed) and the softmax state for KV blocks [n_first, n_last); q
-    // from load_q(). kQInRegs: q's registers are only read here (by the async
-    // wgmma), never written, so one wgmma_fence() after load_q orders them.
+    // O (pre-zeroed, or kFirstPVZeroes: written by the first PV GEMM) and
+    // the softmax state for KV blocks [n_first, n_last); q from load_q().
+    // kQInRegs: q's registers are only read here (by the async wgmma), never
+    // written, so one wgmma_fence() after load_q orders them.
     JF_DEVICE void run(float (&o)[kOR], Softmax& smx, const QOperand& q, int m0_wg, int head,
                        int batch, int n_first, int n_last) const {
       using namespace ptx;
@@ -677,7 +695,7 @@ struct FwdMainloop {
           fence_regs(o);
           wait_full(sm.full_pv(vst.index), vst.phase);
           wgmma_fence();
-          issue_pv(o, p, sm.pv(vst.index));
+          issue_pv(o, p, sm.pv(vst.index), n + 1 == n_last - 1);
           wgmma_commit();
           sched_arrive();
           if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
@@ -711,7 +729,7 @@ struct FwdMainloop {
         fence_regs(p);
         wait_full(sm.full_pv(vst.index), vst.phase);
         wgmma_fence();
-        issue_pv(o, p, sm.pv(vst.index));
+        issue_pv(o, p, sm.pv(vst.index), n_first == n_last - 1);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
@@ -745,7 +763,7 @@ struct FwdMainloop {
           wait_full(sm.full_pv(vst.index), vst.phase);
           sched_sync();
           wgmma_fence();
-          issue_pv(o, p, sm.pv(vst.index));
+          issue_pv(o, p, sm.pv(vst.index), n == n_last - 1);
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);
