@@ -86,9 +86,9 @@ struct FwdTuning {
 // pipe ~46% busy). The KV tile is also the K descale block (fp8_scheme.h,
 // asserted below). Shared memory at hdim 128: Q 16 KB, K and V 2 x 28 KB
 // each, V^T 2 x 32 KB (whole 128-key atoms), O 32 KB: 224 KB. Registers
-// (ptxas 13.0): the consumer spills 100 bytes at hdim 128 (S 112, P 28, O 64
-// registers of 240) and 52 at hdim 64 (of 160), in a tile's first KV block
-// (its masked path) and the tile's bookkeeping only: none in the KV loop.
+// (ptxas 13.0): the consumer spills 44 bytes at hdim 128 (S 112, P 28, O 64
+// registers of 240; with mainloop.cuh kFirstPVZeroes) and 52 at hdim 64 (of
+// 160), in a tile's first KV block and its bookkeeping: none in the KV loop.
 // Pingpong from
 // hdim 128 up (FA3's FP8 rule), no Q in registers (16-bit fragments only); O
 // staged in the V ring at hdim 256 (the V^T ring leaves no room for an O tile
