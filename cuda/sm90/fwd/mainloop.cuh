@@ -168,9 +168,9 @@ struct FwdMainloop {
 
   // ---------------------------------------------------------------- storage
   // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (whole 128-key
-  // atoms per stage, VTransposeLayout; each 1 KB aligned); barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S],
-  // empty_v[S], 8-bit: full_vt[S], empty_vt[S] and an end word per V slot
-  // (finish_loads).
+  // atoms per stage, VTransposeLayout; each 1 KB aligned); barriers: full_q,
+  // empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S], 8-bit:
+  // full_vt[S], empty_vt[S] and an end word per V slot (finish_loads).
   static constexpr int kQBytes = kBlockM * kHeadDim * Traits::kBytes;
   static constexpr int kKBytes = kBlockN * kHeadDim * Traits::kBytes;   // one stage of K
   static constexpr int kVBytes = kBlockN * kHeadDimV * Traits::kBytes;  // one stage of V
