@@ -15,7 +15,7 @@ of the method alone (output rounding to its output dtype included).
 Methods:
   per_tensor            fp8_attention on Fp8Tensors of quantize_fp8(...,
                         granularity="tensor", rotate=False)
-  per_block             fp8_attention(rotate=False): Q per 64 rows, K per 128
+  per_block             fp8_attention(rotate=False): Q per 64 rows, K per k_block
                         keys, V per channel (scheme.py)
   per_block_hadamard    fp8_attention defaults (the random Hadamard rotation
                         of Q and K, then block scales)
@@ -28,7 +28,7 @@ Ours run with implementation="cuda" on a GPU, and also "xla" (the simulated
 reference of the kernel: rows with simulated=true); "xla" only elsewhere.
 implementation="inputs_only_f64" rows (non-causal): the inputs quantised with
 jax_flash._src.fp8.quantize (per tensor; per block; rotated + per block;
-rotated + V per block of 128 keys instead of per channel, the variant the API
+rotated + V per block of k_block keys instead of per channel, the variant the API
 does not offer), dequantised, then exact float64 attention: the part of the
 error due to quantising Q, K, V (P is not quantised there).
 
@@ -284,9 +284,10 @@ def inputs_only(method, q, k, v, *, seed=0):
     elif method != "per_block":
       raise ValueError(method)
     qd = deq_blocks(*Q.quantize_blocks(q, scheme.Q_BLOCK), scheme.Q_BLOCK)
-    kd = deq_blocks(*Q.quantize_blocks(k, scheme.K_BLOCK), scheme.K_BLOCK)
+    kb = scheme.k_block(k.shape[-1])
+    kd = deq_blocks(*Q.quantize_blocks(k, kb), kb)
     if method == "per_block_hadamard_vblock":
-      vd = deq_blocks(*Q.quantize_v_blocks(v, scheme.K_BLOCK), scheme.K_BLOCK)
+      vd = deq_blocks(*Q.quantize_v_blocks(v, kb), kb)
     else:
       v8, dv = Q.quantize_channels(v)
       vd = v8.astype(jnp.float32) * dv[:, None]

@@ -188,14 +188,14 @@ def test_to_e4m3_rounds_ties_to_even(rng):
 
 
 def test_block_and_channel_scales(rng):
-  B, N, H, D = 2, 200, 3, 64  # 200 = 3 full Q blocks + 8 rows; 1 K block + 72
+  B, N, H, D = 2, 200, 3, 64  # 200 = 3 full Q blocks + 8 rows; 1 K block + 40
   mags = rng.uniform(0.01, 100.0, (B, 4, H))
   x = rng.standard_normal((B, N, H, D)) * np.repeat(mags, 64, 1)[:, :N, :,
                                                                  None]
   x[1, 64:128, 2] = 0.0  # one all-zero Q block
   x = jnp.asarray(x, F32)
   blocks = jax.jit(quantize.quantize_blocks, static_argnums=1)
-  for block in (scheme.Q_BLOCK, scheme.K_BLOCK):
+  for block in (scheme.Q_BLOCK, scheme.k_block(D)):
     x8, descale = blocks(x, block)
     nb = scheme.num_blocks(N, block)
     assert x8.dtype == E4M3 and x8.shape == x.shape
@@ -311,7 +311,7 @@ def test_reference_vs_exact(case, rng):
   assert not o[..., c.D:].any()  # zero-padded V channels
 
   qq, kk = _dequantize(q8, qd, scheme.Q_BLOCK), _dequantize(k8, kd,
-                                                            scheme.K_BLOCK)
+                                                            scheme.k_block(dp))
   vv = np.asarray(v8.astype(F32), np.float64) * np.asarray(
       vd, np.float64)[:, None]
   ref_o, ref_lse = _exact(qq, kk, vv, c, segs)
@@ -671,7 +671,7 @@ class _FakeCuda:
             spec.num_kv_heads, spec.head_dim) == (B, T, S, H, Hk, dp)
     assert q8.dtype == k8.dtype == v8.dtype == E4M3
     assert qd.shape == (B, H, scheme.num_blocks(T, scheme.Q_BLOCK))
-    assert kd.shape == (B, Hk, scheme.num_blocks(S, scheme.K_BLOCK))
+    assert kd.shape == (B, Hk, scheme.num_blocks(S, scheme.k_block(dp)))
     assert k8.shape == v8.shape == (B, S, Hk, dp)
     assert vd.shape == (B, Hk, dp)
     assert (q_seg is None) == (not spec.has_segment_ids)
@@ -742,8 +742,9 @@ def test_cuda_ffi_operands(monkeypatch):
            for s in ((c.B, c.T, c.H, c.D), (c.B, c.S, c.Hk, c.D)))
   out = jax.eval_shape(lambda q, k, v: fp8_cuda.quantize(q, k, v, seed=3),
                        q, kv, kv)
+  # 70 rows: 2 Q blocks of 64; 1100 keys: 7 K blocks of 160 (head dim 64).
   want = [(q.shape, E4M3), ((c.B, c.H, 2), F32), (kv.shape, E4M3),
-          ((c.B, c.Hk, 9), F32), (kv.shape, E4M3), ((c.B, c.Hk, c.D), F32)]
+          ((c.B, c.Hk, 7), F32), (kv.shape, E4M3), ((c.B, c.Hk, c.D), F32)]
   assert [(o.shape, o.dtype) for o in out] == want
   args, results = seen[fp8_cuda.QUANTIZE]
   assert [a[0] for a in args] == [q.shape, kv.shape, kv.shape, (c.D,)]
@@ -764,7 +765,7 @@ def test_cuda_ffi_operands(monkeypatch):
   d = c.D
   assert args[:6] == [((c.B, c.T, c.H, d), E4M3), ((c.B, c.S, c.Hk, d), E4M3),
                       ((c.B, c.S, c.Hk, d), E4M3), ((c.B, c.H, 2), F32),
-                      ((c.B, c.Hk, 9), F32), ((c.B, c.Hk, d), F32)]
+                      ((c.B, c.Hk, 7), F32), ((c.B, c.Hk, d), F32)]
   assert results[0] == ((c.B, c.T, c.H, d), jnp.dtype(jnp.bfloat16))
 
 

@@ -86,7 +86,7 @@ def _dequantised_reference(spec, q8, qd, k8, kd, v8, vd, q_seg=None, kv_seg=None
   B, T, H, D = q.shape
   S, Hk = k.shape[1], k.shape[2]
   q = q * np.repeat(f(qd), scheme.Q_BLOCK, axis=2)[:, :, :T].transpose(0, 2, 1)[..., None]
-  k = k * np.repeat(f(kd), scheme.K_BLOCK, axis=2)[:, :, :S].transpose(0, 2, 1)[..., None]
+  k = k * np.repeat(f(kd), scheme.k_block(D), axis=2)[:, :, :S].transpose(0, 2, 1)[..., None]
   v = v * f(vd)[:, None]
   g = H // Hk
   k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)

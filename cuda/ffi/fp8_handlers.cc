@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ffi/handler_util.h"
+#include "jax_flash/fp8_scheme.h"
 #include "jax_flash/params.h"
 #ifdef JAX_FLASH_HAS_SM90
 #include "fp8/quantize.h"
@@ -18,6 +19,12 @@ namespace ffi = xla::ffi;
 
 namespace jax_flash {
 namespace {
+
+// Descale blocks of `block` rows over n rows (fp8_scheme.h); 0 blocks of a
+// head dim the scheme lacks (block 0: the support checks refuse the call).
+size_t Fp8Blocks(int64_t n, int block) {
+  return block > 0 ? (static_cast<size_t>(n) + block - 1) / static_cast<size_t>(block) : 0;
+}
 
 ffi::Error Check16Bit(const ffi::AnyBuffer& x, const char* name, DType* dtype) {
   if (x.dimensions().size() != 4) return Invalid(std::string(name) + " must be rank 4; got " + ShapeStr(x));
@@ -86,12 +93,13 @@ ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   a.seqlen_k = static_cast<int>(kd[1]);
   a.heads_k = static_cast<int>(kd[2]);
   a.head_dim = D;
-  const size_t qb = (static_cast<size_t>(a.seqlen_q) + 63) / 64, kb = (static_cast<size_t>(a.seqlen_k) + 127) / 128;
+  const size_t qb = Fp8Blocks(a.seqlen_q, kFp8QBlock), kb = Fp8Blocks(a.seqlen_k, fp8_k_block(D));
   if (q_descale->element_count() != static_cast<size_t>(a.batch) * a.heads * qb ||
       k_descale->element_count() != static_cast<size_t>(a.batch) * a.heads_k * kb ||
       v_descale->element_count() != static_cast<size_t>(a.batch) * a.heads_k * D) {
-    return Invalid("descales must be q [batch, heads, ceil(T/64)], k [batch, heads_k, ceil(S/128)], "
-                   "v [batch, heads_k, head_dim] float32");
+    return Invalid("descales must be q [batch, heads, ceil(T/64)], k [batch, heads_k, ceil(S/k_block)] "
+                   "(k_block: fp8_k_block(head_dim), jax_flash/fp8_scheme.h), v [batch, heads_k, head_dim] "
+                   "float32");
   }
   if (v_partial->element_count() < fp8::v_partial_elements(a.batch, a.heads_k, a.seqlen_k, D)) {
     return Invalid("the v_partial workspace must hold batch * heads_k * min(ceil(S / 512), 32) * head_dim "
@@ -153,12 +161,13 @@ ffi::Error FwdFp8Impl(cudaStream_t stream, ffi::AnyBuffer q8, ffi::AnyBuffer k8,
     if (od[i] != qd[i]) return Invalid("o must have q8's shape");
   }
   const int64_t D = p.head_dim;
-  const size_t qb = (static_cast<size_t>(p.seqlen_q) + 63) / 64, kb = (static_cast<size_t>(p.seqlen_k) + 127) / 128;
+  const size_t qb = Fp8Blocks(p.seqlen_q, kFp8QBlock), kb = Fp8Blocks(p.seqlen_k, fp8_k_block(p.head_dim));
   if (q_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads * qb ||
       k_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads_k * kb ||
       v_descale.element_count() != static_cast<size_t>(p.batch) * p.num_heads_k * D) {
-    return Invalid("descales must be q [batch, heads, ceil(T/64)], k [batch, heads_k, ceil(S/128)], "
-                   "v [batch, heads_k, head_dim] float32");
+    return Invalid("descales must be q [batch, heads, ceil(T/64)], k [batch, heads_k, ceil(S/k_block)] "
+                   "(k_block: fp8_k_block(head_dim), jax_flash/fp8_scheme.h), v [batch, heads_k, head_dim] "
+                   "float32");
   }
   p.q_descale = q_descale.typed_data();
   p.k_descale = k_descale.typed_data();
@@ -199,7 +208,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::AnyBuffer>()            // q8 [B, T, H, D] e4m3
         .Ret<ffi::Buffer<ffi::F32>>()     // q_descale [B, H, ceil(T/64)]
         .Ret<ffi::AnyBuffer>()            // k8 [B, S, H_kv, D] e4m3
-        .Ret<ffi::Buffer<ffi::F32>>()     // k_descale [B, H_kv, ceil(S/128)]
+        .Ret<ffi::Buffer<ffi::F32>>()     // k_descale [B, H_kv, ceil(S/fp8_k_block(D))]
         .Ret<ffi::AnyBuffer>()            // v8 [B, S, H_kv, D]
         .Ret<ffi::Buffer<ffi::F32>>()     // v_descale [B, H_kv, D]
         .Ret<ffi::Buffer<ffi::F32>>()     // v_partial workspace (fp8/quantize.h)

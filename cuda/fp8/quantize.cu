@@ -8,8 +8,8 @@
 //   V: CTA (chunk c, head, batch) covers keys [c L, (c + 1) L), L =
 //      ceil(seqlen_k / v_chunks), and writes their per-channel max |v| to
 //      v_partial[batch, head, c, :];
-//   K, Q: CTA (block, head, batch) quantises 128 (K) or 64 (Q) rows of a
-//      head: rotation, block amax, descale, e4m3.
+//   K, Q: CTA (block, head, batch) quantises fp8_k_block(D) (K) or 64 (Q)
+//      rows of a head: rotation, block amax, descale, e4m3.
 // Launch 2 (v_quant_kernel): CTA (256 keys, head, batch) takes the max of the
 // v_chunks partial rows of its (batch, head), writes the descales (the CTA of
 // keys 0..255) and quantises its keys: each thread 16 channels of a key row,
@@ -23,6 +23,8 @@
 #include <climits>
 #include <cstring>
 
+#include "jax_flash/fp8_scheme.h"
+
 namespace jax_flash::fp8 {
 namespace {
 
@@ -30,8 +32,6 @@ constexpr float kE4M3Max = 448.f;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kQBlock = 64;       // scheme.py Q_BLOCK
-constexpr int kKBlock = 128;      // scheme.py K_BLOCK
 constexpr int kVTileKeys = 256;   // keys per CTA of launch 2
 constexpr int kVUnroll = 4;       // key rows in flight per thread (V)
 
@@ -284,14 +284,14 @@ __global__ void __launch_bounds__(kThreads) prepass_kernel(const __grid_constant
   idx -= p.v_ctas;
   if (idx < p.k_ctas) {
     const int bh = idx / p.k_blocks;
-    rows_cta<T, D, kKBlock>(static_cast<const T*>(a.k), static_cast<uint8_t*>(a.k8), a.k_descale,
+    rows_cta<T, D, fp8_k_block(D)>(static_cast<const T*>(a.k), static_cast<uint8_t*>(a.k8), a.k_descale,
                             a.signs, a.seqlen_k, a.heads_k, idx % p.k_blocks, bh % a.heads_k,
                             bh / a.heads_k);
     return;
   }
   idx -= p.k_ctas;
   const int bh = idx / p.q_blocks;
-  rows_cta<T, D, kQBlock>(static_cast<const T*>(a.q), static_cast<uint8_t*>(a.q8), a.q_descale,
+  rows_cta<T, D, kFp8QBlock>(static_cast<const T*>(a.q), static_cast<uint8_t*>(a.q8), a.q_descale,
                           a.signs, a.seqlen_q, a.heads, idx % p.q_blocks, bh % a.heads,
                           bh / a.heads);
 }
@@ -369,8 +369,9 @@ struct Counts {
 Counts counts(const PrepassArgs& a) {
   Counts c;
   c.chunks = v_chunks(a.seqlen_k);
-  c.k_blocks = (int64_t(a.seqlen_k) + kKBlock - 1) / kKBlock;
-  c.q_blocks = (int64_t(a.seqlen_q) + kQBlock - 1) / kQBlock;
+  const int k_block = fp8_k_block(a.head_dim);  // prepass_supported: one of the scheme's head dims
+  c.k_blocks = (int64_t(a.seqlen_k) + k_block - 1) / k_block;
+  c.q_blocks = (int64_t(a.seqlen_q) + kFp8QBlock - 1) / kFp8QBlock;
   c.v_ctas = int64_t(a.batch) * a.heads_k * c.chunks;
   c.k_ctas = int64_t(a.batch) * a.heads_k * c.k_blocks;
   c.q_ctas = int64_t(a.batch) * a.heads * c.q_blocks;

@@ -3,8 +3,8 @@
 // rotation's sums): 16-bit Q, K, V [batch, seq, heads, head_dim] in, e4m3 in
 // the same layouts + float32 descales out.
 //   Q, K: optional rotation along head_dim (x * signs, fast Walsh-Hadamard
-//         transform, / sqrt(D)), one descale per 64 (Q) or 128 (K) rows of a
-//         head;
+//         transform, / sqrt(D)), one descale per 64 (Q) or fp8_k_block(D)
+//         (K; jax_flash/fp8_scheme.h) rows of a head;
 //   V:    one descale per (batch, head, channel) over the whole sequence.
 // Two launches on the caller's stream, both memory-bound:
 //   1. one grid of three kinds of CTAs: V's partial channel maxima (one CTA
@@ -44,7 +44,7 @@ inline size_t v_partial_elements(int batch, int heads_k, int seqlen_k, int head_
 // q [batch, seqlen_q, heads, head_dim], k and v [batch, seqlen_k, heads_k,
 // head_dim] (contiguous, one dtype) -> q8, k8, v8 (the same shapes, e4m3) and
 // descales q [batch, heads, ceil(seqlen_q / 64)], k [batch, heads_k,
-// ceil(seqlen_k / 128)], v [batch, heads_k, head_dim]. signs: [head_dim] +-1
+// ceil(seqlen_k / fp8_k_block(head_dim))], v [batch, heads_k, head_dim]. signs: [head_dim] +-1
 // or nullptr (no rotation). head_dim 64, 128 or 256; every pointer 16-byte
 // aligned.
 struct PrepassArgs {

@@ -29,6 +29,7 @@ inline unsigned long long __cvta_generic_to_shared(const void*) { return 0; }
 inline int __shfl_sync(unsigned, int v, int) { return v; }
 
 #include "sm90/fwd/fwd_tuning.h"
+#include "sm90/fwd/v_transpose.h"
 #include "sm90/common/tile_scheduler.cuh"
 
 using namespace jax_flash::sm90;
@@ -103,6 +104,24 @@ int main() {
       CHECK(t.block_m() <= 256 && t.block_n % 16 == 0 && t.block_n <= 256, "d %d tile", d);
       // With dropout: whole 64-key chunks per KV block (philox.h).
       CHECK(fwd_default_tuning(d, dv, causal_like, 2, false, true).block_n % 64 == 0, "d %d dropout", d);
+    }
+  // FP8 (8-bit inputs, 16-bit O): the KV tile is the scheme's K descale
+  // block, whole 32-key k-steps of the PV GEMM, one Q descale per consumer
+  // warpgroup, and the shared-memory plan (Q, K, V and V^T rings of whole
+  // 128-key atoms, O of its own or in the V ring) within sm_90's 227 KB less
+  // the barriers' room (epilogue.cuh kFwdSmemLimit).
+  for (int d : {64, 128, 256})
+    for (bool causal_like : {false, true}) {
+      ++cases;
+      const FwdTuning t = fwd_default_tuning(d, d, causal_like, 1);
+      CHECK(t.block_n == jax_flash::fp8_k_block(d), "fp8 d %d: KV tile %d, K block %d", d, t.block_n,
+            jax_flash::fp8_k_block(d));
+      CHECK(t.block_n % 32 == 0 && t.block_n <= 256 && t.block_m() % jax_flash::kFp8QBlock == 0, "fp8 d %d tile", d);
+      CHECK(!t.q_in_regs, "fp8 d %d: Q in registers reads 16-bit fragments", d);
+      const int kv = t.block_n * d, o = t.block_m() * d * 2;
+      const int plan = t.block_m() * d + t.stages * (2 * kv + vt_stage_bytes(d, t.block_n)) + (t.o_in_v ? 0 : o);
+      CHECK(plan <= 227 * 1024 - 1024 - 256, "fp8 d %d: %d bytes of shared memory", d, plan);
+      CHECK(!t.o_in_v || t.stages * kv >= o, "fp8 d %d: O fits the V ring", d);
     }
   CHECK(fwd_causal_like(-1, 0) && !fwd_causal_like(-1, -1) && !fwd_causal_like(3, 0),
         "causal-like masks");

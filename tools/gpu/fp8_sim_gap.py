@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_flash._src.fp8 import cuda, quantize, reference
+from jax_flash._src.fp8 import cuda, quantize, reference, scheme
 from jax_flash._src.core.spec import AttentionSpec
 
 
@@ -29,8 +29,9 @@ def _rms(x):
 def _dequantised(q8, qd, k8, kd, v8, vd, scale, T, S):
   """float64 attention of the dequantised inputs ([B, T, H, D]), in chunks."""
   f = lambda x: np.asarray(x.astype(jnp.float32), np.float64)
-  q = f(q8) * np.repeat(f(qd), 64, axis=2)[:, :, :T].transpose(0, 2, 1)[..., None]
-  k = f(k8) * np.repeat(f(kd), 128, axis=2)[:, :, :S].transpose(0, 2, 1)[..., None]
+  q = f(q8) * np.repeat(f(qd), scheme.Q_BLOCK, axis=2)[:, :, :T].transpose(0, 2, 1)[..., None]
+  kb = scheme.k_block(k8.shape[-1])
+  k = f(k8) * np.repeat(f(kd), kb, axis=2)[:, :, :S].transpose(0, 2, 1)[..., None]
   v = f(v8) * f(vd)[:, None]
   s = np.einsum("bthd,bshd->bhts", q, k) * scale
   p = np.exp(s - s.max(-1, keepdims=True))

@@ -127,8 +127,10 @@ struct FwdKernel {
       Mainloop::kv_block_range(p.mainloop, c.batch, m0, n_first, n_last);
 
       float o[Mainloop::kOR];
+      if constexpr (Mainloop::kZeroFillO) {
 #pragma unroll
-      for (int i = 0; i < Mainloop::kOR; ++i) o[i] = 0.f;
+        for (int i = 0; i < Mainloop::kOR; ++i) o[i] = 0.f;
+      }
       typename Mainloop::Softmax smx;
       smx.init();
       ml.template mma<Epilogue::kReleasesQ>(o, smx, m0, c.head, c.batch, n_first, n_last, it);

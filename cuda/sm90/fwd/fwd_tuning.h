@@ -9,6 +9,8 @@
 // them.
 #pragma once
 
+#include "jax_flash/fp8_scheme.h"
+
 namespace jax_flash::sm90 {
 
 struct FwdTuning {
@@ -76,10 +78,19 @@ struct FwdTuning {
 //   O goes to the Q tile (no room for a tile of its own at hdim 256 or at the
 //   pair's 128 x 128).
 //
-// 8-bit inputs (element_bytes = 1, the FP8 forward): 128 x 128 tiles for
-// hdim 128 and 256, 192 x 128 for hdim 64 (one K descale per 128-key block,
-// scheme.py; V^T rows of one 128-byte swizzle row), pingpong from hdim 128 up
-// (FA3's FP8 rule), no Q in registers (16-bit fragments only); O
+// 8-bit inputs (element_bytes = 1, the FP8 forward): FA3's FP8 tiles
+// (hopper/tile_size.h, element size 1): hdim 128: 128 x 224 (causal or not),
+// hdim 64: 192 x 160, hdim 256: 128 x 128. At 128 x 128 the tile's fixed
+// costs per KV block (barrier hand-offs, row statistics, pipeline bubbles)
+// were not amortised at FP8's doubled GEMM rate (H200 ncu at hdim 128: tensor
+// pipe ~46% busy). The KV tile is also the K descale block (fp8_scheme.h,
+// asserted below). Shared memory at hdim 128: Q 16 KB, K and V 2 x 28 KB
+// each, V^T 2 x 32 KB (whole 128-key atoms), O 32 KB: 224 KB. Registers
+// (ptxas 13.0): the consumer spills 44 bytes at hdim 128 (S 112, P 28, O 64
+// registers of 240; with mainloop.cuh kFirstPVZeroes) and 52 at hdim 64 (of
+// 160), in a tile's first KV block and its bookkeeping: none in the KV loop.
+// Pingpong from
+// hdim 128 up (FA3's FP8 rule), no Q in registers (16-bit fragments only); O
 // staged in the V ring at hdim 256 (the V^T ring leaves no room for an O tile
 // of its own, and O is 16-bit: twice Q's tile); the 16-bit choices otherwise.
 //
@@ -106,7 +117,7 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, int head_dim_v, bool causal
   t.o_in_v = causal_like && head_dim > 128;
   t.dynamic_scheduler = causal_like;
   if (element_bytes == 1) {
-    t.block_n = 128;
+    t.block_n = head_dim == 64 ? 160 : head_dim == 128 ? 224 : 128;
     t.consumer_wgs = head_dim == 64 ? 3 : 2;
     t.pingpong = head_dim >= 128;  // FA3's FP8 choice (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp)
     t.q_in_regs = false;
@@ -118,6 +129,15 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, int head_dim_v, bool causal
   }
   return t;
 }
+
+// The FP8 KV tile is the scheme's K descale block (one descale per KV block).
+static_assert(fwd_default_tuning(64, 64, false, 1).block_n == fp8_k_block(64) &&
+                  fwd_default_tuning(64, 64, true, 1).block_n == fp8_k_block(64) &&
+                  fwd_default_tuning(128, 128, false, 1).block_n == fp8_k_block(128) &&
+                  fwd_default_tuning(128, 128, true, 1).block_n == fp8_k_block(128) &&
+                  fwd_default_tuning(256, 256, false, 1).block_n == fp8_k_block(256) &&
+                  fwd_default_tuning(256, 256, true, 1).block_n == fp8_k_block(256),
+              "the FP8 policy's KV tile must be the scheme's K descale block (fp8_scheme.h)");
 
 // A configuration as a type (the kernel's template parameter; C++17 has no
 // class-type template parameters): any struct with a `static constexpr

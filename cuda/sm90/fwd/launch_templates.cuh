@@ -94,7 +94,7 @@ cudaError_t launch_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
   typename Mainloop::Descales descale;
   descale.q = p.q_descale;
   descale.k = p.k_descale;
-  descale.q_blocks = (p.seqlen_q + 63) / 64;
+  descale.q_blocks = (p.seqlen_q + kFp8QBlock - 1) / kFp8QBlock;
   descale.k_blocks = (p.seqlen_k + Mainloop::kBlockN - 1) / Mainloop::kBlockN;
   cudaError_t err;
   const typename Kernel::Arguments args{

@@ -21,8 +21,9 @@
 // 8-bit elements (ElementTraits::kTransposeV, the FP8 forward): the same
 // pipeline with wgmma k = 32. V arrives in its natural layout like K; the
 // producer warpgroup's other warps (kTransposeWarps) rewrite each V stage as
-// a V^T stage ([head dim][keys], keys permuted within groups of 32 to match
-// acc_to_a's P fragment; v_transpose.h), which feeds the PV GEMM K-major:
+// a V^T stage (ceil(kBlockN / 128) atoms of [head dim][128 keys], keys
+// permuted within groups of 32 to match acc_to_a's P fragment;
+// v_transpose.h), which feeds the PV GEMM K-major:
 //   TMA -> full_v -> transposer -> empty_v (V stage free) and full_vt -> consumers
 //   consumers -> empty_vt -> transposer (V^T stage free)
 // The transposers walk the V stages in load order and stop at a stage the
@@ -98,10 +99,11 @@ struct FwdMainloop {
   static constexpr int kConsumerWGs = kTuning.consumer_wgs;
   static constexpr int kStages = kTuning.stages;
   // ldmatrix results of a transposer warp live at once (VTranspose): 3, but 2
-  // for the 21-22 steps per warp of head dim 256 under the producer
-  // warpgroup's 24 registers (two consumer warpgroups, fwd_kernel.cuh), where
-  // ptxas 13.0 spills the stage loop's phase at 3.
-  static constexpr int kTransposeDepth = kConsumerWGs == 2 && kHeadDimV > 128 ? 2 : 3;
+  // above 16 steps per warp (head dim 256: 21-22, 128 x 224 keys: 18-19)
+  // under the producer warpgroup's 24 registers (two consumer warpgroups,
+  // fwd_kernel.cuh), where ptxas 13.0 spills the stage loop's phase at 3.
+  static constexpr int kTransposeDepth =
+      kConsumerWGs == 2 && (kHeadDimV / 16) * (kBlockN / 32) > 16 * kTransposeWarps ? 2 : 3;
   static constexpr int kBlockM = kTuning.block_m();
   static constexpr bool kPingpong = kTuning.pingpong;
   static constexpr bool kOverlap = kTuning.overlap;
@@ -117,6 +119,15 @@ struct FwdMainloop {
   // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128
   // (its kHeadDim, the query/key one), not in its FP8 path.
   static constexpr bool kRescaleBeforePV = kHeadDim > 128 && !kVTransposed;
+  // O not zero-filled before the tile: its first PV GEMM ignores the
+  // accumulator (wgmma scale-d = 0, as CUTLASS's ScaleOut::Zero), so O's
+  // registers are free until then (the tile's first QK^T and softmax); a
+  // tile without keys zeroes O itself. Where it lowers ptxas 13.0's spills:
+  // the 8-bit 128 x 224 tile (100 -> 44 bytes; at 192 x 160 and 128 x 128 it
+  // raises them: 52 -> 84, 40 -> 276). Elsewhere the caller zero-fills O
+  // (kZeroFillO).
+  static constexpr bool kFirstPVZeroes = kVTransposed && kConsumerWGs == 2 && kBlockN > 128;
+  static constexpr bool kZeroFillO = !kFirstPVZeroes;
 
   // Shared-memory geometry (smem_layout.cuh) of Q, K and V: column blocks of
   // one swizzle row (128 bytes; 64 for the 64-byte rows of an 8-bit head dim
@@ -141,13 +152,14 @@ struct FwdMainloop {
                 "8-bit: one head dim (the swizzle rows of V and V^T follow kRowBytes)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "kBlockN: multiple of 16, <= 256 (TMA box, wgmma N)");
   static_assert(kBlockM <= 256, "TMA box rows <= 256");
-  static_assert(!kVTransposed || kBlockN == 128,
-                "8-bit: one 128-byte swizzle row of keys per V^T row, one K descale per KV block of "
-                "128 keys (scheme.py K_BLOCK)");
+  static_assert(!kVTransposed || kBlockN % Traits::kMmaK == 0,
+                "8-bit: whole k-steps of keys in the PV GEMM (the V^T atoms' 32-key groups)");
   static_assert(!kBlockScaled || !kQInRegs, "q_in_regs reads 16-bit A fragments (load_a_sw128)");
   static_assert(!kDropout || (kBlockN % 64 == 0 && !kBlockScaled),
                 "dropout: whole 64-key chunks per KV block (one Philox call per chunk and row), 16-bit");
-  static_assert(!kBlockScaled || kBlockM % 64 == 0, "one Q descale per warpgroup (scheme.py Q_BLOCK)");
+  static_assert(!kBlockScaled || kBlockM % kFp8QBlock == 0, "one Q descale per warpgroup (fp8_scheme.h)");
+  static_assert(!kBlockScaled || kBlockN == fp8_k_block(kHeadDim),
+                "one K descale per KV block: the tile is the scheme's K block (fp8_scheme.h)");
   // ptxas 13.0 miscompiles Q in registers in the serial schedule: it hands the
   // loop-invariant Q fragments' registers to P inside the loop (the PTX is
   // right; the results were wrong on the H200). The overlap schedule compiles
@@ -155,21 +167,22 @@ struct FwdMainloop {
   static_assert(!kQInRegs || kOverlap, "q_in_regs needs overlap (ptxas, see above)");
 
   // ---------------------------------------------------------------- storage
-  // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (each 1 KB
-  // aligned); barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S],
-  // empty_v[S], 8-bit: full_vt[S], empty_vt[S] and an end word per V slot
-  // (finish_loads).
+  // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (whole 128-key
+  // atoms per stage, VTransposeLayout; each 1 KB aligned); barriers: full_q,
+  // empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S], 8-bit:
+  // full_vt[S], empty_vt[S] and an end word per V slot (finish_loads).
   static constexpr int kQBytes = kBlockM * kHeadDim * Traits::kBytes;
   static constexpr int kKBytes = kBlockN * kHeadDim * Traits::kBytes;   // one stage of K
-  static constexpr int kVBytes = kBlockN * kHeadDimV * Traits::kBytes;  // one stage of V (or V^T)
+  static constexpr int kVBytes = kBlockN * kHeadDimV * Traits::kBytes;  // one stage of V
+  static constexpr int kVtBytes = vt_stage_bytes(kHeadDimV, kBlockN);   // 8-bit: one stage of V^T
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffVt = kOffV + kStages * kVBytes;
-  static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kVBytes : 0);
+  static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kVtBytes : 0);
   static constexpr int kNumBarriers = 2 + 4 * kStages + (kVTransposed ? 3 * kStages : 0);
   static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 &&
-                    kQBytes % 1024 == 0,
+                    kQBytes % 1024 == 0 && (!kVTransposed || kVtBytes % 1024 == 0),
                 "128B-swizzled tiles must start 1 KB aligned");
   static constexpr int kKVEmptyArrivals = 4 * kConsumerWGs;  // every consumer warp
 
@@ -181,7 +194,7 @@ struct FwdMainloop {
     JF_DEVICE uint32_t q() const { return tiles + kOffQ; }
     JF_DEVICE uint32_t k(int s) const { return tiles + kOffK + s * kKBytes; }
     JF_DEVICE uint32_t v(int s) const { return tiles + kOffV + s * kVBytes; }
-    JF_DEVICE uint32_t vt(int s) const { return tiles + kOffVt + s * kVBytes; }
+    JF_DEVICE uint32_t vt(int s) const { return tiles + kOffVt + s * kVtBytes; }
     JF_DEVICE uint32_t bar(int i) const { return bars + 8 * i; }
     JF_DEVICE uint32_t full_q() const { return bar(0); }
     JF_DEVICE uint32_t empty_q() const { return bar(1); }
@@ -378,7 +391,8 @@ struct FwdMainloop {
         if (lane == 0) end = ld_shared_b32(sm.v_end(st.index));
         if (__shfl_sync(0xFFFFFFFFu, end, 0) != 0u) break;
         mbar_wait(sm.empty_vt(st.index), st.phase ^ 1u);
-        VTranspose<kHeadDimV, kTransposeWarps, kTransposeDepth>::run(sm.v(st.index), sm.vt(st.index), w);
+        VTranspose<kHeadDimV, kBlockN, kTransposeWarps, kTransposeDepth>::run(sm.v(st.index), sm.vt(st.index),
+                                                                              w);
         fence_proxy_async_smem();  // the stores, before the consumers' wgmma reads them
         __syncwarp();
         if (lane == 0) {
@@ -393,7 +407,7 @@ struct FwdMainloop {
   // ---------------------------------------------------------------- consumer GEMMs
   // Byte offset of k-step kk in a K-major [D / kRowElems][kRows][kRowElems]
   // tile of kRowBytes_-wide rows (A = Q, B = K of S = Q K^T; 8-bit: B = V^T,
-  // whose rows are 128 keys).
+  // whose atoms are [kHeadDimV rows][128 keys]: k-step kk is in atom kk / 4).
   template <int kRows, int kRowBytes_ = kRowBytes>
   struct KMajorStep {
     JF_DEVICE uint32_t operator()(int kk) const {
@@ -419,15 +433,17 @@ struct FwdMainloop {
     ptx::gemm_rs<Element, kBlockN, 0, kQSteps>(s, q, ptx::make_desc(kDescQK, k_addr),
                                               KMajorStep<kBlockN>{}, true);
   }
-  // Issues O += P V (no commit/wait). 8-bit: V^T is a K-major [kHeadDimV][kBlockN] tile
-  // (Smem::pv, the V^T ring).
-  JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr) {
+  // Issues O += P V (no commit/wait). 8-bit: V^T is K-major, atoms of
+  // [kHeadDimV][128 keys] (Smem::pv, the V^T ring).
+  // first: the tile's first PV GEMM, which (kFirstPVZeroes) overwrites O.
+  JF_DEVICE static void issue_pv(float (&o)[kOR], const uint32_t (&p)[kPSteps][4], uint32_t v_addr,
+                                 bool first) {
     if constexpr (kVTransposed) {
       ptx::gemm_rs<Element, kHeadDimV, 0, kPSteps>(o, p, ptx::make_desc(ptx::kDescKMajor, v_addr),
-                                                   KMajorStep<kHeadDimV, 128>{}, false);
+                                                   KMajorStep<kHeadDimV, 128>{}, kFirstPVZeroes && first);
     } else {
       ptx::gemm_rs<Element, kHeadDimV, 1, kPSteps>(
-          o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, false);
+          o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, kFirstPVZeroes && first);
     }
   }
 
@@ -446,7 +462,7 @@ struct FwdMainloop {
         : scale_log2(a.sm.scale_log2), softcap_pre(a.sm.softcap_pre) {
       if constexpr (kBlockScaled) {
         const Descales& d = a.descale;
-        q = __ldg(d.q + (int64_t(batch) * a.num_heads + head) * d.q_blocks + m0_wg / 64);
+        q = __ldg(d.q + (int64_t(batch) * a.num_heads + head) * d.q_blocks + m0_wg / kFp8QBlock);
         k = d.k + (int64_t(batch) * (a.num_heads / a.heads_per_kv) + head / a.heads_per_kv) * d.k_blocks;
         k_next = __ldg(k + n_first_visit);
       }
@@ -597,7 +613,8 @@ struct FwdMainloop {
     }
 
     // One tile: waits for Q, runs the KV blocks [n_first, n_last) into O
-    // (pre-zeroed) and the softmax state, and releases Q's buffer unless the
+    // (pre-zeroed when kZeroFillO, else written by the first PV GEMM or zeroed
+    // here) and the softmax state, and releases Q's buffer unless the
     // epilogue stages O there (kEpilogueReleasesQ).
     template <bool kEpilogueReleasesQ>
     JF_DEVICE void mma(float (&o)[kOR], Softmax& smx, int m0, int head, int batch, int n_first,
@@ -616,14 +633,20 @@ struct FwdMainloop {
         ptx::fence_proxy_async_smem();
         release(sm.empty_q());
       }
-      if (n_last > n_first) run(o, smx, q, m0 + 64 * wg, head, batch, n_first, n_last);
+      if (n_last > n_first) {
+        run(o, smx, q, m0 + 64 * wg, head, batch, n_first, n_last);
+      } else if constexpr (kFirstPVZeroes) {
+#pragma unroll
+        for (int i = 0; i < kOR; ++i) o[i] = 0.f;
+      }
       if constexpr (!kQInRegs && !kEpilogueReleasesQ)
         release(sm.empty_q());  // all QK^T of this warp are done
     }
 
-    // O (pre-zeroed) and the softmax state for KV blocks [n_first, n_last); q
-    // from load_q(). kQInRegs: q's registers are only read here (by the async
-    // wgmma), never written, so one wgmma_fence() after load_q orders them.
+    // O (pre-zeroed, or kFirstPVZeroes: written by the first PV GEMM) and
+    // the softmax state for KV blocks [n_first, n_last); q from load_q().
+    // kQInRegs: q's registers are only read here (by the async wgmma), never
+    // written, so one wgmma_fence() after load_q orders them.
     JF_DEVICE void run(float (&o)[kOR], Softmax& smx, const QOperand& q, int m0_wg, int head,
                        int batch, int n_first, int n_last) const {
       using namespace ptx;
@@ -672,7 +695,7 @@ struct FwdMainloop {
           fence_regs(o);
           wait_full(sm.full_pv(vst.index), vst.phase);
           wgmma_fence();
-          issue_pv(o, p, sm.pv(vst.index));
+          issue_pv(o, p, sm.pv(vst.index), n + 1 == n_last - 1);
           wgmma_commit();
           sched_arrive();
           if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
@@ -706,7 +729,7 @@ struct FwdMainloop {
         fence_regs(p);
         wait_full(sm.full_pv(vst.index), vst.phase);
         wgmma_fence();
-        issue_pv(o, p, sm.pv(vst.index));
+        issue_pv(o, p, sm.pv(vst.index), n_first == n_last - 1);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
@@ -740,7 +763,7 @@ struct FwdMainloop {
           wait_full(sm.full_pv(vst.index), vst.phase);
           sched_sync();
           wgmma_fence();
-          issue_pv(o, p, sm.pv(vst.index));
+          issue_pv(o, p, sm.pv(vst.index), n == n_last - 1);
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(o);

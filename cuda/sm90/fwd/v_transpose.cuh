@@ -10,9 +10,9 @@
 
 namespace jax_flash::sm90 {
 
-template <int kHeadDim, int kWarps, int kDepth>
+template <int kHeadDim, int kBlockN, int kWarps, int kDepth>
 struct VTranspose {
-  using Layout = VTransposeLayout<kHeadDim>;
+  using Layout = VTransposeLayout<kHeadDim, kBlockN>;
   static_assert(Layout::kSteps >= kWarps, "a step for every transposer warp");
   static_assert(kDepth >= 2, "at least one ldmatrix in flight behind the step being stored");
 
@@ -59,7 +59,7 @@ struct VTranspose {
 
   // The address forms keep one lane-dependent value per chunk live (steps
   // go chunk-major): loads (lane ^ chunk XOR) + stage base + immediate,
-  // stores (lane + stage base + chunk rows) ^ group XOR. A form that shared
+  // stores (lane + stage base + chunk rows + atom) ^ group XOR. A form that shared
   // one XOR'd value between steps further apart would have the compiler
   // keep each such value live, which the producer warpgroup's 24 registers
   // do not allow.

@@ -47,9 +47,10 @@ def fp8_attention(query, key, value, *, causal: bool = False,
 
   Inputs are quantised as jax_flash/_src/fp8/scheme.py says: Q and K rotated
   along head_dim by a random Hadamard matrix (which cancels in q·k and spreads
-  outliers), scaled per block (Q: 64 rows, K: 128 keys, per head), V scaled
-  per channel; softmax probabilities are rounded to e4m3 for the P·V product
-  (their row sums are not). The masking options and their meaning are those
+  outliers), scaled per block (Q: 64 rows, K: 160, 224 or 128 keys at the
+  padded head dim 64, 128 or 256, per head), V scaled per channel; softmax
+  probabilities are rounded to e4m3 for the P·V product (their row sums are
+  not). The masking options and their meaning are those
   of `jax_flash.attention`.
 
   Args:

@@ -75,7 +75,8 @@ def quantize(q, k, v, *, seed):
       jax.ShapeDtypeStruct(q.shape, E4M3),
       jax.ShapeDtypeStruct((B, H, scheme.num_blocks(T, scheme.Q_BLOCK)), f32),
       jax.ShapeDtypeStruct(k.shape, E4M3),
-      jax.ShapeDtypeStruct((B, Hk, scheme.num_blocks(S, scheme.K_BLOCK)), f32),
+      jax.ShapeDtypeStruct((B, Hk, scheme.num_blocks(S, scheme.k_block(D))),
+                           f32),
       jax.ShapeDtypeStruct(v.shape, E4M3),
       jax.ShapeDtypeStruct((B, Hk, D), f32),
       jax.ShapeDtypeStruct((max(B * Hk * v_chunks(S) * D, 1),), f32))
@@ -88,8 +89,8 @@ def forward(spec, q8, q_descale, k8, k_descale, v8, v_descale, q_seg, kv_seg,
             out_dtype):
   """(o [B, T, H, Dp] out_dtype, lse [B, H, T] float32) from the kernel
   inputs (scheme.py): q8 [B, T, H, Dp], k8 and v8 [B, S, H_kv, Dp] e4m3,
-  descales float32 q [B, H, ceil(T/64)], k [B, H_kv, ceil(S/128)], v [B,
-  H_kv, Dp]. Dp (scheme.padded_head_dim: 64, 128 or 256) is one of the
+  descales float32 q [B, H, ceil(T/64)], k [B, H_kv, ceil(S/k)] (k =
+  scheme.k_block(Dp)), v [B, H_kv, Dp]. Dp (scheme.padded_head_dim: 64, 128 or 256) is one of the
   kernel's head dims (kernel_table "sm90_fp8")."""
   if jnp.dtype(out_dtype).name not in OUT_DTYPES:
     raise Unsupported(f"the CUDA FP8 kernel writes {', '.join(OUT_DTYPES)}; "

@@ -65,7 +65,7 @@ def _quantize_inputs(parts, forms, seed):
       continue
     if seed is not None:
       x = quantize.rotate(x, seed)
-    block = scheme.Q_BLOCK if kind == "query" else scheme.K_BLOCK
+    block = scheme.Q_BLOCK if kind == "query" else scheme.k_block(x.shape[-1])
     out += list(quantize.quantize_blocks(x, block))
   return tuple(out)
 

@@ -71,10 +71,11 @@ def quantize_channels(x):
   return _to_e4m3(x, inv[:, None]), descale
 
 
-def quantize_v_blocks(x, block: int = scheme.K_BLOCK):
+def quantize_v_blocks(x, block: int | None = None):
   """V with one scale per block of keys (the alternative to per-channel
-  scales that the accuracy study compares): quantize_blocks."""
-  return quantize_blocks(x, block)
+  scales that the accuracy study compares): quantize_blocks, by default
+  with K's block (scheme.k_block of x's head dim)."""
+  return quantize_blocks(x, scheme.k_block(x.shape[-1]) if block is None else block)
 
 
 def quantize_qkv(q, k, v, *, seed: int | None):
@@ -84,6 +85,6 @@ def quantize_qkv(q, k, v, *, seed: int | None):
   if seed is not None:
     q, k = rotate(q, seed), rotate(k, seed)
   q8, qd = quantize_blocks(q, scheme.Q_BLOCK)
-  k8, kd = quantize_blocks(k, scheme.K_BLOCK)
+  k8, kd = quantize_blocks(k, scheme.k_block(k.shape[-1]))
   v8, vd = quantize_channels(v)
   return q8, qd, k8, kd, v8, vd

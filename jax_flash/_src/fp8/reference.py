@@ -8,8 +8,9 @@ accumulators and epilogue. It is the `implementation="xla"` path of
 differs on the GPU is only the kernel's approximate exp2 and the FP8 tensor
 cores' accumulation order.
 
-Per KV block j (scheme.K_BLOCK keys starting at key 0; from the last block
-that can hold a visible key down to the first):
+Per KV block j (scheme.k_block(Dp) keys starting at key 0, Dp the padded
+head dim; from the last block that can hold a visible key down to the
+first):
 
     S     = q8 . k8                          float32 (exact products)
     true  = S * scale * dq[row block] * dk[j]
@@ -25,7 +26,7 @@ Blocks that hold no visible key change nothing (p = 0, m' = m, factor 1), so
 skipping them (the kernel's causal/window sparsity) gives the same numbers;
 visiting all rows' blocks together in one descending pass does too.
 
-Memory: one [B, H, T, K_BLOCK] score block per step, never T x S.
+Memory: one [B, H, T, k_block] score block per step, never T x S.
 """
 
 from __future__ import annotations
@@ -45,27 +46,27 @@ NEG_INF = float("-inf")
 _HI = lax.Precision.HIGHEST
 
 
-def kv_block_range(spec: AttentionSpec, num_kv_blocks: int) -> tuple[int, int]:
-  """[first, last) of the K_BLOCK-key blocks that any query row can see:
+def kv_block_range(spec: AttentionSpec, block: int,
+                   num_kv_blocks: int) -> tuple[int, int]:
+  """[first, last) of the `block`-key blocks that any query row can see:
   masking.kv_block_range for the whole query, on Python ints (a static trip
   count, and no jnp at trace time: this also runs inside shard_map)."""
   clip = lambda x: min(max(x, 0), num_kv_blocks)
   first, last = 0, num_kv_blocks
   if spec.window_right != UNBOUNDED:
     hi = spec.q_len - 1 + spec.kv_offset + spec.window_right  # last visible
-    last = clip(hi // scheme.K_BLOCK + 1)
+    last = clip(hi // block + 1)
   if spec.window_left != UNBOUNDED:
-    first = clip((spec.kv_offset - spec.window_left) // scheme.K_BLOCK)
+    first = clip((spec.kv_offset - spec.window_left) // block)
   return first, max(last, first)
 
 
-def _kv_blocks(x, num_blocks):
-  """[B, S, Hk, D] -> [nk, B, Hk, K_BLOCK, D] float32, zero keys past S."""
+def _kv_blocks(x, block, num_blocks):
+  """[B, S, Hk, D] -> [nk, B, Hk, block, D] float32, zero keys past S."""
   B, S, Hk, D = x.shape
   x = jnp.pad(x.astype(jnp.float32),
-              ((0, 0), (0, num_blocks * scheme.K_BLOCK - S), (0, 0), (0, 0)))
-  return x.reshape(B, num_blocks, scheme.K_BLOCK, Hk, D).transpose(1, 0, 3, 2,
-                                                                  4)
+              ((0, 0), (0, num_blocks * block - S), (0, 0), (0, 0)))
+  return x.reshape(B, num_blocks, block, Hk, D).transpose(1, 0, 3, 2, 4)
 
 
 def forward(spec: AttentionSpec, q8, q_descale, k8, k_descale, v8, v_descale,
@@ -77,8 +78,8 @@ def forward(spec: AttentionSpec, q8, q_descale, k8, k_descale, v8, v_descale,
       and dtype are not read: the arrays' head dim is the padded one).
     q8: [B, T, H, Dp] float8_e4m3fn (rotated, scaled per Q_BLOCK rows).
     q_descale: [B, H, ceil(T / Q_BLOCK)] float32.
-    k8: [B, S, H_kv, Dp] float8_e4m3fn (rotated, scaled per K_BLOCK keys).
-    k_descale: [B, H_kv, ceil(S / K_BLOCK)] float32.
+    k8: [B, S, H_kv, Dp] float8_e4m3fn (rotated, scaled per k_block(Dp) keys).
+    k_descale: [B, H_kv, ceil(S / k_block(Dp))] float32.
     v8: [B, S, H_kv, Dp] float8_e4m3fn (the natural layout, as the kernel
       takes it), scaled per channel.
     v_descale: [B, H_kv, Dp] float32.
@@ -93,15 +94,15 @@ def forward(spec: AttentionSpec, q8, q_descale, k8, k_descale, v8, v_descale,
   S, Hk = k8.shape[1], k8.shape[2]
   G = H // Hk
   f32 = jnp.float32
-  bk = scheme.K_BLOCK
+  bk = scheme.k_block(Dp)
   nk = scheme.num_blocks(S, bk)
-  first, last = kv_block_range(spec, nk)
+  first, last = kv_block_range(spec, bk, nk)
 
   # Query rows grouped by their kv head: [B, Hk, G, T, Dp]; q head h = hk G + g.
   q = q8.astype(f32).reshape(B, T, Hk, G, Dp).transpose(0, 2, 3, 1, 4)
   qd = jnp.repeat(q_descale.astype(f32), scheme.Q_BLOCK, axis=-1)[..., :T]
   qd = qd.reshape(B, Hk, G, T)
-  kb, vb = _kv_blocks(k8, nk), _kv_blocks(v8, nk)
+  kb, vb = _kv_blocks(k8, bk, nk), _kv_blocks(v8, bk, nk)
   kd = k_descale.astype(f32).transpose(2, 0, 1)  # [nk, B, Hk]
   q_pos = lax.broadcasted_iota(jnp.int32, (T, 1), 0)
   with_segs = q_seg is not None

@@ -7,15 +7,15 @@ Quantisation (quantize.py):
   (H the Sylvester Hadamard matrix, signs random +-1 from a seed). R is
   orthogonal, so (Q R)(K R)^T = Q K^T: the rotation cancels in the scores while
   spreading each outlier over all D coordinates ("incoherent processing").
-* Scales: Q per block of Q_BLOCK rows, K per block of K_BLOCK keys, per head
+* Scales: Q per block of Q_BLOCK rows, K per block of k_block(D) keys, per head
   (descale = amax / E4M3_MAX of the rotated block); V per channel (per head and
   head_dim column, over the whole sequence). x8 = e4m3(clip(x * (E4M3_MAX /
   amax))), round to nearest even; an all-zero block has descale 1.
-  K_BLOCK is the sm90 FP8 kernel's KV tile, so each KV block of the kernel has
-  one K descale, folded into its softmax scale; Q_BLOCK is one consumer
-  warpgroup's rows. V per channel is applied to O in the epilogue (free).
+  k_block(D) is the sm90 FP8 kernel's KV tile at the padded head dim D, so
+  each KV block of the kernel has one K descale, folded into its softmax
+  scale; Q_BLOCK is one consumer warpgroup's rows. V per channel is applied to O in the epilogue (free).
 
-Attention (reference.py = the kernel's arithmetic): KV blocks of K_BLOCK keys,
+Attention (reference.py = the kernel's arithmetic): KV blocks of k_block(D) keys,
 visited from the last to the first; S = Q8 K8^T in fp32; the running row max
 m in log2 units; P = 2^(S * scale_log2 * dq * dk - m + P_OFFSET_LOG2) so that P
 uses e4m3's range (up to 2^8 = 256 < 448); P8 = e4m3(P); the row sum l of the
@@ -34,7 +34,11 @@ import numpy as np
 
 E4M3_MAX = 448.0
 Q_BLOCK = 64
-K_BLOCK = 128
+# Keys per K descale at each padded head dim: the sm90 FP8 kernel's KV tile
+# there (FlashAttention-3's FP8 tiles). The C++ side is
+# cuda/include/jax_flash/fp8_scheme.h (the kernel's policy asserts it takes
+# these tiles; tests/test_fp8_blocks.py checks that the two sides agree).
+K_BLOCKS = {64: 160, 128: 224, 256: 128}
 P_OFFSET_LOG2 = 8.0
 HEAD_DIMS = (64, 128, 256)  # Hadamard sizes; other head dims are zero-padded
 
@@ -46,6 +50,12 @@ def padded_head_dim(d: int) -> int:
       return h
   raise ValueError(f"FP8 attention supports head_dim <= {HEAD_DIMS[-1]}; "
                    f"got {d}")
+
+
+def k_block(head_dim: int) -> int:
+  """Keys per K descale (and per KV block of the kernel and the
+  simulation) for head_dim, padded first (padded_head_dim)."""
+  return K_BLOCKS[padded_head_dim(head_dim)]
 
 
 def num_blocks(n: int, block: int) -> int:

@@ -39,7 +39,8 @@ class Fp8Tensor:
       and rotated for query/key when rotation_seed is not None).
     descale: float32, what multiplies `data` back to the (rotated) values:
       query [..., H, ceil(N / 64)] (one per 64 rows), key [..., H, ceil(N /
-      128)] (one per 128 keys), value [..., H, Dp] (one per channel).
+      k)] (one per k = scheme.k_block(Dp) keys: 160, 224, 128 at Dp = 64,
+      128, 256), value [..., H, Dp] (one per channel).
     kind: "query", "key" or "value".
     rotation_seed: seed of the Hadamard rotation (scheme.rotation_matrix)
       applied along head_dim before quantising, or None (not rotated). Always
@@ -71,7 +72,7 @@ class Fp8Tensor:
     if self.kind == "value":
       d = d[..., None, :, :]  # [..., 1, H, Dp]
     else:
-      block = scheme.Q_BLOCK if self.kind == "query" else scheme.K_BLOCK
+      block = descale_block(self.kind, x.shape[-1])
       n = x.shape[-3]
       d = jnp.repeat(d, block, axis=-1)[..., :n]  # [..., H, N]
       d = jnp.swapaxes(d, -1, -2)[..., None]  # [..., N, H, 1]
@@ -111,8 +112,10 @@ def quantize_fp8(x, *, kind: str, rotate: bool = True, seed: int = 0,
   Args:
     x: [..., N, H, D] bfloat16, float16 or float32 (leading batch dims
       allowed); D <= 256, zero-padded to 64, 128 or 256.
-    kind: "query" (scales per 64 rows and head), "key" (per 128 keys and
-      head) or "value" (per head and head_dim channel over the sequence).
+    kind: "query" (scales per 64 rows and head), "key" (per
+      scheme.k_block(D) keys and head: 160, 224, 128 at the padded head dim
+      64, 128, 256) or "value" (per head and head_dim channel over the
+      sequence).
     rotate: multiply query/key by the Hadamard rotation of `seed` first,
       which spreads outliers over head_dim and cancels in q·k (values are
       never rotated: rotate is ignored for them).
@@ -161,18 +164,21 @@ def quantize_fp8(x, *, kind: str, rotate: bool = True, seed: int = 0,
   elif kind == "value":
     data, descale = quantize.quantize_channels(x4)
   else:
-    block = scheme.Q_BLOCK if kind == "query" else scheme.K_BLOCK
-    data, descale = quantize.quantize_blocks(x4, block)
+    data, descale = quantize.quantize_blocks(x4, descale_block(kind, dp))
   return Fp8Tensor(data=data.reshape(lead + data.shape[1:]),
                    descale=descale.reshape(lead + descale.shape[1:]),
                    kind=kind, rotation_seed=seed_used, head_dim=int(D))
 
 
+def descale_block(kind: str, dp: int) -> int:
+  """Rows per descale of a query or key at the padded head dim dp."""
+  return scheme.Q_BLOCK if kind == "query" else scheme.k_block(dp)
+
+
 def descale_shape(kind: str, n: int, heads: int, dp: int):
   if kind == "value":
     return (heads, dp)
-  block = scheme.Q_BLOCK if kind == "query" else scheme.K_BLOCK
-  return (heads, scheme.num_blocks(n, block))
+  return (heads, scheme.num_blocks(n, descale_block(kind, dp)))
 
 
 def _quantize_tensor(x, kind):

@@ -28,7 +28,7 @@ DIMS = {
     "qseg": "b t",              # query segment ids (and shifts)
     "kvseg": "b s",             # key segment ids (and shifts)
     "q_descale": "b H x",       # FP8: per 64 query rows
-    "k_descale": "b n y",       # FP8: per 128 keys
+    "k_descale": "b n y",       # FP8: per scheme.k_block(head_dim) keys
     "v_descale": "b n d",       # FP8: per channel
     "pages": "p s n d",         # a K/V page pool
     "page_descale": "p n s",    # an FP8 page pool's scales
