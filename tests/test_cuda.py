@@ -279,6 +279,19 @@ def test_sm90_backward_mla_192v128(monkeypatch, rng, mask):
     assert_close_to_reference(name, g, r, b)
 
 
+def _bitwise_repeatable_grads(grads, *args, runs=5):
+  """grads(*args) as numpy arrays, after checking that `runs` calls give
+  bitwise identical (dq, dk, dv)."""
+  first = [np.asarray(g) for g in grads(*args)]
+  for _ in range(runs - 1):
+    again = grads(*args)
+    for name, a, b in zip(("dq", "dk", "dv"), first, again):
+      np.testing.assert_array_equal(a.view(np.uint16),
+                                    np.asarray(b).view(np.uint16),
+                                    err_msg=f"{name} not bitwise reproducible")
+  return first
+
+
 @pytest.mark.skipif(not ON_GPU or cuda_backend._compute_capability() != (9, 0),
                     reason="the sm90 kernels need an sm_90 GPU (H100/H200)")
 @pytest.mark.parametrize("mask", ["plain_gqa", "causal_gqa"])
@@ -295,13 +308,7 @@ def test_sm90_deterministic_backward_mla_192v128(monkeypatch, rng, mask):
         q, k, v, implementation="cuda", deterministic=True, **kw), q, k, v)
     return vjp(do)
 
-  first = [np.asarray(g) for g in grads(q, k, v, do)]
-  for _ in range(4):
-    again = grads(q, k, v, do)
-    for name, a, b in zip(("dq", "dk", "dv"), first, again):
-      np.testing.assert_array_equal(a.view(np.uint16),
-                                    np.asarray(b).view(np.uint16),
-                                    err_msg=f"{name} not bitwise reproducible")
+  first = _bitwise_repeatable_grads(grads, q, k, v, do)
   base = _loss_grads(lambda q, k, v: reference.dense_attention_jax(
       q, k, v, **kw)[0], q, k, v, do)
   ref = reference.attention_vjp(q, k, v, do, **kw)
@@ -351,13 +358,7 @@ def test_sm90_deterministic_backward(monkeypatch, rng, head_dim, causal):
                      q, k, v)
     return vjp(do)
 
-  first = [np.asarray(g) for g in grads(q, k, v, do)]
-  for _ in range(4):
-    again = grads(q, k, v, do)
-    for name, a, b in zip(("dq", "dk", "dv"), first, again):
-      np.testing.assert_array_equal(a.view(np.uint16),
-                                    np.asarray(b).view(np.uint16),
-                                    err_msg=f"{name} not bitwise reproducible")
+  first = _bitwise_repeatable_grads(grads, q, k, v, do)
 
   def loss_grads(f):
     def loss(q, k, v):

@@ -7,6 +7,7 @@ raises a Python exception naming the argument before anything is compiled
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -121,7 +122,7 @@ def attention(query, key, value, *jax_nn_args, causal: bool = False,
   if kv_seq_lengths is None:
     segs = check_segment_ids(segment_ids, batch_shape, T, S)
     if segs and segs[0] is segs[1] and T == S:
-      spec = spec.with_shapes(segments_aligned=True)
+      spec = dataclasses.replace(spec, segments_aligned=True)
   else:
     k, v, segs = kv_lengths.inputs(spec, k, v, kv_seq_lengths, segment_ids,
                                    batch_shape)
