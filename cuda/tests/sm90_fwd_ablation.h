@@ -71,6 +71,13 @@ constexpr FwdTuning pair_n112_own_o(FwdTuning t, int head_dim) {
   return t;
 }
 
+// A quarter of the softmax's exponentials on the FMA pipe (exp2_poly3)
+// instead of the MUFU unit.
+constexpr FwdTuning exp2_poly4(FwdTuning t, int) {
+  t.exp2_poly_every = 4;
+  return t;
+}
+
 struct FwdAblation {
   const char* name;  // table column
   const char* what;
@@ -92,6 +99,7 @@ inline constexpr FwdAblation kFwdAblations[] = {
     {"pp", "with the inter-warpgroup pingpong where the default has none (hdim 256, 192/128)",
      with_pingpong},
     {"n112", "192/128: 128 x 112 tiles, O in a tile of its own", pair_n112_own_o},
+    {"poly4", "every 4th exponential of the softmax on the FMA pipe (exp2_poly3)", exp2_poly4},
 };
 constexpr int kNumFwdAblations = int(sizeof(kFwdAblations) / sizeof(kFwdAblations[0]));
 
@@ -99,7 +107,7 @@ constexpr bool same_tuning(const FwdTuning& a, const FwdTuning& b) {
   return a.block_n == b.block_n && a.consumer_wgs == b.consumer_wgs && a.stages == b.stages &&
          a.pingpong == b.pingpong && a.overlap == b.overlap && a.q_in_regs == b.q_in_regs &&
          a.lazy_rescale == b.lazy_rescale && a.o_in_v == b.o_in_v &&
-         a.dynamic_scheduler == b.dynamic_scheduler;
+         a.dynamic_scheduler == b.dynamic_scheduler && a.exp2_poly_every == b.exp2_poly_every;
 }
 
 // The launchers of one bucket or head-dim pair: [ablation][causal_like],

@@ -82,13 +82,20 @@ JF_DEVICE float row_max_tree(const float (&s)[NR], int h) {
 // the same arithmetic with the multiplications placed where the 16-bit
 // kernels were tuned.
 // (Integers: C++17 has no floating-point template parameters.)
-template <int kOffsetLog2_ = 0, int kThresholdLog2_ = 8, bool kScaledMax = false>
+// kPolyEvery: 0, or every kPolyEvery-th exponential of a row (by column
+// pair order) on the FMA pipe (exp2_poly3, fast_math.cuh) instead of MUFU.
+template <int kOffsetLog2_ = 0, int kThresholdLog2_ = 8, bool kScaledMax = false, int kPolyEvery = 0>
 struct OnlineSoftmaxT {
   static constexpr float kOffsetLog2 = float(kOffsetLog2_);
   static constexpr float kThresholdLog2 = float(kThresholdLog2_);
   static_assert(kScaledMax || kOffsetLog2_ == 0, "an offset needs the scaled max");
   float m[2];  // running max (kScaledMax: of s * scale_log2; else of s), -inf while no visible key
   float l[2];  // this thread's partial row sum
+
+  // Whether the i-th exponential of a row goes to the FMA pipe (kPolyEvery).
+  static constexpr bool on_fma_pipe(int i) {
+    return kPolyEvery > 0 && i % (kPolyEvery > 0 ? kPolyEvery : 1) == kPolyEvery - 1;
+  }
 
   // Row h of s becomes p = 2^(s * scale_log2 - m_off) in place; returns the
   // thread's partial sum of the row.
@@ -99,7 +106,8 @@ struct OnlineSoftmaxT {
     for (int j = 0; j < NR / 4; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float p = exp2_approx(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_off));
+        const float x = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_off);
+        const float p = on_fma_pipe(2 * j + e) ? exp2_poly3(x) : exp2_approx(x);
         s[4 * j + 2 * h + e] = p;
         sum += p;
       }

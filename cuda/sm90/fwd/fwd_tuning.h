@@ -53,6 +53,9 @@ struct FwdTuning {
   // Also the kind of call: attention dropout on P (jax_flash/philox.h), drawn
   // per block while its GEMMs run.
   bool dropout;
+  // 0, or every exp2_poly_every-th exponential of the softmax computed on the
+  // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
+  int exp2_poly_every;
 
   constexpr int block_m() const { return 64 * consumer_wgs; }
 };

@@ -86,7 +86,8 @@ struct FwdMainloop {
   using Element = Element_;
   using OutElement = OutElement_;  // of O (the epilogue)
   using Traits = ElementTraits<Element>;
-  using Softmax = OnlineSoftmaxT<Traits::kPOffsetLog2, Traits::kLazyThresholdLog2, Traits::kBlockScales>;
+  using Softmax = OnlineSoftmaxT<Traits::kPOffsetLog2, Traits::kLazyThresholdLog2, Traits::kBlockScales,
+                                 TuningT::value.exp2_poly_every>;
   // 8-bit inputs (see the top of the file): per-block descales, V transposed
   // in shared memory by warps 1..kTransposeWarps of the producer warpgroup.
   static constexpr bool kBlockScaled = Traits::kBlockScales;
