@@ -80,8 +80,20 @@ def _tokens_of(cu, total, outside, per_seq=None):
   return seq, jnp.sum(jnp.where(inside, per_seq[None, :], 0), 1)
 
 
+def _concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
 def packing_arrays(cu_q, cu_k, total_q, total_k, banded: bool):
   """(q_seg, kv_seg[, q_shift, kv_shift]) [1, total] int32 of the layout.
+
+  Concrete offsets (known at trace time) give constants, computed here once,
+  and ids that agree on every token (one offsets array, no token outside a
+  sequence) as one array for both sides: the call is then the same program
+  as `jax_flash.attention` with one segment-id array, whose
+  unseen-token pass (core/seen.py: q_seg == kv_seg) XLA folds away. Traced
+  offsets give a few small fused reductions, and with tokens outside every
+  sequence possible, that pass stays (a copy of q, k and v).
 
   Sequence s's rows align to its keys' end: row i sits at key position
   i + cu_k[s + 1] - cu_q[s + 1], i.e. a shift of that minus the packed
@@ -89,6 +101,17 @@ def packing_arrays(cu_q, cu_k, total_q, total_k, banded: bool):
   traced offsets a token may fall in several sequences: its id and shift are
   then sums, well defined and in range for every kernel, but meaningless.)
   """
+  if _concrete(cu_q) and _concrete(cu_k):
+    with jax.ensure_compile_time_eval():
+      arrays = _packing_arrays(cu_q, cu_k, total_q, total_k, banded)
+    arrays = tuple(np.asarray(a) for a in arrays)
+    if np.array_equal(arrays[0], arrays[1]):
+      arrays = (arrays[0], arrays[0]) + arrays[2:]
+    return arrays
+  return _packing_arrays(cu_q, cu_k, total_q, total_k, banded)
+
+
+def _packing_arrays(cu_q, cu_k, total_q, total_k, banded):
   shift = None
   if banded:
     ends = cu_k[1:].astype(jnp.int32) - cu_q[1:].astype(jnp.int32)
