@@ -22,6 +22,9 @@
 // takes the max of the v_chunks partial rows of its (batch, head), writes the
 // descales (the CTA of keys 0..255) and quantises its keys: each thread 16
 // channels of a key row, two 16-byte loads and one 16-byte store.
+// Data touched once (Q, K, V's second read, every e4m3 store) carries the L2
+// evict-first policy, so that it displaces the V keys awaiting their second
+// read (launch 1's last reads, launch 2's first) as little as it can.
 #include "quantize.h"
 
 #include <cuda_bf16.h>
@@ -79,6 +82,35 @@ __device__ __forceinline__ void unpack2(uint32_t w, float& lo, float& hi) {
   memcpy(t, &w, sizeof(w));
   lo = to_float(t[0]);
   hi = to_float(t[1]);
+}
+
+// L2 policy for data touched once (Q and K read, every e4m3 value written,
+// V read the second time): evicted first, so that the V keys launch 1 read
+// last stay in L2 for launch 2's second read of them.
+__device__ __forceinline__ uint64_t evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes at p (read-only for the kernel), not kept in L1, first out of L2.
+__device__ __forceinline__ uint4 load_once(const void* p, uint64_t policy) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "l"(policy));
+  return r;
+}
+
+__device__ __forceinline__ void store_once(void* p, uint2 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(p), "r"(v.x), "r"(v.y), "l"(policy)
+               : "memory");
+}
+
+__device__ __forceinline__ void store_once(void* p, uint4 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w), "l"(policy)
+               : "memory");
 }
 
 // The 8 16-bit values of a 16-byte word (the lower address first) as floats.
@@ -190,6 +222,7 @@ __device__ __forceinline__ void rows_cta(const T* __restrict__ x, uint8_t* __res
     for (int j = 0; j < E; ++j) neg |= uint32_t(signs[R::dim(t, j)] < 0.f) << j;
   }
 
+  const uint64_t policy = evict_first();
   // Every load first (kSteps * kChunks 16-byte loads per thread in flight).
   uint4 raw[kSteps][R::kChunks];
 #pragma unroll
@@ -197,7 +230,7 @@ __device__ __forceinline__ void rows_cta(const T* __restrict__ x, uint8_t* __res
     const T* src = x + first + int64_t(row0 + s * R::kStepRows) * stride;
 #pragma unroll
     for (int c = 0; c < R::kChunks; ++c)
-      raw[s][c] = valid(s) ? *reinterpret_cast<const uint4*>(src + 8 * R::kRowLanes * c)
+      raw[s][c] = valid(s) ? load_once(src + 8 * R::kRowLanes * c, policy)
                            : make_uint4(0u, 0u, 0u, 0u);  // +0 in bf16 and fp16
   }
   float v[kSteps][E];
@@ -249,7 +282,7 @@ __device__ __forceinline__ void rows_cta(const T* __restrict__ x, uint8_t* __res
     uint8_t* dst = x8 + first + int64_t(row0 + s * R::kStepRows) * stride;
 #pragma unroll
     for (int c = 0; c < R::kChunks; ++c)
-      *reinterpret_cast<uint2*>(dst + 8 * R::kRowLanes * c) = e4m3x8(&v[s][8 * c], invs);
+      store_once(dst + 8 * R::kRowLanes * c, e4m3x8(&v[s][8 * c], invs), policy);
   }
   // No CTA leaves (its shared memory with it) while a peer may still read it.
   if constexpr (P > 1) cg::this_cluster().sync();
@@ -360,7 +393,7 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
 // Launch 2: V's descales and e4m3 values; CTA (tile, h, b) quantises keys
 // [256 tile, 256 (tile + 1)) of (b, h), the grid walked from its end.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) v_quant_kernel(const __grid_constant__ Plan p) {
+__global__ void __launch_bounds__(kThreads, 4) v_quant_kernel(const __grid_constant__ Plan p) {
   constexpr int kLanes = VThreads<D>::kLanes, kRows = VThreads<D>::kRows;
   constexpr int kSteps = kVTileKeys / kRows;  // 4, 8, 16
   constexpr int kGroups = kThreads / D;       // threads per channel in the reduction
@@ -402,13 +435,17 @@ __global__ void __launch_bounds__(kThreads) v_quant_kernel(const __grid_constant
   const T* __restrict__ src = static_cast<const T*>(a.v) + first;
   uint8_t* __restrict__ dst = static_cast<uint8_t*>(a.v8) + first;
   const int key0 = tile * kVTileKeys + r;
+  const uint64_t policy = evict_first();  // V's last read, V8's only write
 #pragma unroll
   for (int s0 = 0; s0 < kSteps; s0 += kVUnroll) {
     uint4 raw[kVUnroll][2];
 #pragma unroll
     for (int u = 0; u < kVUnroll; ++u) {
       const int key = key0 + (s0 + u) * kRows;
-      if (key < a.seqlen_k) load16(src + key * row_stride, raw[u]);
+      if (key < a.seqlen_k) {
+        raw[u][0] = load_once(src + key * row_stride, policy);
+        raw[u][1] = load_once(src + key * row_stride + 8, policy);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kVUnroll; ++u) {
@@ -417,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) v_quant_kernel(const __grid_constant
       float x[16];
       unpack16<T>(raw[u], x);
       const uint2 lo = e4m3x8(x, inv), hi = e4m3x8(x + 8, inv + 8);
-      *reinterpret_cast<uint4*>(dst + key * row_stride) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      store_once(dst + key * row_stride, make_uint4(lo.x, lo.y, hi.x, hi.y), policy);
     }
   }
 }

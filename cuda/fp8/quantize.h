@@ -19,7 +19,8 @@
 //      back (the keys launch 1 read last are the likeliest still in L2),
 //      reduces the partial maxima of its (batch, head), writes the descales
 //      (the CTA of the first keys) and the e4m3 values with 16-byte stores.
-// Q and K are read once, V twice; no memset, no atomics.
+// Q and K are read once, V twice (the second time partly from L2); no
+// memset, no atomics.
 //
 // Workspace (v_partial, float32): batch * heads_k * v_chunks(seqlen_k) *
 // head_dim elements, v_chunks(s) = min(ceil(s / 512), 32) (the chunks of keys
