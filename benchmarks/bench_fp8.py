@@ -22,8 +22,10 @@ inputs, forward only:
                          kernel, so one sees whether it adds work)
   jax_flash_fp8_e2e      fp8_attention from bf16: quantisation included
   jax_flash_fp8_prepass  the quantisation alone (the CUDA pre-pass on a GPU,
-                         quantize.py elsewhere): rows carry `gbps` (bytes of
-                         the 16-bit q, k, v read) instead of TF/s
+                         quantize.py elsewhere), Q and K rotated: rows carry
+                         `gbps` (bytes of the 16-bit q, k, v read) instead of
+                         TF/s
+  jax_flash_fp8_prepass_plain  the same without the rotation (seed None)
   cudnn_fp8              cuDNN FP8 flash attention (jax._src.cudnn.
                          fused_attention_stablehlo.dot_product_attention,
                          use_fp8=True) on e4m3 inputs cast before the timing
@@ -80,11 +82,13 @@ FP8_PARAM_NAMES = (
     "descale_dP", "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
 
 ALL_IMPLS = ("jax_flash_fp8", "jax_flash_fp8_tensors", "jax_flash_fp8_e2e",
-             "jax_flash_fp8_prepass", "cudnn_fp8", "cudnn_fp8_e2e",
+             "jax_flash_fp8_prepass", "jax_flash_fp8_prepass_plain",
+             "cudnn_fp8", "cudnn_fp8_e2e",
              "cudnn_bf16", "jax_flash_bf16")
 FP8_IMPLS = {"jax_flash_fp8", "jax_flash_fp8_tensors", "jax_flash_fp8_e2e",
              "cudnn_fp8", "cudnn_fp8_e2e"}
 E2E_IMPLS = {"jax_flash_fp8_e2e", "cudnn_fp8_e2e"}
+PREPASS_IMPLS = {"jax_flash_fp8_prepass", "jax_flash_fp8_prepass_plain"}
 GPU_ONLY = {"cudnn_fp8", "cudnn_fp8_e2e", "cudnn_bf16"}
 
 
@@ -284,13 +288,16 @@ def build(impl, shape, q, k, v, platform):
     step = jax.jit(lambda q, k, v: jax_flash.fp8_attention(
         q, k, v, causal=causal, implementation=ours))
     return step, (q, k, v), {"via": "fp8_attention(bf16)"}
-  if impl == "jax_flash_fp8_prepass":
+  if impl in PREPASS_IMPLS:
+    seed = 0 if impl == "jax_flash_fp8_prepass" else None
     if platform == "gpu":
       fp8_cuda = _fp8_cuda()
-      step = jax.jit(lambda q, k, v: tuple(fp8_cuda.quantize(q, k, v, seed=0)))
+      step = jax.jit(
+          lambda q, k, v: tuple(fp8_cuda.quantize(q, k, v, seed=seed)))
       return step, (q, k, v), {"via": "jax_flash._src.fp8.cuda.quantize"}
     from jax_flash._src.fp8 import quantize as fp8_quantize
-    step = jax.jit(lambda q, k, v: fp8_quantize.quantize_qkv(q, k, v, seed=0))
+    step = jax.jit(
+        lambda q, k, v: fp8_quantize.quantize_qkv(q, k, v, seed=seed))
     return step, (q, k, v), {"via": "jax_flash._src.fp8.quantize.quantize_qkv"}
   if impl in ("cudnn_fp8", "cudnn_fp8_e2e"):
     (q8, dq), (k8, dk), (v8, dv) = jax.block_until_ready(jax.jit(
@@ -408,7 +415,7 @@ def run_shape(shape, impls, platform, *, iters, repeats, warmup, date,
     ms = timed.get(impl)
     if isinstance(ms, Exception):
       rec["error"] = _err(ms)
-    elif ms is not None and impl == "jax_flash_fp8_prepass":
+    elif ms is not None and impl in PREPASS_IMPLS:
       rec["ms"] = float(f"{ms:.6g}")
       read = 2 * shape.D * (shape.B * shape.T * shape.H
                             + 2 * shape.B * shape.S * shape.H_kv)
@@ -470,13 +477,14 @@ def print_table(records):
           f" {ratio(g.get('jax_flash_fp8'), g.get('jax_flash_bf16')):>7s}"
           f" {ratio(g.get('jax_flash_fp8'), g.get('cudnn_bf16')):>9s}")
   prepass = [r for r in records
-             if r["impl"] == "jax_flash_fp8_prepass" and r.get("ms")]
+             if r["impl"] in PREPASS_IMPLS and r.get("ms")]
   if prepass:
-    print("\nQuantisation alone (jax_flash_fp8_prepass): ms, GB/s of 16-bit "
-          "q, k, v read")
-    for r in sorted(prepass, key=lambda r: (r["D"], r["T"], r["causal"])):
+    print("\nQuantisation alone (jax_flash_fp8_prepass: Q, K rotated; _plain: "
+          "not): ms, GB/s of 16-bit q, k, v read")
+    for r in sorted(prepass, key=lambda r: (r["D"], r["T"], r["causal"],
+                                            r["impl"])):
       print(f"{r['D']:4d} {r['T']:6d} {str(r['causal']):>6s} "
-            f"{r['ms']:10.4f} {r['gbps']:10.4g}")
+            f"{r['impl']:28s} {r['ms']:10.4f} {r['gbps']:10.4g}")
   errors = [r for r in records if r.get("error")]
   for r in errors:
     print(f"  error D={r['D']} T={r['T']} causal={r['causal']} "

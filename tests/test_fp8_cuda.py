@@ -79,6 +79,26 @@ def test_prepass_matches_quantize_py(D, seed, shape, rng):
       assert np.all(np.abs(g - w)[differ] <= 1.01 * step[differ]), name
 
 
+# Bit for bit with the rotation too: against the numpy emulation of the
+# pre-pass's own sums (tests/fp8_prepass_oracle.py: the butterflies in stride
+# order, checked against quantize.py on the CPU in test_fp8_prepass_layout.py).
+@pytest.mark.parametrize("shape", [(2, 131, 203, 3, 1), (1, 70, 17000, 2, 2)],
+                         ids=["short", "long"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_prepass_rotation_bitwise(D, dtype, shape, rng):
+  import fp8_prepass_oracle as oracle
+  B, T, S, H, Hk = shape
+  q, k, v = _inputs(rng, B, T, S, H, Hk, D, dtype=dtype, outliers=True)
+  got = jax.jit(lambda q, k, v: cuda.quantize(q, k, v, seed=7))(q, k, v)
+  want = oracle.quantize_qk(q, k, 7)
+  for name, g, w in zip(("q8", "qd", "k8", "kd"), got[:4], want):
+    g, w = np.ascontiguousarray(g), np.ascontiguousarray(w)
+    assert g.shape == w.shape and g.dtype == w.dtype, name
+    np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8),
+                                  err_msg=name)
+
+
 def _dequantised_reference(spec, q8, qd, k8, kd, v8, vd, q_seg=None, kv_seg=None):
   """float64 softmax attention of the dequantised inputs (dense)."""
   f = lambda x: np.asarray(x.astype(jnp.float32), np.float64)

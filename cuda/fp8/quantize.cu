@@ -1,36 +1,51 @@
 // The FP8 pre-pass kernels (quantize.h: what they compute, the two launches
-// and the workspace rule). Arithmetic as quantize.py: float32 throughout, IEEE
-// divisions for the scales (not the fast-math approximation),
-// round-to-nearest-even e4m3 after clipping to +-448.
+// and the workspace rule; prepass_layout.h: launch 1's units and order, the
+// rows and head-dim elements of each Q/K thread, replayed on the host by
+// cuda/tests/fp8_prepass_check.cpp). Arithmetic as quantize.py: float32
+// throughout, IEEE divisions for the scales (not the fast-math
+// approximation), round-to-nearest-even e4m3 after clipping to +-448.
 //
-// Launch 1 (prepass_kernel): a 1-D grid of V CTAs, then K CTAs, then Q CTAs
-// (the longest first):
+// Launch 1 (prepass_kernel, clusters of 4 CTAs):
+//   K, Q: a thread holds 16 values of a row (two 16-byte chunks, 4 / 8 / 16
+//      lanes per row at D = 64 / 128 / 256) for each of its rows, every load
+//      issued before the first use (2-4 16-byte loads per thread, 8-16 KiB
+//      per CTA, 4 CTAs per SM), the
+//      rotation's butterflies 3 + 1 stages in the thread and log2(lanes per
+//      row) across lanes (the row spread over all 32 lanes took 5 stages of
+//      shuffles and selects per value); the stages in the order of their
+//      strides, so the sums round exactly as before; 8-byte e4m3 stores, two
+//      values per conversion instruction;
 //   V: CTA (chunk c, head, batch) covers keys [c L, (c + 1) L), L =
 //      ceil(seqlen_k / v_chunks), and writes their per-channel max |v| to
-//      v_partial[batch, head, c, :];
-//   K, Q: CTA (block, head, batch) quantises fp8_k_block(D) (K) or 64 (Q)
-//      rows of a head: rotation, block amax, descale, e4m3.
-// Launch 2 (v_quant_kernel): CTA (256 keys, head, batch) takes the max of the
-// v_chunks partial rows of its (batch, head), writes the descales (the CTA of
-// keys 0..255) and quantises its keys: each thread 16 channels of a key row,
-// two 16-byte loads and one 16-byte store.
+//      v_partial[batch, head, c, :].
+// Launch 2 (v_quant_kernel): CTA (256 keys, head, batch), walked backwards,
+// takes the max of the v_chunks partial rows of its (batch, head), writes the
+// descales (the CTA of keys 0..255) and quantises its keys: each thread 16
+// channels of a key row, two 16-byte loads and one 16-byte store.
+// Data touched once (Q, K, V's second read, every e4m3 store) carries the L2
+// evict-first policy, so that it displaces the V keys awaiting their second
+// read (launch 1's last reads, launch 2's first) as little as it can.
 #include "quantize.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
 #include <climits>
 #include <cstring>
 
+#include "prepass_layout.h"
 #include "jax_flash/fp8_scheme.h"
 
 namespace jax_flash::fp8 {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr float kE4M3Max = 448.f;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+constexpr int kThreads = kPrepassThreads;
+constexpr int kWarps = kPrepassWarps;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kVTileKeys = 256;   // keys per CTA of launch 2
 constexpr int kVUnroll = 4;       // key rows in flight per thread (V)
@@ -38,9 +53,13 @@ constexpr int kVUnroll = 4;       // key rows in flight per thread (V)
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
-__device__ __forceinline__ uint32_t e4m3(float x) {
-  x = fminf(fmaxf(x, -kE4M3Max), kE4M3Max);
-  return uint32_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+__device__ __forceinline__ float clip(float x) { return fminf(fmaxf(x, -kE4M3Max), kE4M3Max); }
+
+// e4m3 of two values, a in the low byte: one conversion instruction for both
+// (the same cvt.rn.satfinite.e4m3x2 that the one-value intrinsic issues with
+// a zero beside, so the bytes are those of two one-value conversions).
+__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
+  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(clip(a), clip(b)), __NV_SATFINITE, __NV_E4M3));
 }
 
 // descale = amax / 448 and its inverse; 1 for an all-zero block.
@@ -65,66 +84,94 @@ __device__ __forceinline__ void unpack2(uint32_t w, float& lo, float& hi) {
   hi = to_float(t[1]);
 }
 
-// N consecutive 16-bit values at src (aligned to 2 N bytes) as floats, one load.
-template <typename T, int N>
-__device__ __forceinline__ void load_floats(const T* src, float (&v)[N]) {
-  static_assert(N == 2 || N == 4 || N == 8, "N");
-  uint32_t w[N / 2];
-  if constexpr (N == 2) {
-    w[0] = *reinterpret_cast<const uint32_t*>(src);
-  } else if constexpr (N == 4) {
-    const uint2 u = *reinterpret_cast<const uint2*>(src);
-    w[0] = u.x;
-    w[1] = u.y;
-  } else {
-    const uint4 u = *reinterpret_cast<const uint4*>(src);
-    w[0] = u.x;
-    w[1] = u.y;
-    w[2] = u.z;
-    w[3] = u.w;
-  }
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) unpack2<T>(w[i], v[2 * i], v[2 * i + 1]);
+// L2 policy for data touched once (Q and K read, every e4m3 value written,
+// V read the second time): evicted first, so that the V keys launch 1 read
+// last stay in L2 for launch 2's second read of them.
+__device__ __forceinline__ uint64_t evict_first() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
 }
 
-// e4m3(v[i] * inv) for N consecutive bytes at dst (aligned to N), one store.
-template <int N>
-__device__ __forceinline__ void store_e4m3(uint8_t* dst, const float (&v)[N], float inv) {
-  static_assert(N == 2 || N == 4 || N == 8, "N");
-  uint32_t w[(N + 3) / 4] = {};
-#pragma unroll
-  for (int i = 0; i < N; ++i) w[i / 4] |= e4m3(v[i] * inv) << (8 * (i % 4));
-  if constexpr (N == 2) {
-    *reinterpret_cast<uint16_t*>(dst) = uint16_t(w[0]);
-  } else if constexpr (N == 4) {
-    *reinterpret_cast<uint32_t*>(dst) = w[0];
-  } else {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-  }
+// 16 bytes at p (read-only for the kernel), not kept in L1, first out of L2.
+__device__ __forceinline__ uint4 load_once(const void* p, uint64_t policy) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "l"(policy));
+  return r;
 }
 
-// Walsh-Hadamard transform (Sylvester order, unnormalised) of a row held as
-// E consecutive elements per lane (element d = E * lane + e): butterflies of
-// stride < E inside the thread, the others across lanes.
-template <int E>
-__device__ __forceinline__ void fwht(float (&v)[E], int lane) {
+// No "memory" clobber: nothing in these kernels reads what they store, and
+// the clobber would keep the next keys' loads from moving above the stores.
+__device__ __forceinline__ void store_once(void* p, uint2 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(p), "r"(v.x), "r"(v.y), "l"(policy));
+}
+
+__device__ __forceinline__ void store_once(void* p, uint4 v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w), "l"(policy));
+}
+
+// The 8 16-bit values of a 16-byte word (the lower address first) as floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& u, float* x) {
+  unpack2<T>(u.x, x[0], x[1]);
+  unpack2<T>(u.y, x[2], x[3]);
+  unpack2<T>(u.z, x[4], x[5]);
+  unpack2<T>(u.w, x[6], x[7]);
+}
+
+// e4m3(x[i] * inv[i]) of 8 values: 8 bytes, x[0] at the lowest address.
+__device__ __forceinline__ uint2 e4m3x8(const float* x, const float* inv) {
+  uint32_t w[2];
 #pragma unroll
-  for (int h = 1; h < E; h *= 2)
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t lo = e4m3x2(x[4 * i] * inv[4 * i], x[4 * i + 1] * inv[4 * i + 1]);
+    const uint32_t hi = e4m3x2(x[4 * i + 2] * inv[4 * i + 2], x[4 * i + 3] * inv[4 * i + 3]);
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// Walsh-Hadamard transform (Sylvester order, unnormalised) of a row spread
+// as RowThreads spreads it (element j = 8 chunk + e of lane t is d = 8 (t +
+// kRowLanes chunk) + e). Its butterfly stages run in the order of their
+// strides, 1, 2, ..., D/2, as in any other spread of the row over lanes, and
+// each stage's values depend only on the previous stage's, so the sums round
+// the same whatever the spread: strides 1, 2, 4 in the thread (bits of e),
+// 8 .. 4 kRowLanes across the row's lanes (bits of t), D/2 in the thread
+// again (the chunk bit).
+template <int D>
+__device__ __forceinline__ void fwht_row(float (&v)[RowThreads<D>::kRowElems], int t) {
+  using R = RowThreads<D>;
+  static_assert(R::kChunks == 2, "the chunk bit is the last stage");
 #pragma unroll
-    for (int i = 0; i < E; ++i)
+  for (int h = 1; h < 8; h *= 2)
+#pragma unroll
+    for (int i = 0; i < R::kRowElems; ++i)
       if ((i & h) == 0) {
         const float a = v[i], b = v[i + h];
         v[i] = a + b;
         v[i + h] = a - b;
       }
 #pragma unroll
-  for (int m = 1; m < 32; m *= 2) {
-    const bool upper = (lane & m) != 0;
+  for (int m = 1; m < R::kRowLanes; m *= 2) {
+    // The lane with bit m of t clear holds the lower element of each pair:
+    // lower a + b, upper a - b (a, b the lower's and the upper's values),
+    // as fma(v, +-1, o): the product is exact, so one rounding of the same sum.
+    const float sgn = (t & m) != 0 ? -1.f : 1.f;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
+    for (int e = 0; e < R::kRowElems; ++e) {
       const float o = __shfl_xor_sync(kFull, v[e], m);
-      v[e] = upper ? o - v[e] : v[e] + o;
+      v[e] = fmaf(v[e], sgn, o);
     }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float a = v[e], b = v[e + 8];
+    v[e] = a + b;
+    v[e + 8] = a - b;
   }
 }
 
@@ -133,67 +180,112 @@ struct Plan {
   PrepassArgs a;
   int chunks;                  // v_chunks(seqlen_k)
   int k_blocks, q_blocks;      // row blocks per head
-  int v_ctas, k_ctas, q_ctas;  // launch 1: V, then K, then Q CTAs
+  int k_items, q_items;        // row blocks of all heads
+  int v_ctas;                  // chunks of all heads (one CTA each)
+  int k_units, q_units;        // launch 1's units of each kind (prepass_layout.h)
 };
 
-// BLOCK rows of head h of x [batch, n, heads, D] from row blk * BLOCK: warp w
-// holds rows w, w + 8, ... (R of them), each lane E consecutive elements.
-template <typename T, int D, int BLOCK>
+// Part `part` of P of descale block blk of head h of x [batch, n, heads, D]
+// (rows blk BLOCK + part BLOCK / P + [0, BLOCK / P)): step s of thread tid
+// covers row RowThreads<D>::row(tid, s) of the part. The part's amax (warps,
+// then shared memory), then, for P > 1, the block's over the P CTAs of the
+// cluster that hold it (ranks part 0 .. P - 1, through distributed shared
+// memory); descale by part 0; e4m3 with 8-byte stores. An inactive CTA (a
+// unit's blocks beyond the last) loads and stores nothing but joins the
+// cluster barriers, which every CTA of the cluster must reach.
+template <typename T, int D, int BLOCK, int P>
 __device__ __forceinline__ void rows_cta(const T* __restrict__ x, uint8_t* __restrict__ x8,
                                          float* __restrict__ descale_out, const float* signs, int n,
-                                         int heads, int blk, int h, int b) {
-  constexpr int E = D / 32;
-  constexpr int R = BLOCK / kWarps;
+                                         int heads, int blk, int part, int h, int b, bool active) {
+  using R = RowThreads<D>;
+  constexpr int E = R::kRowElems;
+  constexpr int kPartRows = BLOCK / P;
+  static_assert(BLOCK % P == 0 && kClusterCtas % P == 0, "parts");
+  constexpr int kSteps = (kPartRows + R::kStepRows - 1) / R::kStepRows;
   constexpr float kNorm = D == 64 ? 0.125f : D == 128 ? 0.08838834764831845f : 0.0625f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = lane % R::kRowLanes;
   const bool rotate = signs != nullptr;
-  float sg[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) sg[e] = rotate ? signs[E * lane + e] : 1.f;
-
   const int64_t stride = int64_t(heads) * D;  // between rows
-  const int64_t first = (int64_t(b) * n * heads + h) * D + E * lane;
-  const int row0 = blk * BLOCK + warp;
-  float v[R][E];
+  const int64_t first = (int64_t(b) * n * heads + h) * D + 8 * t;
+  const int row0 = blk * BLOCK + part * kPartRows + R::row(threadIdx.x, 0);
+  auto valid = [&](int s) {
+    return active && (kPartRows % R::kStepRows == 0 || R::row(threadIdx.x, s) < kPartRows) &&
+           row0 + s * R::kStepRows < n;
+  };
+
+  // Bit j: the sign of element j is -1 (x * -1 as a flip of the sign bit:
+  // the same bits, one register instead of E).
+  uint32_t neg = 0;
+  if (rotate) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) neg |= uint32_t(signs[R::dim(t, j)] < 0.f) << j;
+  }
+
+  const uint64_t policy = evict_first();
+  // Every load first (kSteps * kChunks 16-byte loads per thread in flight).
+  uint4 raw[kSteps][R::kChunks];
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const T* src = x + first + int64_t(row0 + s * R::kStepRows) * stride;
+#pragma unroll
+    for (int c = 0; c < R::kChunks; ++c)
+      raw[s][c] = valid(s) ? load_once(src + 8 * R::kRowLanes * c, policy)
+                           : make_uint4(0u, 0u, 0u, 0u);  // +0 in bf16 and fp16
+  }
+  float v[kSteps][E];
   float amax = 0.f;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int row = row0 + r * kWarps;
-    if (row < n) {
-      load_floats<T, E>(x + first + row * stride, v[r]);
-      if (rotate) {
+  for (int s = 0; s < kSteps; ++s) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) v[r][e] *= sg[e];
-        fwht(v[r], lane);
+    for (int c = 0; c < R::kChunks; ++c) unpack8<T>(raw[s][c], &v[s][8 * c]);
+    if (rotate) {  // uniform over the CTA: the shuffles see every lane
 #pragma unroll
-        for (int e = 0; e < E; ++e) v[r][e] *= kNorm;
-      }
-    } else {
+      for (int e = 0; e < E; ++e)
+        v[s][e] = __uint_as_float(__float_as_uint(v[s][e]) ^ ((neg << (31 - e)) & 0x80000000u));
+      fwht_row<D>(v[s], t);
 #pragma unroll
-      for (int e = 0; e < E; ++e) v[r][e] = 0.f;
+      for (int e = 0; e < E; ++e) v[s][e] *= kNorm;
     }
 #pragma unroll
-    for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(v[r][e]));
+    for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(v[s][e]));
   }
   __shared__ float warp_amax[kWarps];
+  __shared__ float cta_amax;
   amax = warp_max(amax);
   if (lane == 0) warp_amax[warp] = amax;
   __syncthreads();
   amax = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
+  if constexpr (P > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) cta_amax = amax;
+    cluster.sync();  // every part's amax is in its CTA's shared memory
+    const unsigned base = cluster.block_rank() - unsigned(part);
+    amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < P; ++i) amax = fmaxf(amax, *cluster.map_shared_rank(&cta_amax, base + i));
+  }
   float descale, inv;
   scales(amax, descale, inv);
-  if (threadIdx.x == 0) {
+  if (active && part == 0 && threadIdx.x == 0) {
     const int nb = (n + BLOCK - 1) / BLOCK;
     descale_out[(int64_t(b) * heads + h) * nb + blk] = descale;
   }
+  float invs[8];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int row = row0 + r * kWarps;
-    if (row >= n) continue;
-    store_e4m3<E>(x8 + first + row * stride, v[r], inv);
+  for (int e = 0; e < 8; ++e) invs[e] = inv;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    if (!valid(s)) continue;
+    uint8_t* dst = x8 + first + int64_t(row0 + s * R::kStepRows) * stride;
+#pragma unroll
+    for (int c = 0; c < R::kChunks; ++c)
+      store_once(dst + 8 * R::kRowLanes * c, e4m3x8(&v[s][8 * c], invs), policy);
   }
+  // No CTA leaves (its shared memory with it) while a peer may still read it.
+  if constexpr (P > 1) cg::this_cluster().sync();
 }
 
 // V's threads: kLanes threads per key row, each 16 consecutive channels.
@@ -273,39 +365,43 @@ __device__ __forceinline__ void v_amax_cta(const PrepassArgs& a, int chunks, int
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) prepass_kernel(const __grid_constant__ Plan p) {
+__global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kThreads)
+    prepass_kernel(const __grid_constant__ Plan p) {
   const PrepassArgs& a = p.a;
-  int idx = blockIdx.x;
-  if (idx < p.v_ctas) {
-    const int bh = idx / p.chunks;
+  const Slot sl = slot(blockIdx.x / kClusterCtas, p.k_units, p.q_units);
+  const int rank = blockIdx.x % kClusterCtas;  // the rank in the cluster (1-D clusters along x)
+  const Place pl = place(sl.unit, rank, sl.kind, D);
+  if (sl.kind == kKindV) {
+    if (pl.item >= p.v_ctas) return;  // no cluster barrier in V units
+    const int idx = int(pl.item), bh = idx / p.chunks;
     v_amax_cta<T, D>(a, p.chunks, idx % p.chunks, bh % a.heads_k, bh / a.heads_k);
-    return;
+  } else if (sl.kind == kKindK) {
+    const bool active = pl.item < p.k_items;
+    const int idx = active ? int(pl.item) : 0, bh = idx / p.k_blocks;
+    rows_cta<T, D, fp8_k_block(D), parts(kKindK, D)>(
+        static_cast<const T*>(a.k), static_cast<uint8_t*>(a.k8), a.k_descale, a.signs, a.seqlen_k, a.heads_k,
+        idx % p.k_blocks, pl.part, bh % a.heads_k, bh / a.heads_k, active);
+  } else {
+    const bool active = pl.item < p.q_items;
+    const int idx = active ? int(pl.item) : 0, bh = idx / p.q_blocks;
+    rows_cta<T, D, kFp8QBlock, parts(kKindQ, D)>(
+        static_cast<const T*>(a.q), static_cast<uint8_t*>(a.q8), a.q_descale, a.signs, a.seqlen_q, a.heads,
+        idx % p.q_blocks, pl.part, bh % a.heads, bh / a.heads, active);
   }
-  idx -= p.v_ctas;
-  if (idx < p.k_ctas) {
-    const int bh = idx / p.k_blocks;
-    rows_cta<T, D, fp8_k_block(D)>(static_cast<const T*>(a.k), static_cast<uint8_t*>(a.k8), a.k_descale,
-                            a.signs, a.seqlen_k, a.heads_k, idx % p.k_blocks, bh % a.heads_k,
-                            bh / a.heads_k);
-    return;
-  }
-  idx -= p.k_ctas;
-  const int bh = idx / p.q_blocks;
-  rows_cta<T, D, kFp8QBlock>(static_cast<const T*>(a.q), static_cast<uint8_t*>(a.q8), a.q_descale,
-                          a.signs, a.seqlen_q, a.heads, idx % p.q_blocks, bh % a.heads,
-                          bh / a.heads);
 }
 
 // Launch 2: V's descales and e4m3 values; CTA (tile, h, b) quantises keys
-// [256 tile, 256 (tile + 1)) of (b, h).
+// [256 tile, 256 (tile + 1)) of (b, h), the grid walked from its end.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) v_quant_kernel(const __grid_constant__ Plan p) {
+__global__ void __launch_bounds__(kThreads, 4) v_quant_kernel(const __grid_constant__ Plan p) {
   constexpr int kLanes = VThreads<D>::kLanes, kRows = VThreads<D>::kRows;
   constexpr int kSteps = kVTileKeys / kRows;  // 4, 8, 16
   constexpr int kGroups = kThreads / D;       // threads per channel in the reduction
   static_assert(kSteps % kVUnroll == 0 && kThreads % D == 0, "tiling");
   const PrepassArgs& a = p.a;
-  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // Backwards through (batch, head, tile): the first CTAs read the keys that
+  // launch 1 read last (the most likely still in L2).
+  const int tile = gridDim.x - 1 - blockIdx.x, h = gridDim.y - 1 - blockIdx.y, b = gridDim.z - 1 - blockIdx.z;
   const int64_t bh = int64_t(b) * a.heads_k + h;
 
   __shared__ float red[kThreads];
@@ -339,13 +435,17 @@ __global__ void __launch_bounds__(kThreads) v_quant_kernel(const __grid_constant
   const T* __restrict__ src = static_cast<const T*>(a.v) + first;
   uint8_t* __restrict__ dst = static_cast<uint8_t*>(a.v8) + first;
   const int key0 = tile * kVTileKeys + r;
+  const uint64_t policy = evict_first();  // V's last read, V8's only write
 #pragma unroll
   for (int s0 = 0; s0 < kSteps; s0 += kVUnroll) {
     uint4 raw[kVUnroll][2];
 #pragma unroll
     for (int u = 0; u < kVUnroll; ++u) {
       const int key = key0 + (s0 + u) * kRows;
-      if (key < a.seqlen_k) load16(src + key * row_stride, raw[u]);
+      if (key < a.seqlen_k) {
+        raw[u][0] = load_once(src + key * row_stride, policy);
+        raw[u][1] = load_once(src + key * row_stride + 8, policy);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kVUnroll; ++u) {
@@ -353,17 +453,16 @@ __global__ void __launch_bounds__(kThreads) v_quant_kernel(const __grid_constant
       if (key >= a.seqlen_k) continue;
       float x[16];
       unpack16<T>(raw[u], x);
-      uint32_t w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) w[i / 4] |= e4m3(x[i] * inv[i]) << (8 * (i % 4));
-      *reinterpret_cast<uint4*>(dst + key * row_stride) = make_uint4(w[0], w[1], w[2], w[3]);
+      const uint2 lo = e4m3x8(x, inv), hi = e4m3x8(x + 8, inv + 8);
+      store_once(dst + key * row_stride, make_uint4(lo.x, lo.y, hi.x, hi.y), policy);
     }
   }
 }
 
 // CTA counts of launch 1 (int64: checked against the grid's limit).
 struct Counts {
-  int64_t chunks, k_blocks, q_blocks, v_ctas, k_ctas, q_ctas;
+  int64_t chunks, k_blocks, q_blocks, k_items, q_items, v_ctas, k_units, q_units, v_units;
+  int64_t ctas() const { return kClusterCtas * (k_units + q_units + v_units); }  // launch 1
 };
 
 Counts counts(const PrepassArgs& a) {
@@ -372,9 +471,12 @@ Counts counts(const PrepassArgs& a) {
   const int k_block = fp8_k_block(a.head_dim);  // prepass_supported: one of the scheme's head dims
   c.k_blocks = (int64_t(a.seqlen_k) + k_block - 1) / k_block;
   c.q_blocks = (int64_t(a.seqlen_q) + kFp8QBlock - 1) / kFp8QBlock;
+  c.k_items = int64_t(a.batch) * a.heads_k * c.k_blocks;
+  c.q_items = int64_t(a.batch) * a.heads * c.q_blocks;
   c.v_ctas = int64_t(a.batch) * a.heads_k * c.chunks;
-  c.k_ctas = int64_t(a.batch) * a.heads_k * c.k_blocks;
-  c.q_ctas = int64_t(a.batch) * a.heads * c.q_blocks;
+  c.k_units = units(c.k_items, kKindK, a.head_dim);
+  c.q_units = units(c.q_items, kKindQ, a.head_dim);
+  c.v_units = units(c.v_ctas, kKindV, a.head_dim);
   return c;
 }
 
@@ -385,12 +487,13 @@ cudaError_t launch(const PrepassArgs& a, cudaStream_t stream) {
                int(c.chunks),
                int(c.k_blocks),
                int(c.q_blocks),
+               int(c.k_items),
+               int(c.q_items),
                int(c.v_ctas),
-               int(c.k_ctas),
-               int(c.q_ctas)};
-  const int64_t ctas = c.v_ctas + c.k_ctas + c.q_ctas;
-  if (ctas > 0) {
-    prepass_kernel<T, D><<<unsigned(ctas), kThreads, 0, stream>>>(p);
+               int(c.k_units),
+               int(c.q_units)};
+  if (c.ctas() > 0) {
+    prepass_kernel<T, D><<<unsigned(c.ctas()), kThreads, 0, stream>>>(p);  // a multiple of the cluster
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   }
   if (int64_t(a.batch) * a.heads_k > 0) {
@@ -424,12 +527,12 @@ bool prepass_supported(const PrepassArgs& a) {
   if (a.dtype != DType::kBFloat16 && a.dtype != DType::kFloat16) return false;
   if (a.batch > 65535 || a.heads_k > 65535) return false;  // launch 2's grid
   const Counts c = counts(a);
-  if (c.v_ctas + c.k_ctas + c.q_ctas > INT_MAX) return false;  // launch 1's grid
+  if (c.ctas() > INT_MAX) return false;  // launch 1's grid
   const int64_t nq = int64_t(a.batch) * a.seqlen_q * a.heads * a.head_dim;
   const int64_t nk = int64_t(a.batch) * a.seqlen_k * a.heads_k * a.head_dim;
   return aligned(a.q, nq) && aligned(a.q8, nq) && aligned(a.k, nk) && aligned(a.k8, nk) &&
-         aligned(a.v, nk) && aligned(a.v8, nk) && (c.q_ctas == 0 || a.q_descale != nullptr) &&
-         (c.k_ctas == 0 || a.k_descale != nullptr) &&
+         aligned(a.v, nk) && aligned(a.v8, nk) && (c.q_items == 0 || a.q_descale != nullptr) &&
+         (c.k_items == 0 || a.k_descale != nullptr) &&
          (int64_t(a.batch) * a.heads_k == 0 || a.v_descale != nullptr) &&
          (c.v_ctas == 0 || a.v_partial != nullptr);
 }

@@ -7,13 +7,20 @@
 //         (K; jax_flash/fp8_scheme.h) rows of a head;
 //   V:    one descale per (batch, head, channel) over the whole sequence.
 // Two launches on the caller's stream, both memory-bound:
-//   1. one grid of three kinds of CTAs: V's partial channel maxima (one CTA
-//      per (chunk of keys, head, batch), written to the workspace), K's and
-//      Q's row blocks (one CTA per (block, head, batch): amax, scale, e4m3);
-//   2. V: one CTA per (256 keys, head, batch) reduces the partial maxima of
-//      its (batch, head), writes the descales (the CTA of the first keys) and
-//      the e4m3 values with 16-byte stores.
-// Q and K are read once, V twice; no memset, no atomics.
+//   1. clusters of 4 CTAs (fp8/prepass_layout.h), each one unit of work:
+//      a K descale block split over the 4 CTAs (over 2 for Q at D = 256; at
+//      D <= 128 a Q unit is 4 blocks, one per CTA), the parts' maxima
+//      exchanged through distributed shared memory, so that a thread holds at
+//      most 32 rotated values and the whole kernel fits in 64 registers (4
+//      CTAs of 256 threads per SM, for every kind: one kernel has one
+//      register count); or 4 chunks of V's keys (partial channel maxima, to
+//      the workspace). K and Q units alternate, V's come last;
+//   2. V: one CTA per (256 keys, head, batch), from the last (batch, head)
+//      back (the keys launch 1 read last are the likeliest still in L2),
+//      reduces the partial maxima of its (batch, head), writes the descales
+//      (the CTA of the first keys) and the e4m3 values with 16-byte stores.
+// Q and K are read once, V twice (the second time partly from L2); no
+// memset, no atomics.
 //
 // Workspace (v_partial, float32): batch * heads_k * v_chunks(seqlen_k) *
 // head_dim elements, v_chunks(s) = min(ceil(s / 512), 32) (the chunks of keys

@@ -45,6 +45,10 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda -I"${CUDA_IN
   cuda/tests/sm90_fwd_host_check.cpp -o "$OBJ/sm90_fwd_host_check"
 # The FP8 forward's V transpose: the mapping and its bank behaviour.
 g++ -std=c++17 -O2 -Wall -Icuda/include -Icuda cuda/tests/sm90_fp8_vt_check.cpp -o "$OBJ/sm90_fp8_vt_check"
+# The FP8 pre-pass: launch 1's order, element coverage, the rotation's bits.
+g++ -std=c++17 -O2 -Wall -ffp-contract=off -Icuda/include -Icuda cuda/tests/fp8_prepass_check.cpp \
+  -o "$OBJ/fp8_prepass_check"
+"$OBJ/fp8_prepass_check"
 "$OBJ/sm90_fp8_vt_check"
 "$OBJ/sm90_fwd_host_check"
 # Q in registers: that ptxas kept the Q fragments' registers for the whole mainloop.

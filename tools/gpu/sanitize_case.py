@@ -20,7 +20,8 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             sm90 kernels; the column split's backward at D = 256)
   fp8       fp8_attention (the quantisation pre-pass and the FP8 forward, its
             V transpose in shared memory), T=200 S=333, D = 64 and 128
-            causal, D = 256 not
+            causal, D = 256 not; the pre-pass alone at T=545 S=203 (launch
+            1's clusters with idle CTAs), rotated and not
   sinks     forward + backward with learnable sinks: D = 64 and 128 causal
             (T > S: rows without keys) and window + segment ids
   packed    segment ids at T = 333 and a varlen call of five short
@@ -219,6 +220,17 @@ def fp8():
                                   implementation="cuda")
     results.append((f"B={B} T={T} S={S} H={H} D={D} causal={causal}",
                     finite(out)))
+  # The pre-pass alone at a shape that leaves CTAs of launch 1's clusters
+  # without a block (9 Q blocks, 2 K blocks, 1 chunk of V's keys per head).
+  from jax_flash._src.fp8 import cuda as fp8_cuda
+  B, T, S, H, Hk = 1, 545, 203, 1, 1
+  for D in (64, 128, 256):
+    q, k, v = normal(B, T, H, D), normal(B, S, Hk, D), normal(B, S, Hk, D)
+    for seed in (None, 3):
+      out = jax.jit(lambda q, k, v: fp8_cuda.quantize(q, k, v, seed=seed))(
+          q, k, v)
+      results.append((f"pre-pass B={B} T={T} S={S} H={H} D={D} "
+                      f"seed={seed}", finite(out)))
   return results
 
 
