@@ -43,6 +43,11 @@ constexpr FwdTuning toggle_pingpong(FwdTuning t, int) {
   t.pingpong = !t.pingpong;
   return t;
 }
+constexpr FwdTuning rowsum(FwdTuning t, int) {
+  t.rowsum_mma = true;
+  return t;
+}
+constexpr FwdTuning rowsum_toggle_pingpong(FwdTuning t, int d) { return rowsum(toggle_pingpong(t, d), d); }
 
 struct Fp8Ablation {
   const char* name;
@@ -51,11 +56,10 @@ struct Fp8Ablation {
 };
 constexpr Fp8Ablation kAblations[] = {
     {"default", "the production FP8 configuration", keep},
-    {"poly8", "every 8th exponential on the FMA pipe (exp2_poly3)", poly<8>},
-    {"poly4", "every 4th exponential on the FMA pipe", poly<4>},
-    {"poly3", "every 3rd exponential on the FMA pipe", poly<3>},
-    {"poly2", "every 2nd exponential on the FMA pipe", poly<2>},
+    {"poly4", "every 4th exponential on the FMA pipe (exp2_poly3)", poly<4>},
     {"pp", "the inter-warpgroup pingpong toggled", toggle_pingpong},
+    {"rowsum", "P's row sums by the tensor cores (rowsum_mma)", rowsum},
+    {"rs+pp", "rowsum with the pingpong toggled", rowsum_toggle_pingpong},
 };
 constexpr int kNum = int(sizeof(kAblations) / sizeof(kAblations[0]));
 
@@ -77,9 +81,7 @@ constexpr bool built(int i, int d, bool causal) {
     return n[j] == m[j];
   };
   if (i == 0) return true;
-  if (d == 128 && !causal) return true;
-  if (d == 128 || d == 64) return is("poly4") || is("poly2") || (is("pp") && d == 64 && !causal);
-  return is("poly4");
+  return is("rowsum") || is("pp") || is("rs+pp") || (is("poly4") && d == 128 && !causal);
 }
 
 template <int kI, int kD, bool kCausal>

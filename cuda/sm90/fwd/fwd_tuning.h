@@ -56,6 +56,11 @@ struct FwdTuning {
   // 0, or every exp2_poly_every-th exponential of the softmax computed on the
   // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
   int exp2_poly_every;
+  // 8-bit: P's row sums by the tensor cores (P x a tile of ones, one N = 8
+  // wgmma per k-step of the PV GEMM into four accumulators of their own)
+  // instead of a float add per exponential; the sums are then those of the
+  // e4m3 P that the PV GEMM multiplies.
+  bool rowsum_mma;
 
   constexpr int block_m() const { return 64 * consumer_wgs; }
 };
