@@ -14,13 +14,18 @@ namespace jax_flash::decode {
 // exp2_approx: jax_flash/fast_math.cuh on a GPU, sm80 emulation otherwise.
 using namespace sm80;  // NOLINT: the sm80 primitives are this kernel's vocabulary
 
-template <int kHeadDim_, int kMT_, bool kFp8_ = false>
+// The tile is decode_params.h's decode_tile; the self-test's benchmark
+// passes others (block_n, stages, min_ctas) to time the alternatives.
+template <int kHeadDim_, int kMT_, bool kFp8_ = false,
+          int kTileN_ = decode_tile(kHeadDim_, kMT_, kFp8_).block_n,
+          int kTileStages_ = decode_tile(kHeadDim_, kMT_, kFp8_).stages,
+          int kTileCtas_ = decode_tile(kHeadDim_, kMT_, kFp8_).min_ctas>
 struct DecodeConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kMT = kMT_;    // m-tiles (16 rows) per warp
   static constexpr bool kFp8 = kFp8_;  // an e4m3 cache (decode_fp8.cuh)
   static constexpr int kRows = kMT * kDecodeMTileRows;
-  static constexpr DecodeTile kTile = decode_tile(kHeadDim, kMT, kFp8);  // decode_params.h
+  static constexpr DecodeTile kTile = {kTileN_, kTileStages_, kTileCtas_};
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kWarps = kDecodeWarps;
   static constexpr int kThreads = kWarps * 32;
@@ -45,7 +50,7 @@ struct DecodeConfig {
   static constexpr int kSmemStats = kSmemRing + kStages * kStageBytes;
   static constexpr int kSmemMerge = kSmemQ16;
   static constexpr int kSmemBytes = kSmemStats + 2 * kWarps * kRows * 4;  // row max, row sum
-  static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kMT, kFp8), "decode_params.h's size");
+  static_assert(kSmemBytes == decode_smem_bytes(kHeadDim, kMT, kFp8, kTile), "decode_params.h's size");
   static_assert(kSmemMerge + kWarps * kRows * kMergePitch * 4 <= kSmemStats, "merge buffer fits");
   static_assert(kKeysPerWarp == 16 || kKeysPerWarp == 32, "16 or 32 keys per warp");
   static_assert(kStages >= 2, "a tile in flight while one is computed");

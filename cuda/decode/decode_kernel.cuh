@@ -70,11 +70,11 @@ JF_DEVICE void scale_columns_visible(float (&s)[kMT][kNS][4], const float* col_s
 }
 
 
-template <typename Element, int kHeadDim, int kMT, bool kSoftcap, bool kFp8 = false>
-__global__ void __launch_bounds__(DecodeConfig<kHeadDim, kMT, kFp8>::kThreads,
-                                  DecodeConfig<kHeadDim, kMT, kFp8>::kMinCtas)
-    decode_kernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = DecodeConfig<kHeadDim, kMT, kFp8>;
+// Cfg is decode_params.h's tile unless the self-test's benchmark passes
+// another (cuda/tests/decode_variants.cuh).
+template <typename Element, int kHeadDim, int kMT, bool kSoftcap, bool kFp8 = false,
+          typename Cfg = DecodeConfig<kHeadDim, kMT, kFp8>>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtas) decode_kernel(const __grid_constant__ DecodeParams p) {
   using QTile = typename Cfg::QTile;
   using KTile = typename Cfg::KTile;
   using MmaT = std::conditional_t<kFp8, __half, Element>;  // the products' type

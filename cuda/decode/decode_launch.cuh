@@ -23,16 +23,34 @@ inline cudaError_t set_smem(Kernel kernel, int bytes) {
   return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
+// One decode kernel of configuration Cfg (the split kernels only; the
+// combine is launch_decode_combine).
+template <typename Cfg, typename Kernel>
+cudaError_t launch_decode_kernel(Kernel kernel, const DecodeParams& p, cudaStream_t stream) {
+  cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int rows = p.seqlen_q * (p.num_heads / p.num_heads_k);
+  const dim3 grid((rows + Cfg::kRows - 1) / Cfg::kRows, p.batch * p.num_heads_k, p.num_splits);
+  JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(p);
+  return cudaGetLastError();
+}
+
 template <typename Element, int kHeadDim, int kMT, bool kFp8>
 cudaError_t launch_decode_shape(const DecodeParams& p, cudaStream_t stream) {
   using Cfg = DecodeConfig<kHeadDim, kMT, kFp8>;
   auto kernel = p.sm.softcap_pre != 0.f ? decode_kernel<Element, kHeadDim, kMT, true, kFp8>
                                         : decode_kernel<Element, kHeadDim, kMT, false, kFp8>;
-  cudaError_t err = set_smem(kernel, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(decode_row_blocks(p.seqlen_q, p.num_heads / p.num_heads_k, kHeadDim),
-                  p.batch * p.num_heads_k, p.num_splits);
-  JF_LAUNCH(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream)(p);
+  return launch_decode_kernel<Cfg>(kernel, p, stream);
+}
+
+// The combine of several splits' partials (nothing for one split).
+template <typename Element>
+cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream) {
+  if (p.num_splits == 1) return cudaSuccess;
+  const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
+  const dim3 grid(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
+  auto combine = decode_combine_kernel<Element>;
+  JF_LAUNCH(combine, grid, kCombineWarps * 32, 0, stream)(p);
   return cudaGetLastError();
 }
 
@@ -59,12 +77,8 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const cudaError_t err = dispatch_head_dim(
       Sm80HeadDims{}, rounded_head_dim(p.head_dim), cudaErrorNotSupported,
       [&](auto d) { return launch_decode_hdim<Element, decltype(d)::value>(p, stream); });
-  if (err != cudaSuccess || p.num_splits == 1) return err;
-  const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
-  const dim3 grid(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
-  auto combine = decode_combine_kernel<Element>;
-  JF_LAUNCH(combine, grid, kCombineWarps * 32, 0, stream)(p);
-  return cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return launch_decode_combine<Element>(p, stream);
 }
 
 }  // namespace jax_flash::decode

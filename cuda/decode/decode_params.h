@@ -81,24 +81,25 @@ constexpr int kDecodeMaxSplits = 128;
 //             the occupancy the split plan assumes
 // 16-bit caches: 64 keys, two or three tiles in flight per CTA while one is
 // computed, with two (128) or three (64, 96) CTAs per SM.
-// An FP8 cache reads half the bytes per key, and the kernel is then bound by
-// the latency of each tile's work (loads issued, two dependent products, the
-// softmax, one barrier), not by the bytes in flight, which the 16-bit ring
-// holds several times over (~32 KB per SM keeps HBM busy). So the FP8 stages
-// trade ring depth for CTAs per SM (more warps to hide the latency), and with
-// 16-row CTAs (head_dim <= 128: registers to spare) each warp takes 32 keys
-// per stage: twice the independent products per softmax step, barrier and
-// page lookup.
+// An FP8 cache reads half the bytes per key, so a ring of the same shared
+// memory holds twice the keys. The kernel streams at about (bytes in flight
+// per SM) / (loaded latency): the 16-bit D=128 ring keeps 2 CTAs x 2 tiles x
+// 32 KB = 128 KB in flight (~4.1 TB/s on the H200); 128-key FP8 tiles in two
+// stages kept 3 x 1 x 33 KB = 100 KB, and streamed at 0.78x of that. 64-key
+// tiles in four stages keep 3 CTAs x 3 tiles x 16.5 KB = 148 KB in flight,
+// with 12 warps per SM to hide each tile's latency, and a 64-key tile never
+// straddles a page of 64 keys (one table lookup per tile).
 //   head_dim 64:  128 keys x 3 stages (17 KB each), 4 CTAs; 32 rows: 64 x 6, 3 CTAs
-//   head_dim 128: 128 keys x 2 stages (33 KB), 3 CTAs; 32 rows: 64 x 5, 2 CTAs
+//   head_dim 128: 64 keys x 4 stages (16.5 KB), 3 CTAs; 32 rows: 64 x 5, 2 CTAs
 //   head_dim 256: 64 keys x 2 stages (33 KB), 2 CTAs
+// (cuda/tests/selftest_decode.cu --bench times the alternatives.)
 struct DecodeTile {
   int block_n, stages, min_ctas;
 };
 constexpr DecodeTile decode_tile(int head_dim_bucket, int m_tiles, bool fp8) {
   if (!fp8) return {64, head_dim_bucket <= 96 ? 4 : 3, 0};
   if (head_dim_bucket <= 64) return m_tiles == 1 ? DecodeTile{128, 3, 4} : DecodeTile{64, 6, 3};
-  if (head_dim_bucket <= 128) return m_tiles == 1 ? DecodeTile{128, 2, 3} : DecodeTile{64, 5, 2};
+  if (head_dim_bucket <= 128) return m_tiles == 1 ? DecodeTile{64, 4, 3} : DecodeTile{64, 5, 2};
   return {64, 2, 2};
 }
 // One ring stage: K and V (16-bit, or e4m3 with a float descale per key).
@@ -107,11 +108,13 @@ constexpr int decode_stage_bytes(int head_dim_bucket, int block_n, bool fp8) {
 }
 // Dynamic shared memory: the Q tile (FP8: and its fp16 copy), the ring, the
 // per-warp row statistics of the final merge.
-constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles, bool fp8 = false) {
-  const DecodeTile t = decode_tile(head_dim_bucket, m_tiles, fp8);
+constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles, bool fp8, DecodeTile t) {
   return (fp8 ? 2 : 1) * m_tiles * kDecodeMTileRows * head_dim_bucket * 2 +
          t.stages * decode_stage_bytes(head_dim_bucket, t.block_n, fp8) +
          2 * kDecodeWarps * m_tiles * kDecodeMTileRows * 4;
+}
+constexpr int decode_smem_bytes(int head_dim_bucket, int m_tiles, bool fp8 = false) {
+  return decode_smem_bytes(head_dim_bucket, m_tiles, fp8, decode_tile(head_dim_bucket, m_tiles, fp8));
 }
 // The FP8 configurations fit their min_ctas in 228 KB (1 KB reserved per CTA).
 constexpr bool decode_fits_sm(int head_dim_bucket, int m_tiles, bool fp8) {

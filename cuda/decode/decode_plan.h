@@ -28,16 +28,10 @@ inline int decode_ctas_per_sm(int head_dim_bucket, int m_tiles, bool fp8, int sm
 // several waves costs less than 85% of that (a wave's tail and the partials'
 // traffic are not in the model). Only split counts that change the tiles per
 // split count; one split when a sequence is a single tile.
-//   batch * heads_k (KV heads) sequences' heads, seqlen_q new tokens, group
-//   query heads per KV head, caches of max_seqlen keys.
-inline int decode_num_splits(int64_t batch_heads_k, int seqlen_q, int group, int max_seqlen, int head_dim,
-                             int num_sms, int smem_per_sm, bool fp8 = false) {
-  const int bucket = rounded_head_dim(head_dim);
-  const int m_tiles = decode_m_tiles(seqlen_q, group, bucket);
-  const int block_n = decode_tile(bucket, m_tiles, fp8).block_n;
-  const int64_t blocks = batch_heads_k * decode_row_blocks(seqlen_q, group, bucket);
+//   blocks: CTAs of one split (row blocks times sequences' heads), tiles of
+//   block_n keys, caches of max_seqlen keys, `slots` CTAs at once on the GPU.
+inline int decode_num_splits_for(int64_t blocks, int max_seqlen, int block_n, int64_t slots) {
   const int tiles = (max_seqlen + block_n - 1) / block_n;
-  const int64_t slots = int64_t(num_sms) * decode_ctas_per_sm(bucket, m_tiles, fp8, smem_per_sm);
   if (blocks <= 0 || tiles <= 1 || slots <= 0) return 1;
   const int max_splits = std::min(kDecodeMaxSplits, tiles);
   auto per_split = [&](int s) { return int64_t((tiles + s - 1) / s); };
@@ -54,6 +48,17 @@ inline int decode_num_splits(int64_t batch_heads_k, int seqlen_q, int group, int
   }
   if (several != 0 && cost(several) * 100 < cost(one_wave) * 85) return several;
   return one_wave;
+}
+
+// The plan of decode_tile's configuration: batch * heads_k (KV heads)
+// sequences' heads, seqlen_q new tokens, group query heads per KV head.
+inline int decode_num_splits(int64_t batch_heads_k, int seqlen_q, int group, int max_seqlen, int head_dim,
+                             int num_sms, int smem_per_sm, bool fp8 = false) {
+  const int bucket = rounded_head_dim(head_dim);
+  const int m_tiles = decode_m_tiles(seqlen_q, group, bucket);
+  return decode_num_splits_for(batch_heads_k * decode_row_blocks(seqlen_q, group, bucket), max_seqlen,
+                               decode_tile(bucket, m_tiles, fp8).block_n,
+                               int64_t(num_sms) * decode_ctas_per_sm(bucket, m_tiles, fp8, smem_per_sm));
 }
 
 }  // namespace jax_flash::decode

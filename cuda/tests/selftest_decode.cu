@@ -7,12 +7,15 @@
 // launch; O (relative to the largest reference magnitude) and LSE (absolute)
 // against float64. Exit code 1 if any case fails.
 //
-// GPU build (repository root):
+// GPU build (repository root; ~1 minute on one core):
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90,code=sm_90 \
 //     -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/decode.cu \
 //     cuda/decode/decode_bf16.cu cuda/decode/decode_fp16.cu -o selftest_decode
 // On the CPU: cuda/tests/emu/build_emu.sh builds it as selftest_decode_emu.
 // Options: ./selftest_decode [filter-substring] [--quick]
+//   ./selftest_decode --bench [shape filter] [--iters N] [--rounds N]: time
+//   per call of the bf16 cache, the FP8 cache and the FP8 tile variants
+//   (decode_bench.h; GPU only).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -27,7 +30,11 @@
 
 #include "decode/decode.h"
 #include "decode/decode_plan.h"
+#include "decode_variants.cuh"
 #include "host_utils.h"
+#ifndef JAX_FLASH_HOST_EMULATION
+#include "decode_bench.h"
+#endif
 
 using jax_flash::DType;
 using jax_flash::decode::DecodeParams;
@@ -80,7 +87,9 @@ struct Result {
   bool pass = false, launch_ok = false;
 };
 
-Result run_case(const Case& c, std::mt19937& rng) {
+using Launcher = cudaError_t (*)(const DecodeParams&, cudaStream_t);
+
+Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::decode::run_decode) {
   const int G = c.H / c.Hk, D = c.D;
   const int ps = c.page_size > 0 ? c.page_size : c.capacity;
   const int max_pages = c.page_size > 0 ? (c.capacity + ps - 1) / ps : 1;
@@ -260,7 +269,7 @@ Result run_case(const Case& c, std::mt19937& rng) {
   p.o_partial = d_op;
   p.lse_partial = d_lp;
   Result r;
-  r.launch_ok = jax_flash::decode::run_decode(p, nullptr) == cudaSuccess;
+  r.launch_ok = launch(p, nullptr) == cudaSuccess;
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<uint16_t> o_bits(q_bits.size());
   std::vector<float> lse(ref_lse.size());
@@ -409,9 +418,40 @@ std::vector<Case> all_cases(bool quick) {
   return cs;
 }
 
+// FP8 cases for every tile variant (decode_variants.cuh): bf16, no softcap;
+// ragged and empty sequences, pages that split a tile, windows, more splits
+// than tiles, and rows past 16 (16-row variants: several row blocks).
+std::vector<Case> variant_cases() {
+  std::vector<Case> cs;
+  Case c{"gqa4 paged16 split3", 3, 1, 8, 2, 128, 16, 300, {0, 1, 299}};
+  c.fp8 = true;
+  c.splits = 3;
+  cs.push_back(c);
+  c = Case{"T3 window split3", 2, 3, 8, 2, 128, 0, 700, {700, 389}};
+  c.fp8 = true;
+  c.wl = 300;
+  c.wr = 0;
+  c.splits = 3;
+  cs.push_back(c);
+  c = Case{"paged64 odd lengths split1", 2, 1, 8, 2, 128, 64, 520, {517, 131}};
+  c.fp8 = true;
+  cs.push_back(c);
+  c = Case{"T8 gqa4 causal paged32 split2 sinks", 2, 8, 8, 2, 128, 32, 260, {260, 77}};
+  c.fp8 = true;
+  c.wr = 0;
+  c.splits = 2;
+  c.sinks = true;
+  cs.push_back(c);
+  c = Case{"mqa split7 > tiles", 2, 1, 4, 1, 128, 0, 200, {200, 5}};
+  c.fp8 = true;
+  c.splits = 7;
+  cs.push_back(c);
+  return cs;
+}
+
 // The split policy on the shapes it is meant for (H200: 132 SMs, 228 KB):
 // 16-bit caches run two 128-head-dim CTAs per SM (264 slots), FP8 caches
-// three (396 slots) with 128-key tiles; one wave fills the slots.
+// three (396 slots) with 64-key tiles; one wave fills the slots.
 bool check_plan() {
   using jax_flash::decode::decode_num_splits;
   struct P { int64_t bh; int T, G, S, D; bool fp8; int want_min, want_max; };
@@ -422,7 +462,7 @@ bool check_plan() {
                   {8, 1, 4, 64, 128, false, 1, 1},            // one tile
                   {8 * 8, 1, 4, 32768, 128, true, 6, 6},      // FP8: 384 of 396 slots
                   {1 * 8, 1, 4, 131072, 128, true, 49, 49},   // FP8 B=1: 392 CTAs
-                  {8, 1, 4, 128, 128, true, 1, 1}};           // FP8: one 128-key tile
+                  {8, 1, 4, 64, 128, true, 1, 1}};            // FP8: one 64-key tile
   bool ok = true;
   for (const P& x : ps) {
     const int s = decode_num_splits(x.bh, x.T, x.G, x.S, x.D, 132, 228 * 1024, x.fp8);
@@ -438,25 +478,58 @@ bool check_plan() {
 
 int main(int argc, char** argv) {
   std::string filter;
-  bool quick = false;
+  bool quick = false, bench = false;
+  int iters = 20, rounds = 7;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick")
+    const std::string a = argv[i];
+    if (a == "--quick")
       quick = true;
+    else if (a == "--bench")
+      bench = true;
+    else if (a == "--iters" && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::atoi(argv[++i]);
     else
       filter = argv[i];
+  }
+  if (bench) {
+#ifndef JAX_FLASH_HOST_EMULATION
+    return decode_bench::run(filter, iters, rounds) ? 1 : 0;
+#else
+    std::printf("--bench needs a GPU\n");
+    return 1;
+#endif
   }
   std::mt19937 rng(4321);
   int failed = 0, run = 0;
   std::printf("%-36s %9s %9s  %s\n", "case", "O", "LSE", "result");
-  for (const Case& c : all_cases(quick)) {
-    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
-    const Result r = run_case(c, rng);
+  auto report = [&](const std::string& name, const Result& r) {
     ++run;
     failed += !r.pass;
-    std::printf("%-36s %9.2e %9.2e  %s\n", c.name.c_str(), r.o, r.lse,
+    std::printf("%-36s %9.2e %9.2e  %s\n", name.c_str(), r.o, r.lse,
                 r.pass ? "PASS" : (r.launch_ok ? "FAIL" : "FAIL (launch)"));
     std::fflush(stdout);
+  };
+  for (const Case& c : all_cases(quick)) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    report(c.name, run_case(c, rng));
   }
+  // The FP8 tile variants (decode_variants.cuh) on their own cases; those
+  // that need more shared memory than a CTA may have here are skipped.
+  int smem_optin = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  for (const decode_variants::Variant& v : decode_variants::kVariants)
+    for (const Case& c : variant_cases()) {
+      const std::string name = std::string(v.name) + ": " + c.name;
+      if (!filter.empty() && name.find(filter) == std::string::npos) continue;
+      if (v.smem_bytes > smem_optin) {
+        std::printf("%-36s %9s %9s  SKIP (%d KB of shared memory)\n", name.c_str(), "-", "-",
+                    v.smem_bytes / 1024);
+        continue;
+      }
+      report(name, run_case(c, rng, v.launch));
+    }
   // Refusals: the launcher declines what the kernels are not written for.
   {
     DecodeParams p{};
