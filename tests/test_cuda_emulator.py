@@ -96,3 +96,24 @@ def test_sm80_kernels_in_emulator(emulator, env):
   tail = "\n".join(run.stdout.splitlines()[-15:])
   assert run.returncode == 0, f"emulated self-test failed:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
   assert " 0 failed" in run.stdout, tail
+
+
+# The tile-span pre-pass (cuda/packing/tile_spans.cu) against the packing
+# buffer's definition, word for word (cuda/tests/tile_spans_check.cpp):
+# sorted runs, padding, unsorted and wide ids, the shared-memory spill, T != S,
+# batch > 1, shifts, bands; also in random thread order.
+@pytest.fixture(scope="module")
+def packing_emulator(tmp_path_factory):
+  out = tmp_path_factory.mktemp("emu_packing")
+  subprocess.run(["bash", str(BUILD), str(out), "packing"], check=True,
+                 cwd=ROOT, capture_output=True, timeout=900)
+  return out / "tile_spans_check_emu"
+
+
+@pytest.mark.parametrize("env", [{}, {"JF_EMU_SHUFFLE": "3"}],
+                         ids=["default", "shuffled"])
+def test_tile_spans_in_emulator(packing_emulator, env):
+  run = subprocess.run([str(packing_emulator)], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, **env})
+  assert run.returncode == 0, f"tile-span pre-pass differs:\n{run.stdout[-4000:]}\n{run.stderr[-2000:]}"
+  assert "0 of " in run.stdout.splitlines()[-1], run.stdout[-2000:]

@@ -16,27 +16,51 @@ namespace jax_flash::sm90 {
 constexpr int kTileOrderThreads = 512;
 constexpr int kTileOrderMaxBlocks = 12288;  // costs in 48 KB of shared memory
 
+// Block m's rank: the blocks costlier than m plus the blocks as costly after
+// it. A team of threads (a power of two, as many as the CTA's threads allow,
+// at most a warp) counts for one block, each lane over every team-th 4-cost
+// word, then the team sums with shuffles: with few blocks the whole CTA
+// works (the costs are in shared memory, read as whole 16-byte words: the
+// padding holds costs below any block's, counted by no rank).
 // (A template, instantiated per tile shape: one definition in every
 // translation unit that launches it.)
 template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kTileOrderThreads)
     packed_tile_order_kernel(const MaskInfo mask, int num_blocks, int* perm) {
-  extern __shared__ int cost[];
+  extern __shared__ int4 cost4[];
+  int* cost = reinterpret_cast<int*>(cost4);
   const int b = blockIdx.x;
-  for (int m = threadIdx.x; m < num_blocks; m += blockDim.x) {
-    int first, last;
-    mask.kv_block_range(b, m * kBlockM, kBlockM, kBlockN, first, last);
-    cost[m] = last - first;
+  const int words = (num_blocks + 3) / 4;
+  for (int m = threadIdx.x; m < 4 * words; m += kTileOrderThreads) {
+    int c = -1;
+    if (m < num_blocks) {
+      int first, last;
+      mask.kv_block_range(b, m * kBlockM, kBlockM, kBlockN, first, last);
+      c = last - first;
+    }
+    cost[m] = c;
   }
   __syncthreads();
-  for (int m = threadIdx.x; m < num_blocks; m += blockDim.x) {
-    const int c = cost[m];
+  int team = 32;
+  while (team > 1 && team * num_blocks > kTileOrderThreads) team /= 2;
+  const int per_pass = kTileOrderThreads / team, sub = threadIdx.x % team;
+  const int passes = (num_blocks + per_pass - 1) / per_pass;
+  for (int p = 0; p < passes; ++p) {  // warp-uniform trip count (shuffles)
+    const int m = p * per_pass + int(threadIdx.x) / team;
+    const int c = m < num_blocks ? cost[m] : 0;
     int rank = 0;
-    for (int j = 0; j < num_blocks; ++j) {
-      const int cj = cost[j];
-      rank += (cj > c) || (cj == c && j > m);
+    if (m < num_blocks) {
+      for (int w = sub; w < words; w += team) {
+        const int4 cw = cost4[w];
+        const int j = 4 * w;
+        rank += (cw.x > c) || (cw.x == c && j > m);
+        rank += (cw.y > c) || (cw.y == c && j + 1 > m);
+        rank += (cw.z > c) || (cw.z == c && j + 2 > m);
+        rank += (cw.w > c) || (cw.w == c && j + 3 > m);
+      }
     }
-    perm[int64_t(b) * num_blocks + rank] = m;
+    for (int d = team / 2; d > 0; d /= 2) rank += __shfl_xor_sync(0xffffffffu, rank, d);
+    if (m < num_blocks && sub == 0) perm[int64_t(b) * num_blocks + rank] = m;
   }
 }
 
@@ -49,9 +73,8 @@ inline const int* packed_tile_order(const MaskInfo& mask, int32_t* workspace, in
 template <int kBlockM, int kBlockN>
 cudaError_t launch_packed_tile_order(const MaskInfo& mask, int batch, int num_blocks, int* perm,
                                      cudaStream_t stream) {
-  // Costs rounded up to whole 16-byte words: ptxas reads the ranking loop's
-  // tail (1-3 costs) with one LDS.128, which must stay inside the allocation.
-  const size_t smem = size_t((num_blocks + 3) / 4 * 4) * sizeof(int);
+  // Costs in whole 16-byte words (the ranks read them so), the tail padded.
+  const size_t smem = size_t((num_blocks + 3) / 4) * sizeof(int4);
   packed_tile_order_kernel<kBlockM, kBlockN>
       <<<batch, kTileOrderThreads, smem, stream>>>(mask, num_blocks, perm);
   return cudaGetLastError();

@@ -88,6 +88,34 @@ inline float atomicAdd(float* p, float v) {  // one OS thread: a plain add is at
   *p = old + v;
   return old;
 }
+// Integer shuffles and shared atomics (the packing pre-pass, cuda/packing/):
+// the shuffle moves the bits through the float collective.
+namespace jf_emu {
+inline int shfl_xor_bits(int v, int mask) {
+  float f;
+  std::memcpy(&f, &v, 4);
+  f = shfl_xor(f, mask);
+  std::memcpy(&v, &f, 4);
+  return v;
+}
+}  // namespace jf_emu
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline int atomicMin(int* p, int v) {
+  const int old = *p;
+  *p = old < v ? old : v;
+  return old;
+}
+inline int atomicMax(int* p, int v) {
+  const int old = *p;
+  *p = old > v ? old : v;
+  return old;
+}
+// A warp barrier: every lane arrives before any goes on (a collective).
+inline void __syncwarp(unsigned = 0xffffffffu) { (void)jf_emu::shfl_xor(0.f, 0); }
 inline float __logf(float x) { return std::log(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __uint_as_float(uint32_t x) {
