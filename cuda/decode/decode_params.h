@@ -81,16 +81,18 @@ constexpr int kDecodeMaxSplits = 128;
 //             the occupancy the split plan assumes
 // 16-bit caches: 64 keys, two or three tiles in flight per CTA while one is
 // computed, with two (128) or three (64, 96) CTAs per SM.
-// An FP8 cache reads half the bytes per key, so a ring of the same shared
-// memory holds twice the keys. The kernel streams at about (bytes in flight
-// per SM) / (loaded latency): the 16-bit D=128 ring keeps 2 CTAs x 2 tiles x
-// 32 KB = 128 KB in flight (~4.1 TB/s on the H200); 128-key FP8 tiles in two
-// stages kept 3 x 1 x 33 KB = 100 KB, and streamed at 0.78x of that. 64-key
-// tiles in four stages keep 3 CTAs x 3 tiles x 16.5 KB = 148 KB in flight,
-// with 12 warps per SM to hide each tile's latency, and a 64-key tile never
-// straddles a page of 64 keys (one table lookup per tile).
+// An FP8 cache reads half the bytes per key, and the kernel is then bound by
+// the work of each tile (loads issued, two dependent products with their
+// e4m3 conversions, the softmax, one barrier), not by the bytes in flight:
+// on the H200 (B=8 S=32k, B=1 S=128k, B=64 S=4k; selftest_decode --bench)
+// 128-key tiles in two stages with 3 CTAs per SM (100 KB in flight) ran
+// 1.42-1.53x the bf16 cache, 64-key tiles in four stages (148 KB in flight)
+// 1.25-1.30x, 128 x 3 with 2 CTAs 1.36-1.41x. So the FP8 stages trade ring
+// depth for CTAs per SM, and with 16-row CTAs (head_dim <= 128: registers to
+// spare) each warp takes 32 keys per stage: twice the independent products
+// per softmax step, barrier and page lookup.
 //   head_dim 64:  128 keys x 3 stages (17 KB each), 4 CTAs; 32 rows: 64 x 6, 3 CTAs
-//   head_dim 128: 64 keys x 4 stages (16.5 KB), 3 CTAs; 32 rows: 64 x 5, 2 CTAs
+//   head_dim 128: 128 keys x 2 stages (33 KB), 3 CTAs; 32 rows: 64 x 5, 2 CTAs
 //   head_dim 256: 64 keys x 2 stages (33 KB), 2 CTAs
 // (cuda/tests/selftest_decode.cu --bench times the alternatives.)
 struct DecodeTile {
@@ -99,7 +101,7 @@ struct DecodeTile {
 constexpr DecodeTile decode_tile(int head_dim_bucket, int m_tiles, bool fp8) {
   if (!fp8) return {64, head_dim_bucket <= 96 ? 4 : 3, 0};
   if (head_dim_bucket <= 64) return m_tiles == 1 ? DecodeTile{128, 3, 4} : DecodeTile{64, 6, 3};
-  if (head_dim_bucket <= 128) return m_tiles == 1 ? DecodeTile{64, 4, 3} : DecodeTile{64, 5, 2};
+  if (head_dim_bucket <= 128) return m_tiles == 1 ? DecodeTile{128, 2, 3} : DecodeTile{64, 5, 2};
   return {64, 2, 2};
 }
 // One ring stage: K and V (16-bit, or e4m3 with a float descale per key).

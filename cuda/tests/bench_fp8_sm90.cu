@@ -43,11 +43,7 @@ constexpr FwdTuning toggle_pingpong(FwdTuning t, int) {
   t.pingpong = !t.pingpong;
   return t;
 }
-constexpr FwdTuning rowsum(FwdTuning t, int) {
-  t.rowsum_mma = true;
-  return t;
-}
-constexpr FwdTuning rowsum_toggle_pingpong(FwdTuning t, int d) { return rowsum(toggle_pingpong(t, d), d); }
+
 
 struct Fp8Ablation {
   const char* name;
@@ -58,8 +54,7 @@ constexpr Fp8Ablation kAblations[] = {
     {"default", "the production FP8 configuration", keep},
     {"poly4", "every 4th exponential on the FMA pipe (exp2_poly3)", poly<4>},
     {"pp", "the inter-warpgroup pingpong toggled", toggle_pingpong},
-    {"rowsum", "P's row sums by the tensor cores (rowsum_mma)", rowsum},
-    {"rs+pp", "rowsum with the pingpong toggled", rowsum_toggle_pingpong},
+
 };
 constexpr int kNum = int(sizeof(kAblations) / sizeof(kAblations[0]));
 
@@ -81,7 +76,7 @@ constexpr bool built(int i, int d, bool causal) {
     return n[j] == m[j];
   };
   if (i == 0) return true;
-  return is("rowsum") || is("pp") || is("rs+pp") || (is("poly4") && d == 128 && !causal);
+  return is("pp") || (is("poly4") && d == 128 && !causal);
 }
 
 template <int kI, int kD, bool kCausal>

@@ -52,8 +52,8 @@ constexpr Variant fp8_variant(const char* name) {
 // Bytes in flight per SM (H200, 228 KB): CTAs x (stages - 1) x stage bytes,
 // a stage of 64 keys 16.5 KB, of 128 keys 33 KB at head_dim 128.
 inline const Variant kVariants[] = {
-    fp8_variant<128, 1, 128, 2, 3>("fp8 d128 16r 128x2 3cta"),  // 100 KB (the former production tile)
-    fp8_variant<128, 1, 64, 4, 3>("fp8 d128 16r 64x4 3cta"),    // 148 KB (production's tile)
+    fp8_variant<128, 1, 128, 2, 3>("fp8 d128 16r 128x2 3cta"),  // 100 KB (production's tile)
+    fp8_variant<128, 1, 64, 4, 3>("fp8 d128 16r 64x4 3cta"),    // 148 KB
     fp8_variant<128, 1, 128, 3, 2>("fp8 d128 16r 128x3 2cta"),  // 132 KB
     fp8_variant<128, 1, 64, 5, 2>("fp8 d128 16r 64x5 2cta"),    // 132 KB
     fp8_variant<128, 1, 64, 3, 3>("fp8 d128 16r 64x3 3cta"),    //  99 KB (control: 64-key overheads)

@@ -28,9 +28,8 @@ N_LIST = (16, 32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 TYPES = {"__nv_bfloat16": ("bf16", 16), "__half": ("f16", 16),
          "__nv_fp8_e4m3": ("e4m3", 32)}
 # Widths per type (the FP8 forward: N = kBlockN for S, fwd_tuning.h's 8-bit
-# tiles 128, 160 and 224 keys; N = head dim for O; N = 8 for P's row sums
-# against a tile of ones, FwdTuning::rowsum_mma).
-N_FOR_TYPE = {"__nv_fp8_e4m3": (8, 64, 128, 160, 224, 256)}
+# tiles 128, 160 and 224 keys; N = head dim for O).
+N_FOR_TYPE = {"__nv_fp8_e4m3": (64, 128, 160, 224, 256)}
 
 
 def d_operands(nregs: int) -> str:

@@ -84,11 +84,7 @@ JF_DEVICE float row_max_tree(const float (&s)[NR], int h) {
 // (Integers: C++17 has no floating-point template parameters.)
 // kPolyEvery: 0, or every kPolyEvery-th exponential of a row (by column
 // pair order) on the FMA pipe (exp2_poly3, fast_math.cuh) instead of MUFU.
-// kExternalSums: the row sums are made elsewhere (the FP8 forward's
-// FwdTuning::rowsum_mma: by the tensor cores, rescaled with O); exp_row adds
-// nothing, and the caller sets l to the whole row's sum before finalize().
-template <int kOffsetLog2_ = 0, int kThresholdLog2_ = 8, bool kScaledMax = false, int kPolyEvery = 0,
-          bool kExternalSums = false>
+template <int kOffsetLog2_ = 0, int kThresholdLog2_ = 8, bool kScaledMax = false, int kPolyEvery = 0>
 struct OnlineSoftmaxT {
   static constexpr float kOffsetLog2 = float(kOffsetLog2_);
   static constexpr float kThresholdLog2 = float(kThresholdLog2_);
@@ -113,7 +109,7 @@ struct OnlineSoftmaxT {
         const float x = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_off);
         const float p = on_fma_pipe(2 * j + e) ? exp2_poly3(x) : exp2_approx(x);
         s[4 * j + 2 * h + e] = p;
-        if constexpr (!kExternalSums) sum += p;
+        sum += p;
       }
     return sum;
   }
@@ -147,7 +143,7 @@ struct OnlineSoftmaxT {
         alpha[h] = kFirst ? 1.f : exp2_approx(m[h] - (m_new == -INFINITY ? 0.f : m_new));
         m[h] = m_new;
         const float sum = exp_row(s, h, scale_log2, exp_offset(m_new));
-        if constexpr (!kExternalSums) l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
+        l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
       } else {
         float mx = kFirst ? -INFINITY : m[h];
 #pragma unroll
@@ -157,7 +153,7 @@ struct OnlineSoftmaxT {
         alpha[h] = kFirst ? 1.f : exp2_approx(m[h] * scale_log2 - m_scaled);
         m[h] = mx;
         const float sum = exp_row(s, h, scale_log2, m_scaled);
-        if constexpr (!kExternalSums) l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
+        l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
       }
     }
   }
@@ -204,7 +200,7 @@ struct OnlineSoftmaxT {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float sum = exp_row(s, h, scale_log2, kScaledMax ? exp_offset(m[h]) : m_off[h]);
-      if constexpr (!kExternalSums) l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
+      l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
     }
     return rescale;
   }
@@ -217,7 +213,7 @@ struct OnlineSoftmaxT {
                           float sink = -INFINITY) const {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float sum = kExternalSums ? l[h] : quad_sum(l[h]);
+      const float sum = quad_sum(l[h]);
       // The natural-log max that l and O are relative to.
       const float m_ln = kScaledMax ? (kOffsetLog2_ == 0 ? m[h] : m[h] - kOffsetLog2) * kLn2 : m[h] * scale_eff;
       if (sink != -INFINITY) {  // uniform: one sink per (batch, head)

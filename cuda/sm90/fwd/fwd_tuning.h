@@ -56,11 +56,6 @@ struct FwdTuning {
   // 0, or every exp2_poly_every-th exponential of the softmax computed on the
   // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
   int exp2_poly_every;
-  // 8-bit: P's row sums by the tensor cores (P x a tile of ones, one N = 8
-  // wgmma per k-step of the PV GEMM into four accumulators of their own)
-  // instead of a float add per exponential; the sums are then those of the
-  // e4m3 P that the PV GEMM multiplies.
-  bool rowsum_mma;
 
   constexpr int block_m() const { return 64 * consumer_wgs; }
 };
@@ -97,8 +92,10 @@ struct FwdTuning {
 // (ptxas 13.0): the consumer spills 44 bytes at hdim 128 (S 112, P 28, O 64
 // registers of 240; with mainloop.cuh kFirstPVZeroes) and 52 at hdim 64 (of
 // 160), in a tile's first KV block and its bookkeeping: none in the KV loop.
-// Pingpong from
-// hdim 128 up (FA3's FP8 rule), no Q in registers (16-bit fragments only); O
+// No pingpong
+// (FA3 takes it from hdim 128 up; on the H200 the FP8 kernel ran 0.5-1.2 %
+// faster without it at hdim 128 and 0.7 % at 256, and 3 % slower with it at
+// 64: cuda/tests/bench_fp8_sm90.cu), no Q in registers (16-bit fragments only); O
 // staged in the V ring at hdim 256 (the V^T ring leaves no room for an O tile
 // of its own, and O is 16-bit: twice Q's tile); the 16-bit choices otherwise.
 //
@@ -127,7 +124,7 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, int head_dim_v, bool causal
   if (element_bytes == 1) {
     t.block_n = head_dim == 64 ? 160 : head_dim == 128 ? 224 : 128;
     t.consumer_wgs = head_dim == 64 ? 3 : 2;
-    t.pingpong = head_dim >= 128;  // FA3's FP8 choice (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp)
+    t.pingpong = false;
     t.q_in_regs = false;
     t.o_in_v = head_dim == 256;
   }

@@ -87,7 +87,7 @@ struct FwdMainloop {
   using OutElement = OutElement_;  // of O (the epilogue)
   using Traits = ElementTraits<Element>;
   using Softmax = OnlineSoftmaxT<Traits::kPOffsetLog2, Traits::kLazyThresholdLog2, Traits::kBlockScales,
-                                 TuningT::value.exp2_poly_every, TuningT::value.rowsum_mma>;
+                                 TuningT::value.exp2_poly_every>;
   // 8-bit inputs (see the top of the file): per-block descales, V transposed
   // in shared memory by warps 1..kTransposeWarps of the producer warpgroup.
   static constexpr bool kBlockScaled = Traits::kBlockScales;
@@ -112,10 +112,6 @@ struct FwdMainloop {
   static constexpr bool kLazy = kTuning.lazy_rescale;
   static constexpr bool kOInV = kTuning.o_in_v;
   static constexpr bool kDropout = kTuning.dropout;
-  // 8-bit: P's row sums by the tensor cores (FwdTuning::rowsum_mma) against
-  // a 1 KB tile of e4m3 ones after the V^T ring, written once by the first
-  // transposer warp before its first V^T stage is released.
-  static constexpr bool kRowSumMma = kTuning.rowsum_mma;
   // Dropout's Philox output drawn under the block's GEMMs (live across the
   // wait: 2 kBlockN / 16 registers) where the registers allow it (two
   // consumer warpgroups, O of at most 128 columns: 64 registers); else right
@@ -170,7 +166,6 @@ struct FwdMainloop {
   // right; the results were wrong on the H200). The overlap schedule compiles
   // correctly; tools/lint/check_wgmma_a_regs.py checks the SASS of every build.
   static_assert(!kQInRegs || kOverlap, "q_in_regs needs overlap (ptxas, see above)");
-  static_assert(!kRowSumMma || (kVTransposed && !kDropout), "rowsum_mma: the 8-bit forward");
 
   // ---------------------------------------------------------------- storage
   // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (whole 128-key
@@ -185,8 +180,7 @@ struct FwdMainloop {
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffVt = kOffV + kStages * kVBytes;
-  static constexpr int kOffOnes = kOffVt + (kVTransposed ? kStages * kVtBytes : 0);
-  static constexpr int kTileBytes = kOffOnes + (kRowSumMma ? 1024 : 0);
+  static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kVtBytes : 0);
   static constexpr int kNumBarriers = 2 + 4 * kStages + (kVTransposed ? 3 * kStages : 0);
   static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 &&
                     kQBytes % 1024 == 0 && (!kVTransposed || kVtBytes % 1024 == 0),
@@ -202,7 +196,6 @@ struct FwdMainloop {
     JF_DEVICE uint32_t k(int s) const { return tiles + kOffK + s * kKBytes; }
     JF_DEVICE uint32_t v(int s) const { return tiles + kOffV + s * kVBytes; }
     JF_DEVICE uint32_t vt(int s) const { return tiles + kOffVt + s * kVtBytes; }
-    JF_DEVICE uint32_t ones() const { return tiles + kOffOnes; }  // kRowSumMma
     JF_DEVICE uint32_t bar(int i) const { return bars + 8 * i; }
     JF_DEVICE uint32_t full_q() const { return bar(0); }
     JF_DEVICE uint32_t empty_q() const { return bar(1); }
@@ -389,18 +382,6 @@ struct FwdMainloop {
     if constexpr (kVTransposed) {
       using namespace ptx;
       PipeState<kStages> st;
-      if constexpr (kRowSumMma) {
-        // The ones tile (e4m3 1.0 = 0x38 in every byte, so any swizzle reads
-        // ones): ordered before the consumers' wgmma reads by the proxy fence
-        // and this warp's first full_vt arrival below.
-        if (w == 0) {
-          const uint32_t x = 0x38383838u;
-          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(sm.ones() + 32 * lane), "r"(x)
-                       : "memory");
-          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(sm.ones() + 32 * lane + 16), "r"(x)
-                       : "memory");
-        }
-      }
       for (;;) {
         mbar_wait(sm.full_v(st.index), st.phase);
         // The end (finish_loads)? Lane 0 reads the word and arrives on
@@ -464,16 +445,6 @@ struct FwdMainloop {
     } else {
       ptx::gemm_rs<Element, kHeadDimV, 1, kPSteps>(
           o, p, ptx::make_desc(ptx::desc_mn_major<kBlockN>(), v_addr), VStep{}, kFirstPVZeroes && first);
-    }
-  }
-
-  // kRowSumMma: lsum += P x ones (rows g and g + 8 of the warp's 16: lsum[0]
-  // and lsum[2]; [1] and [3] hold the same sums), the PV GEMM's A fragments
-  // against a tile of ones (every k-step reads the same bytes).
-  JF_DEVICE static void issue_rowsum(float (&lsum)[4], const uint32_t (&p)[kPSteps][4], uint32_t ones_addr) {
-    if constexpr (kRowSumMma) {
-      ptx::gemm_rs<Element, 8, 0, kPSteps>(lsum, p, ptx::make_desc(ptx::kDescKMajor, ones_addr),
-                                           [](int) { return 0u; }, false);
     }
   }
 
@@ -687,7 +658,6 @@ struct FwdMainloop {
       float s[kSR];
       uint32_t p[kPSteps][4];
       float alpha[2];
-      float lsum[4] = {0.f, 0.f, 0.f, 0.f};  // kRowSumMma: P's row sums (issue_rowsum)
       // Dropout: the generator (key words read once per tile) and a block's bits.
       Dropout drop_gen;
       if constexpr (kDropout) drop_gen = Dropout(a.dropout);
@@ -727,7 +697,6 @@ struct FwdMainloop {
           wait_full(sm.full_pv(vst.index), vst.phase);
           wgmma_fence();
           issue_pv(o, p, sm.pv(vst.index), n + 1 == n_last - 1);
-          issue_rowsum(lsum, p, sm.ones());
           wgmma_commit();
           sched_arrive();
           if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
@@ -741,7 +710,6 @@ struct FwdMainloop {
           if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
           wgmma_wait<0>();  // PV done: O and P are ours again
           fence_regs(o);
-          if constexpr (kRowSumMma) fence_regs(lsum);
           fence_regs(p);
           release(sm.empty_pv(vst.index));
           vst.advance();
@@ -752,7 +720,6 @@ struct FwdMainloop {
             rescale_pending = rescale;
           } else if (rescale) {  // warp-uniform: skipped, not predicated (always true when eager)
             rescale_rows(o, alpha);
-            if constexpr (kRowSumMma) rescale_rows(lsum, alpha);
           }
         }
         // PV of block n_first.
@@ -764,18 +731,12 @@ struct FwdMainloop {
         wait_full(sm.full_pv(vst.index), vst.phase);
         wgmma_fence();
         issue_pv(o, p, sm.pv(vst.index), n_first == n_last - 1);
-        issue_rowsum(lsum, p, sm.ones());
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(o);
-        if constexpr (kRowSumMma) fence_regs(lsum);
         fence_regs(p);
         release(sm.empty_pv(vst.index));
         vst.advance();
-        if constexpr (kRowSumMma) {
-          smx.l[0] = lsum[0];
-          smx.l[1] = lsum[2];
-        }
       } else {
         sched_sync();
         for (int n = n_last - 1; n >= n_first; --n) {

@@ -1552,40 +1552,6 @@ struct Wgmma<256, __half> {
 };
 
 template <>
-struct Wgmma<8, __nv_fp8_e4m3> {
-  static constexpr int kRegs = 4;
-  static constexpr int kK = 32;
-  template <int kTransB, int kTransA = 0>
-  JF_DEVICE static void ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    static_assert(kTransB == 0 && kTransA == 0, "8-bit wgmma operands are K-major only");
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3}, "
-        "%4, %5, p, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
-  template <int kTransB>
-  JF_DEVICE static void rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-    static_assert(kTransB == 0, "8-bit wgmma operands are K-major only");
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, %8, p, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-  }
-};
-
-template <>
 struct Wgmma<64, __nv_fp8_e4m3> {
   static constexpr int kRegs = 32;
   static constexpr int kK = 32;
