@@ -22,6 +22,10 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             V transpose in shared memory), T=200 S=333, D = 64 and 128
             causal, D = 256 not; the pre-pass alone at T=545 S=203 (launch
             1's clusters with idle CTAs), rotated and not
+  fp8_prepass  the CUDA pre-pass alone (no forward) at fp8's shapes, rotated
+            and not: launch 1's clusters and launch 2, nothing else
+  fp8_fwd   the FP8 forward alone: fp8_attention on Fp8Tensors quantised by
+            quantize_fp8 (plain JAX, no pre-pass kernel), fp8's calls
   sinks     forward + backward with learnable sinks: D = 64 and 128 causal
             (T > S: rows without keys) and window + segment ids
   packed    segment ids at T = 333 and a varlen call of five short
@@ -211,31 +215,61 @@ def decode():
   return results
 
 
+FP8_CALLS = ((64, True), (128, True), (256, False))  # (D, causal), T=200 S=333
+
+
 def fp8():
   B, T, S, H = 1, 200, 333, 2
   results = []
-  for D, causal in ((64, True), (128, True), (256, False)):
+  for D, causal in FP8_CALLS:
     q, k, v = normal(B, T, H, D), normal(B, S, H, D), normal(B, S, H, D)
     out = jax_flash.fp8_attention(q, k, v, causal=causal, return_lse=True,
                                   implementation="cuda")
     results.append((f"B={B} T={T} S={S} H={H} D={D} causal={causal}",
                     finite(out)))
-  # The pre-pass alone at a shape that leaves CTAs of launch 1's clusters
-  # without a block (9 Q blocks, 2 K blocks, 1 chunk of V's keys per head).
+  return results + fp8_prepass_calls(((1, 545, 203, 1, 1),))
+
+
+def fp8_prepass_calls(shapes):
+  """The CUDA pre-pass alone at each (B, T, S, H, Hk), D = 64, 128, 256,
+  rotated and not."""
   from jax_flash._src.fp8 import cuda as fp8_cuda
-  B, T, S, H, Hk = 1, 545, 203, 1, 1
-  for D in (64, 128, 256):
-    q, k, v = normal(B, T, H, D), normal(B, S, Hk, D), normal(B, S, Hk, D)
-    for seed in (None, 3):
-      out = jax.jit(lambda q, k, v: fp8_cuda.quantize(q, k, v, seed=seed))(
-          q, k, v)
-      results.append((f"pre-pass B={B} T={T} S={S} H={H} D={D} "
-                      f"seed={seed}", finite(out)))
+  results = []
+  for B, T, S, H, Hk in shapes:
+    for D in (64, 128, 256):
+      q, k, v = normal(B, T, H, D), normal(B, S, Hk, D), normal(B, S, Hk, D)
+      for seed in (None, 3):
+        out = jax.jit(lambda q, k, v, seed=seed: fp8_cuda.quantize(
+            q, k, v, seed=seed))(q, k, v)
+        results.append((f"pre-pass B={B} T={T} S={S} H={H} D={D} "
+                        f"seed={seed}", finite(out)))
+  return results
+
+
+def fp8_prepass():
+  # fp8_attention's shapes, then one that leaves CTAs of launch 1's clusters
+  # without a block (9 Q blocks, 2 K blocks, 1 chunk of V's keys per head).
+  return fp8_prepass_calls(((1, 200, 333, 2, 2), (1, 545, 203, 1, 1)))
+
+
+def fp8_fwd():
+  B, T, S, H = 1, 200, 333, 2
+  results = []
+  for D, causal in FP8_CALLS:
+    q, k, v = normal(B, T, H, D), normal(B, S, H, D), normal(B, S, H, D)
+    q8 = jax_flash.quantize_fp8(q, kind="query")
+    k8 = jax_flash.quantize_fp8(k, kind="key")
+    v8 = jax_flash.quantize_fp8(v, kind="value")
+    out = jax_flash.fp8_attention(q8, k8, v8, causal=causal, return_lse=True,
+                                  implementation="cuda")
+    results.append((f"Fp8Tensors B={B} T={T} S={S} H={H} D={D} "
+                    f"causal={causal}", finite(out)))
   return results
 
 
 CASES = dict(dense=dense, sm90_fwd=sm90_fwd, sm90_bwd=sm90_bwd, sm80=sm80,
              dropout=dropout, varlen=varlen, decode=decode, fp8=fp8,
+             fp8_prepass=fp8_prepass, fp8_fwd=fp8_fwd,
              sinks=sinks, packed=packed, ring_dropout=ring_dropout,
              mla=mla)
 
