@@ -194,9 +194,12 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
              dropout_key=None, sinks=None):
   B, T, H, _ = q.shape
   # A tile that is partly seen is loaded whole, and its masked products are
-  # 0 * x: NaN or Inf in tokens no row sees would reach o (P V), and in the
-  # backward dQ (dS K) and dK (dS^T Q).
-  q, k, v = seen.zero_unseen(spec, q, k, v, q_seg, kv_seg, shifts)
+  # 0 * x: NaN or Inf in values no row sees would reach o (P V). Scores of
+  # unseen keys or rows are replaced by -inf (the kernels' masks select, they
+  # do not add), so the forward zeroes V alone: one pass over one tensor
+  # instead of three when the ids are not known to agree at trace time. The
+  # backward zeroes all three (dQ = dS K and dK = dS^T Q multiply them).
+  _, _, v = seen.zero_unseen(spec, None, None, v, q_seg, kv_seg, shifts)
   q_seg, kv_seg, packing = _segments(spec, q_seg, kv_seg, shifts)
   words, dropout_attrs = _dropout(spec, dropout_key)
   # The third result is a workspace: the sm90 dynamic tile scheduler's
