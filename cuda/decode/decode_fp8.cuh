@@ -56,6 +56,25 @@ JF_DEVICE uint32_t e4m3x2_to_half2(uint32_t x) {
 #endif
 }
 
+// Four e4m3 values: bytes 0, 1 -> lo, bytes 2, 3 -> hi. sm89+: the high
+// half goes to the conversion as a register half (F2FP reads R.H1), not
+// shifted down first: one instruction per pair instead of two.
+JF_DEVICE void e4m3x4_to_half2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#ifdef JF_FP8_HW_CVT
+  asm("{\n"
+      " .reg .b16 l, h;\n"
+      " mov.b32 {l, h}, %2;\n"
+      " cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n"
+      "}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+#else
+  lo = e4m3x2_to_half2(x);
+  hi = e4m3x2_to_half2(x >> 16);
+#endif
+}
+
 template <typename Cfg>
 struct Fp8Stage {
   using Tile8 = SmemTile<Cfg::kBlockN, Cfg::kHeadDim / 2>;  // e4m3 pairs as 16-bit
@@ -170,6 +189,15 @@ JF_DEVICE void convert_q_tile(const char* sq, char* q16, float scale, int tid) {
 JF_DEVICE uint32_t pick_bytes(uint32_t x, int a, int b) {
   return ((x >> (8 * a)) & 0xFFu) | (((x >> (8 * b)) & 0xFFu) << 8);
 }
+// Bytes (0, 2) low, (1, 3) high: one byte permute (the shift-and-mask form
+// compiles to several).
+JF_DEVICE uint32_t even_odd_bytes(uint32_t x) {
+#ifdef JAX_FLASH_HOST_EMULATION
+  return pick_bytes(x, 0, 2) | (pick_bytes(x, 1, 3) << 16);
+#else
+  return __byte_perm(x, 0u, 0x3120u);
+#endif
+}
 
 // acc[kMT][kNS][4] += Q K^T for the warp's 16 or 32 keys (rows kw .. of the
 // e4m3 K tile), Q fp16 with its head dim permuted (convert_q_tile). Each Q
@@ -194,8 +222,8 @@ JF_DEVICE void gemm_qk_fp8(float (&acc)[kMT][Cfg::kNS][4], uint32_t q16, uint32_
       for (int kg = 0; kg < Cfg::kKS; ++kg)
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          const uint32_t w = b[kg][2 * nt + h];
-          const uint32_t b0 = e4m3x2_to_half2(w), b1 = e4m3x2_to_half2(w >> 16);
+          uint32_t b0, b1;
+          e4m3x4_to_half2x2(b[kg][2 * nt + h], b0, b1);
 #pragma unroll
           for (int m = 0; m < kMT; ++m) sm80::Mma<__half>::run(acc[m][2 * kg + nt], a[m], b0, b1);
         }
@@ -219,15 +247,16 @@ JF_DEVICE void gemm_pv_fp8(float (&acc)[kMT][Cfg::kNT_O][4], const uint32_t (&p)
       uint32_t r[4];  // (keys 0-7 | 8-15) x (columns 0-15 | 16-31) of the block, as pairs
       sm80::ldmatrix_x4_trans(r, fb.at(ks * 16, cb * 16));
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
+        uint32_t b[2][2];  // [even, odd columns][keys 0-7, 8-15]
+        e4m3x4_to_half2x2(even_odd_bytes(r[2 * h]), b[0][0], b[1][0]);
+        e4m3x4_to_half2x2(even_odd_bytes(r[2 * h + 1]), b[0][1], b[1][1]);
 #pragma unroll
-        for (int par = 0; par < 2; ++par) {  // even, odd columns
-          const uint32_t b0 = e4m3x2_to_half2(pick_bytes(r[2 * h], par, 2 + par));
-          const uint32_t b1 = e4m3x2_to_half2(pick_bytes(r[2 * h + 1], par, 2 + par));
+        for (int par = 0; par < 2; ++par)
 #pragma unroll
           for (int m = 0; m < kMT; ++m)
-            sm80::Mma<__half>::run(acc[m][cb * 4 + 2 * h + par], p[m][ks], b0, b1);
-        }
+            sm80::Mma<__half>::run(acc[m][cb * 4 + 2 * h + par], p[m][ks], b[par][0], b[par][1]);
+      }
     }
 }
 
