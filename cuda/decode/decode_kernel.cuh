@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtas) decode_kernel(co
     if (i == 0)
       softmax.template update<true>(acc_s, acc_o, scale_log2);
     else
-      softmax.template update<false>(acc_s, acc_o, scale_log2);
+      softmax.template update<false, true>(acc_s, acc_o, scale_log2);
     if constexpr (kFp8) {
       // P' = P * v_descale (keys past seqlen_k: P = 0, their descale unread).
       scale_columns_visible(acc_s, descale + Cfg::kBlockN + kw, n0 + kw, edge ? d.blk.seqlen_k : 0x7FFFFFFF,

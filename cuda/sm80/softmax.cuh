@@ -53,8 +53,18 @@ struct OnlineSoftmax {
   // 2^((m_old - m_new) * scale_log2). kFirst skips the rescale (o = 0, m = -inf).
   // A row with no visible key so far keeps m = -inf; its exponent offset is
   // taken as 0 so that 2^(-inf - (-inf)) = NaN never happens (p = 2^-inf = 0).
-  template <bool kFirst, int kNT, int kNTO>
+  // kSkipUnraised: the rescale of l and o is skipped for the whole warp when
+  // none of its rows raised its max (then every alpha is 1), and rows that
+  // did not raise theirs take alpha = 1 exactly (not 2^(m * scale_log2 -
+  // round(m * scale_log2)), the rounding residue of the fused form). Saves the
+  // O multiplies of most blocks once the max has settled (the decoding
+  // kernel's long key ranges).
+  template <bool kFirst, bool kSkipUnraised = false, int kNT, int kNTO>
   JF_DEVICE void update(float (&s)[kMT][kNT][4], float (&o)[kMT][kNTO][4], float scale_log2) {
+    if constexpr (kSkipUnraised && !kFirst) {
+      update_skip_unraised(s, o, scale_log2);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kMT; ++i)
 #pragma unroll
@@ -81,6 +91,56 @@ struct OnlineSoftmax {
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const float p = exp2_approx(fmaf(s[i][n][2 * h + j], scale_log2, -m_scaled));
+            s[i][n][2 * h + j] = p;
+            sum += p;
+          }
+        l[i][h] += sum;
+      }
+  }
+
+  template <int kNT, int kNTO>
+  JF_DEVICE void update_skip_unraised(float (&s)[kMT][kNT][4], float (&o)[kMT][kNTO][4], float scale_log2) {
+    float m_old[kMT][2], m_scaled[kMT][2];
+    bool raised = false;
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = m[i][h];
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[i][n][2 * h], s[i][n][2 * h + 1]));
+        mx = quad_max(mx);
+        m_old[i][h] = m[i][h];
+        raised |= mx > m_old[i][h];
+        m[i][h] = mx;
+        m_scaled[i][h] = mx == -INFINITY ? 0.f : mx * scale_log2;
+      }
+    if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int i = 0; i < kMT; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // m_old = -inf gives alpha = 0, correct since o and l are still 0.
+          const float alpha =
+              m[i][h] > m_old[i][h] ? exp2_approx(m_old[i][h] * scale_log2 - m_scaled[i][h]) : 1.f;
+          l[i][h] *= alpha;
+#pragma unroll
+          for (int n = 0; n < kNTO; ++n) {
+            o[i][n][2 * h] *= alpha;
+            o[i][n][2 * h + 1] *= alpha;
+          }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const float p = exp2_approx(fmaf(s[i][n][2 * h + j], scale_log2, -m_scaled[i][h]));
             s[i][n][2 * h + j] = p;
             sum += p;
           }

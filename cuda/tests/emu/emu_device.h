@@ -83,6 +83,12 @@ inline T __ldg(const T* p) {
 // Full-warp shuffles of a float (the only ones the kernels use).
 inline float __shfl_xor_sync(unsigned, float v, int mask) { return jf_emu::shfl_xor(v, mask); }
 inline float __shfl_sync(unsigned, float v, int src_lane) { return jf_emu::shfl_idx(v, src_lane); }
+// Full-warp vote: an OR over the lanes by butterfly shuffles.
+inline int __any_sync(unsigned, int pred) {
+  float v = pred ? 1.f : 0.f;
+  for (int mask = 1; mask < 32; mask <<= 1) v = std::fmax(v, jf_emu::shfl_xor(v, mask));
+  return v != 0.f;
+}
 inline float atomicAdd(float* p, float v) {  // one OS thread: a plain add is atomic
   const float old = *p;
   *p = old + v;
