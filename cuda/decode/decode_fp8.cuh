@@ -101,10 +101,14 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
   const uint8_t* k = static_cast<const uint8_t*>(p.k);
   const uint8_t* v = static_cast<const uint8_t*>(p.v);
   const int32_t* table = p.page_table + int64_t(d.b) * p.max_pages;
-  const int ps = p.page_size;
-  const int page0 = n0 / ps;
-  const bool one_page = (n0 + Cfg::kBlockN - 1) / ps == page0;
-  const int64_t tile_base = one_page ? page_base(p, table, page0) + int64_t(n0 - page0 * ps) * p.kv_row_stride : 0;
+  // Keys and page sizes are non-negative: unsigned division is the shorter.
+  const unsigned ps = unsigned(p.page_size);
+  const int page0 = int(unsigned(n0) / ps);
+  const int in_page0 = n0 - page0 * int(ps);
+  // Block-uniform: the whole tile in one page (a contiguous cache, or pages
+  // of a multiple of the tile) takes one table lookup, for rows and descales.
+  const bool one_page = in_page0 + Cfg::kBlockN <= int(ps);
+  const int pid0 = one_page ? page_id(p, table, page0) : 0;
   // A thread copies one 16-byte column c of rows r0 + i * kRowsPerPass: whole
   // swizzle periods apart, so its shared-memory offsets are one base plus
   // immediates (fewer live registers across the main loop).
@@ -114,20 +118,31 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
   const uint32_t so0 = St::Tile8::offset(r0, c / 2);
   const bool col_ok = c < p.head_dim;
   const int64_t head = int64_t(d.hk) * p.kv_head_stride + c;
+  // Block-uniform branch: one page, the rows' offsets are one base plus a
+  // step per pass (no per-row lookup on the common path).
+  if (one_page) {
+    const int64_t step = int64_t(kRowsPerPass) * p.kv_row_stride;
+    int64_t row_off = int64_t(pid0) * p.kv_page_stride + int64_t(in_page0 + r0) * p.kv_row_stride + head;
 #pragma unroll
-  for (int i = 0; i < St::kPerThread; ++i) {
-    const int r = r0 + i * kRowsPerPass;
-    const int j = n0 + r;
-    const bool ok = col_ok && j < d.blk.seqlen_k;
-    int64_t off = 0;
-    if (ok) {
-      off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
-                     : page_base(p, table, j / ps) + int64_t(j % ps) * p.kv_row_stride;
-      off += head;
+    for (int i = 0; i < St::kPerThread; ++i) {
+      const bool ok = col_ok && n0 + r0 + i * kRowsPerPass < d.blk.seqlen_k;
+      const int64_t off = ok ? row_off : 0;
+      row_off += step;
+      const uint32_t so = so0 + uint32_t(i * kRowsPerPass * St::Tile8::kRowBytes);
+      sm80::cp_async_16(stage + St::kK + so, k + off, ok);
+      sm80::cp_async_16(stage + St::kV + so, v + off, ok);
     }
-    const uint32_t so = so0 + uint32_t(i * kRowsPerPass * St::Tile8::kRowBytes);
-    sm80::cp_async_16(stage + St::kK + so, k + off, ok);
-    sm80::cp_async_16(stage + St::kV + so, v + off, ok);
+  } else {
+#pragma unroll
+    for (int i = 0; i < St::kPerThread; ++i) {
+      const unsigned j = unsigned(n0 + r0 + i * kRowsPerPass);
+      const bool ok = col_ok && int(j) < d.blk.seqlen_k;
+      int64_t off = 0;
+      if (ok) off = page_base(p, table, int(j / ps)) + int64_t(j % ps) * p.kv_row_stride + head;
+      const uint32_t so = so0 + uint32_t(i * kRowsPerPass * St::Tile8::kRowBytes);
+      sm80::cp_async_16(stage + St::kK + so, k + off, ok);
+      sm80::cp_async_16(stage + St::kV + so, v + off, ok);
+    }
   }
   // Descales: threads [0, kBlockN / 4) the K ones, the next kBlockN / 4 the V
   // ones, four keys each.
@@ -138,7 +153,9 @@ JF_DEVICE void load_kv_tile_fp8(uint32_t stage, const DecodeParams& p, const Dec
     const float* src = is_v ? p.v_descale : p.k_descale;
     const float* at = src;
     if (ok) {
-      at = src + (int64_t(page_id(p, table, j / ps)) * p.num_heads_k + d.hk) * ps + j % ps;
+      const int pid = one_page ? pid0 : page_id(p, table, int(unsigned(j) / ps));
+      const int slot = one_page ? in_page0 + r : int(unsigned(j) % ps);
+      at = src + (int64_t(pid) * p.num_heads_k + d.hk) * int(ps) + slot;
     }
     sm80::cp_async_16(stage + (is_v ? St::kVScale : St::kKScale) + uint32_t(r * 4), at, ok);
   }
