@@ -85,16 +85,7 @@ struct OnlineSoftmax {
           }
         }
         m[i][h] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < kNT; ++n)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float p = exp2_approx(fmaf(s[i][n][2 * h + j], scale_log2, -m_scaled));
-            s[i][n][2 * h + j] = p;
-            sum += p;
-          }
-        l[i][h] += sum;
+        l[i][h] += exp_row(s, i, h, scale_log2, m_scaled);
       }
   }
 
@@ -134,18 +125,23 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int i = 0; i < kMT; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float sum = 0.f;
+      for (int h = 0; h < 2; ++h) l[i][h] += exp_row(s, i, h, scale_log2, m_scaled[i][h]);
+  }
+
+  // Row (i, h) of s becomes p = 2^(s * scale_log2 - m_scaled) in place;
+  // returns the lane's partial sum of the row.
+  template <int kNT>
+  static JF_DEVICE float exp_row(float (&s)[kMT][kNT][4], int i, int h, float scale_log2, float m_scaled) {
+    float sum = 0.f;
 #pragma unroll
-        for (int n = 0; n < kNT; ++n)
+    for (int n = 0; n < kNT; ++n)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const float p = exp2_approx(fmaf(s[i][n][2 * h + j], scale_log2, -m_scaled[i][h]));
-            s[i][n][2 * h + j] = p;
-            sum += p;
-          }
-        l[i][h] += sum;
+      for (int j = 0; j < 2; ++j) {
+        const float p = exp2_approx(fmaf(s[i][n][2 * h + j], scale_log2, -m_scaled));
+        s[i][n][2 * h + j] = p;
+        sum += p;
       }
+    return sum;
   }
 
   // One division at the end: o /= l. Writes the natural-log LSE of each of the

@@ -93,7 +93,8 @@ def packing_arrays(cu_q, cu_k, total_q, total_k, banded: bool):
   as `jax_flash.attention` with one segment-id array, whose
   unseen-token pass (core/seen.py: q_seg == kv_seg) XLA folds away. Traced
   offsets give a few small fused reductions, and with tokens outside every
-  sequence possible, that pass stays (a copy of q, k and v).
+  sequence possible, that pass stays (a copy of v in the CUDA forward; of q,
+  k and v in its backward).
 
   Sequence s's rows align to its keys' end: row i sits at key position
   i + cu_k[s + 1] - cu_q[s + 1], i.e. a shift of that minus the packed

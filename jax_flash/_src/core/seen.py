@@ -139,9 +139,10 @@ def zero_unseen(spec: AttentionSpec, q, k, v, q_seg=None, kv_seg=None,
     q_seg = kv_seg = None
   if _sees_itself(spec):
     rows = keys = q_seg == kv_seg
-  else:
-    rows = rows_seeing(spec, q_seg, kv_seg, shifts)
-    keys = keys_seen(spec, q_seg, kv_seg, shifts)
+  else:  # each side's test only where that side is asked for
+    rows = None if q is None else rows_seeing(spec, q_seg, kv_seg, shifts)
+    keys = (None if k is None and v is None else
+            keys_seen(spec, q_seg, kv_seg, shifts))
   zero = lambda x, ok: None if x is None else jnp.where(
       ok[:, :, None, None], x, jnp.zeros((), x.dtype))
   return zero(q, rows), zero(k, keys), zero(v, keys)
