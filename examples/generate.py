@@ -14,7 +14,9 @@ decode=True)`. Both generate greedily from the same prompt:
 
 Each phase is jitted (the steps in a `lax.scan`) and timed on its own; the
 script reports prefill tokens/s, decode tokens/s and the end-to-end time of
-each. It then checks, in float32 on the same parameters, that each decoder's
+each. The one-call prefill is also set against what a stock Flax model does
+with a whole prompt when it does not serve: one causal forward over it
+(`nn.MultiHeadDotProductAttention` with a causal mask, no cache). It then checks, in float32 on the same parameters, that each decoder's
 greedy tokens are identical to those a cache-free causal forward over the
 same sequence picks, and that their logits agree; exit status 1 otherwise.
 
@@ -38,7 +40,9 @@ mode "generate", B / T / S / H / H_kv / D = batch, prompt, prompt + new,
 heads, heads, d_model / heads, the model's configuration, `tokens_per_s`
 (decode), `prefill_tokens_per_s`, `end_to_end_ms`, `prefill_ms`, `decode_ms`,
 the same run's Flax figures (`flax_tokens_per_s`,
-`flax_prefill_tokens_per_s`, `flax_end_to_end_ms`, on every row), the float32
+`flax_prefill_tokens_per_s`, `flax_end_to_end_ms`, and
+`flax_forward_tokens_per_s`: the stock causal forward over the prompt, on
+every row), the float32
 check (`greedy_match`, `logits_max_rel_err`, `check_ok`), `date`, `command`
 and `device`.
 
@@ -216,6 +220,28 @@ def build(args, dtype):
                                                  s.shape))))
 
 
+def stock_forward(args, dtype):
+  """jit(params, prompt) -> the last token's logits: a stock Flax model's
+  cache-free causal forward over the whole prompt."""
+  model = DecoderLM(vocab=args.vocab, d_model=args.d_model, heads=args.heads,
+                    layers=args.layers, max_len=args.prompt + args.new,
+                    dtype=dtype, stock=True)
+  return jax.jit(lambda p, s: model.apply(
+      {"params": p}, s, jnp.broadcast_to(jnp.arange(s.shape[1]), s.shape),
+      True))
+
+
+def time_forward(forward, params, prompt, repeats):
+  """Median seconds of one forward over the prompt (compiled first)."""
+  jax.block_until_ready(forward(params, prompt))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(forward(params, prompt))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
 def check(forward, params, prompt, tokens, logits):
   """(fraction of greedy tokens the cache-free forward picks too, largest
   logit difference relative to the largest logit)."""
@@ -300,6 +326,8 @@ def result_rows(args, figs, checks, *, command, device):
   date = datetime.date.today().isoformat()
   flax = {f"flax_{k}": _rounded(figs["flax"][k]) for k in (
       "tokens_per_s", "prefill_tokens_per_s", "end_to_end_ms")}
+  flax["flax_forward_tokens_per_s"] = _rounded(
+      figs["flax"].get("forward_tokens_per_s"))
   rows = []
   for name, fig in figs.items():
     backend = args.implementation if name == "jax_flash" else None
@@ -345,15 +373,21 @@ def main(argv=None) -> int:
       times = [dec.generate(cast, prompt)[2:] for _ in range(args.repeats)]
       runs[name] = (first, np.median(np.array(times), 0),
                     np.median([sum(t) for t in times]))
+    t_forward = time_forward(stock_forward(args, dtype), cast, prompt,
+                             args.repeats)
 
   figs = {name: figures(args, t_pre, t_dec, t_all)
           for name, (_, (t_pre, t_dec), t_all) in runs.items()}
+  figs["flax"]["forward_tokens_per_s"] = args.batch * args.prompt / t_forward
   print(f"{'':10s} {'prefill tok/s':>14s} {'decode tok/s':>13s} "
         f"{'end-to-end':>11s}")
   for name, f in figs.items():
     dec = "-" if f["tokens_per_s"] is None else f"{f['tokens_per_s']:.0f}"
     print(f"{name:10s} {f['prefill_tokens_per_s']:14.0f} {dec:>13s} "
           f"{f['end_to_end_ms']:8.1f} ms")
+  print(f"flax causal forward over the prompt (no cache): "
+        f"{figs['flax']['forward_tokens_per_s']:.0f} tok/s; jax_flash's "
+        f"one-call prefill {figs['jax_flash']['prefill_tokens_per_s'] / figs['flax']['forward_tokens_per_s']:.2f}x it")
   print(f"end-to-end speed-up of jax_flash over flax: "
         f"{runs['flax'][2] / runs['jax_flash'][2]:.2f}x")
 
