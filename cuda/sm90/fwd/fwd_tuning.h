@@ -13,6 +13,20 @@
 
 namespace jax_flash::sm90 {
 
+// How a forward kernel serves softcap (scores -> softcap * tanh(scores /
+// softcap)). kRuntime: one kernel for calls with and without it, a run-time
+// branch before the mask, tanh as XLA's rational (tanh_rational.h), the
+// running max (the production kernels). The others are kernels for softcap
+// calls only, with a fixed exponent offset in place of the running max
+// (sm90/fwd/softcap.cuh: the logits are bounded by the softcap, so no row
+// max, no quad shuffles, no O rescale); they differ in the tanh:
+//   kRational: the rational (accurate to a couple of ulps);
+//   kExp: 1 - 2 / (1 + e^{2y}), ex2 + rcp (absolute error about 2^-22);
+//   kMufu: tanh.approx.f32 (FlashAttention-3's; relative error 2^-11).
+// (tanh.approx.bf16x2 / f16x2 would not halve the MUFU work on sm_90: ptxas
+// 13.0 splits each into two MUFU.TANH.BF16 / .F16 ops and a PRMT.)
+enum class FwdSoftcap : int { kRuntime = 0, kRational, kExp, kMufu };
+
 struct FwdTuning {
   // Tile: kBlockM = 64 * consumer_wgs query rows (one wgmma M = 64 per
   // consumer warpgroup, FA3's AtomLayoutQK) x block_n keys, `stages` K and V
@@ -56,6 +70,12 @@ struct FwdTuning {
   // 0, or every exp2_poly_every-th exponential of the softmax computed on the
   // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
   int exp2_poly_every;
+  // The polynomial of those exponentials: 3 (exp2_poly3, relative error
+  // 1e-4: below P's rounding, above the LSE's tolerance) or 5 (exp2_poly5,
+  // 1.6e-7).
+  int exp2_poly_degree = 3;
+  // See FwdSoftcap.
+  FwdSoftcap softcap = FwdSoftcap::kRuntime;
 
   constexpr int block_m() const { return 64 * consumer_wgs; }
 };
