@@ -63,6 +63,9 @@ __device__ __forceinline__ float neg_logistic_exp2(float x) {
   return r;
 }
 
+// tanh(y) from x = 2 y log2(e) in the form 1 - 2 / (1 + e^{2y}).
+__device__ __forceinline__ float tanh_exp2(float x) { return fmaf(2.f, neg_logistic_exp2(x), 1.f); }
+
 // tanh.approx.f32: one MUFU op, relative error about 2^-11 (FlashAttention-3's
 // softcap, cutlass fast_tanh).
 __device__ __forceinline__ float tanh_mufu(float x) {
@@ -78,6 +81,17 @@ __device__ __forceinline__ float tanh_approx(float x) {
   float p, q;
   tanh_rational_parts(x, p, q);
   return __fdividef(p, q);
+}
+
+// The backward's softcap tanh: kExp2Form: tanh_exp2 of x (x = 2 y log2(e)),
+// else the rational of x = y.
+template <bool kExp2Form>
+__device__ __forceinline__ float softcap_tanh(float x) {
+  if constexpr (kExp2Form) {
+    return tanh_exp2(x);
+  } else {
+    return tanh_approx(x);
+  }
 }
 
 }  // namespace jax_flash
