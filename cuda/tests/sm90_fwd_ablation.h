@@ -100,6 +100,10 @@ struct FwdAblation {
   // Outside the project's error criterion by design (a timing point; the
   // self-test holds it to looser tolerances and reports the criterion).
   bool approximate = false;
+  // The production configuration without softcap kernels (the run-time
+  // softcap branch, fwd_default_tuning), on the softcap calls the softcap
+  // kernels would serve: what softcap calls ran before them.
+  bool softcap_branch = false;
 };
 // Index 0 is the production kernel, launched through jax_flash::sm90::run_fwd.
 inline constexpr FwdAblation kFwdAblations[] = {
@@ -118,6 +122,8 @@ inline constexpr FwdAblation kFwdAblations[] = {
      with_pingpong},
     {"n112", "192/128: 128 x 112 tiles, O in a tile of its own", pair_n112_own_o},
     {"poly4", "every 4th exponential of the softmax on the FMA pipe (exp2_poly3)", exp2_poly4},
+    {"sc-branch", "softcap calls on the kernel without softcap kernels (run-time branch, rational tanh, "
+     "running max)", keep, false, true},
     {"sc-rat", "softcap kernel, fixed max: the rational tanh", softcap_kernel<FwdSoftcap::kRational>},
     {"sc-exp", "softcap kernel, fixed max: tanh = 1 - 2 / (1 + e^2y) (ex2 + rcp)",
      softcap_kernel<FwdSoftcap::kExp>},
@@ -169,7 +175,9 @@ inline FwdLaunch fwd_ablation_launcher(int ablation, const FwdParams& p) {
   // A softcap kernel serves softcap calls whose softcap a fixed max covers.
   const int hd = p.head_dim_v != p.head_dim ? p.head_dim : Sm90FwdHeadDims::bucket(p.head_dim);
   const FwdTuning t = kFwdAblations[ablation].modify(fwd_default_tuning(hd, p.head_dim_v, false), hd);
-  if (t.softcap != FwdSoftcap::kRuntime && !softcap_fixed_max_ok(p.softcap)) return nullptr;
+  if ((t.softcap != FwdSoftcap::kRuntime || kFwdAblations[ablation].softcap_branch) &&
+      !(softcap_fixed_max_ok(p.softcap) && hd != 192))
+    return nullptr;
   const MaskInfo mi = make_mask_info(p);
   return b->launch[ablation][fwd_causal_like(mi.wl, mi.wr) ? 1 : 0];
 }

@@ -2,11 +2,11 @@
 // built from, and the ONE policy that picks the production configuration per
 // head-dim bucket and mask (the role of FA3's hopper/tile_size.h).
 //
-// The extension compiles only fwd_default_tuning()'s configurations
-// (launch_templates.cuh). Other configurations are ablations: the sm90
-// self-test / benchmark binary instantiates its own list of them
-// (cuda/tests/sm90_fwd_ablation.h), nothing in the production path can reach
-// them.
+// The extension compiles only fwd_default_tuning()'s configurations and,
+// for softcap calls, fwd_softcap_tuning()'s (launch_templates.cuh). Other
+// configurations are ablations: the sm90 self-test / benchmark binary
+// instantiates its own list of them (cuda/tests/sm90_fwd_ablation.h), nothing
+// in the production path can reach them.
 #pragma once
 
 #include "jax_flash/fp8_scheme.h"
@@ -172,6 +172,30 @@ template <int kHeadDim, int kHeadDimV, bool kCausalLike, int kElementBytes = 2, 
 struct DefaultFwdTuning {
   static constexpr FwdTuning value =
       fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike, kElementBytes, kPacked, kDropout);
+};
+
+// Softcap calls (bf16, a head-dim bucket, not packed, no dropout, softcap <=
+// 52: softcap.cuh softcap_fixed_max_ok): the softcap kernels, the default's
+// tile and schedule with the fixed max and tanh as 1 - 2 / (1 + e^{2y}) in
+// place of the run-time branch, the rational and the running max. Per KV
+// block of 128 keys at hdim 128 and consumer warp (ptxas 13.0, the unmasked
+// path): 620 SASS instructions and 192 MUFU ops, against 1487 and 130 for the
+// run-time branch (461 and 66 without softcap). On the H200 the form e^{2y}
+// + reciprocal with the running max cost 35 % of the speed without softcap,
+// the rational 45 % (benchmarks/NOTES.md, softcap). Moving softmax
+// exponentials to the FMA pipe (sc-exp-p4 / -p2 / -p1) trades MUFU ops for
+// issue slots (p2: 909 and 160) and spills in the KV loop at hdim 64 (three
+// consumer warpgroups, 160 registers). The alternatives are the sc-*
+// ablations (cuda/tests/sm90_fwd_ablation.h, selftest_sm90 --bench
+// --softcap=50).
+constexpr FwdTuning fwd_softcap_tuning(int head_dim, bool causal_like) {
+  FwdTuning t = fwd_default_tuning(head_dim, head_dim, causal_like);
+  t.softcap = FwdSoftcap::kExp;
+  return t;
+}
+template <int kHeadDim, bool kCausalLike>
+struct SoftcapFwdTuning {
+  static constexpr FwdTuning value = fwd_softcap_tuning(kHeadDim, kCausalLike);
 };
 
 // Which masks count as causal-like for the policy (a right bound without a
