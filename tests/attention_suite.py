@@ -114,6 +114,10 @@ CASES = (
     Case("softcap_scale", T=64, H=4, d="mid", softcap=5.0, scale=0.5),
     Case("softcap_causal_gqa", T=37, S=53, H=4, Hk=2, d="small", softcap=1.0,
          causal=True, dlse=True),
+    # Gemma 2's attention softcap at the default scale: logits far below the
+    # cap (tanh near 0, where tanh forms differ most), bounded-logit kernels.
+    Case("softcap_gemma_causal_gqa", T=LONG, H=4, Hk=2, d="mid", softcap=50.0,
+         causal=True, dlse=True),
     Case("scale_peaky", T=64, S=80, H=4, Hk=2, d="large", scale=0.9),
     Case("batch_dims_causal", T=33, S=47, H=4, Hk=2, d="small",
          batch=(2, 3), causal=True),

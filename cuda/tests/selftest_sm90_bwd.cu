@@ -29,8 +29,9 @@
 // variants of the tuning table that apply (sm90_bwd_tuning.h; bf16 only):
 // 1 (dQ by row bulk reductions), 2 (kBlockM 80, dQ_swapAB; hdim-128 bucket,
 // no causal / local bound; the default there), 3 (the bucket's tile with dQ
-// tensor reductions; the default elsewhere); "#v" counts the variants run
-// and a failing row names the failing ones.
+// tensor reductions; the default elsewhere), 4 (softcap cases: the default's
+// tile with softcap's tanh as 1 - 2 / (1 + e^{2y})); "#v" counts the variants
+// run and a failing row names the failing ones.
 // Exit code 1 on a failure.
 //
 // Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16),
@@ -42,6 +43,8 @@
 // forward's 2 B H T S (D + D_v) (halved when causal). LSE comes from the sm80 forward; also prints
 // max |dX_sm90 - dX_sm80| / max |dX_sm80| for the default and, where it ran, variant 2, and
 // the speed ratio v2 / v3 (the 80-row tile against the 64-row one).
+// --bench --softcap=X: the cost of softcap instead: the default and variant 4
+// with softcap X beside the default without it, same shapes.
 //
 // A failing row is preceded by lines naming, for dQ, dK and dV, the worst
 // element and the count of bad elements per (row % 128 < 64 or >= 64: the
@@ -54,7 +57,8 @@
 // The head-dim pair 192 / 128 (DeepSeek MLA): the "mla d192v128" cases (v,
 // dO, dV 128 wide; dq_accum pitch 192) and the bench's "mla" row (B=2,
 // T=S=8192, H=16; --bench mla runs it alone).
-// Options: ./selftest_sm90_bwd [filter-substring] [--quick] [--bench [row filter]] [--variant=N]
+// Options: ./selftest_sm90_bwd [filter-substring] [--quick] [--bench [--softcap=X] [row filter]]
+//          [--variant=N]
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -904,7 +908,11 @@ __global__ void fill_bits(uint16_t* p, size_t n, uint32_t seed) {
 }
 
 // Rows whose label contains `filter` (all when empty; "mla": the head-dim pair).
-static void bench(const std::string& filter) {
+// softcap > 0: instead of the tables below, the cost of softcap: per shape the
+// default with softcap, variant 4 (softcap's tanh as 1 - 2 / (1 + e^{2y})) and
+// the default without softcap, timed in that order (LSE from the sm80 forward
+// with the softcap).
+static void bench(const std::string& filter, float softcap) {
   struct Shape {
     int D, H, Dv;
     std::string label() const {
@@ -917,9 +925,13 @@ static void bench(const std::string& filter) {
               "x 1.04 at 192 / 128; 10 calls between events, median of 5; incl. dq_accum memset and "
               "dq_convert)\n",
               B, T);
-  std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %9s %7s %7s %9s %6s %5s   %s\n", "D", "H", "causal", "sm90",
-              "sm90 v1", "sm90 v2", "sm90 v3", "sm80", "90/80", "v2/v3", "sm90 det", "det/90", "bits",
-              "max|d90-d80|/max|d80| (dQ, dK, dV; default, v2)");
+  if (softcap > 0.f)
+    std::printf("softcap %g: %-5s %-4s %-7s %9s %9s %9s %9s %9s   %s\n", softcap, "D", "H", "causal", "sm90",
+                "sm90 v4", "no sc", "sm90/nosc", "v4/nosc", "max|d_v4-d_sm90|/max|d_sm90| (dQ, dK, dV)");
+  else
+    std::printf("%-5s %-4s %-7s %9s %9s %9s %9s %9s %7s %7s %9s %6s %5s   %s\n", "D", "H", "causal", "sm90",
+                "sm90 v1", "sm90 v2", "sm90 v3", "sm80", "90/80", "v2/v3", "sm90 det", "det/90", "bits",
+                "max|d90-d80|/max|d80| (dQ, dK, dV; default, v2)");
   // Attention dropout rows, printed after the table: rate 0.1 (threshold 26)
   // with the tests' key words, the sm90 dropout kernels against the sm80
   // backward's (the same mask, so their gradients agree to rounding).
@@ -972,6 +984,7 @@ static void bench(const std::string& filter) {
       p.scale = float(1.0 / std::sqrt(double(sh.D)));
       p.window_left = -1;
       p.window_right = causal ? 0 : -1;
+      p.softcap = softcap;
       p.dtype = DType::kBFloat16;
       CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
       CHECK_CUDA(jax_flash::sm80::run_fwd(p, 0));  // LSE (and O, unused)
@@ -1002,6 +1015,44 @@ static void bench(const std::string& filter) {
         CHECK_CUDA(cudaGetLastError());
         return flops / (median(reps) * 1e-3) / 1e12;
       };
+      if (softcap > 0.f) {  // the default and v4 with softcap, the default without
+        double ts[3] = {-1, -1, -1};
+        for (int impl : {0, 1, 2}) {
+          BwdParams pi = p;
+          pi.dq = g[impl][0];
+          pi.dk = g[impl][1];
+          pi.dv = g[impl][2];
+          if (impl == 2) pi.softcap = 0.f;
+          const int variant = impl == 1 ? jax_flash::sm90::tuning::kSoftcapExp : 0;
+          ts[impl] = jax_flash::sm90::tuning::variant_applies(pi, variant)
+                         ? time_it([&] { return jax_flash::sm90::tuning::run_variant(pi, variant, 0); })
+                         : -1;
+        }
+        double rel[3] = {-1, -1, -1};
+        if (ts[0] > 0 && ts[1] > 0) {
+          std::vector<uint16_t> a, b;
+          for (int t = 0; t < 3; ++t) {
+            a.resize(n_of[t]);
+            b.resize(n_of[t]);
+            CHECK_CUDA(cudaMemcpy(a.data(), g[1][t], n_of[t] * 2, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(b.data(), g[0][t], n_of[t] * 2, cudaMemcpyDeviceToHost));
+            double md = 0, mr = 0;
+            for (size_t i = 0; i < n_of[t]; ++i) {
+              const double d = std::fabs(double(from_bits(a[i], false)) - from_bits(b[i], false));
+              md = std::isnan(d) ? INFINITY : std::max(md, d);
+              mr = std::max(mr, std::fabs(double(from_bits(b[i], false))));
+            }
+            rel[t] = md / std::max(mr, 1e-30);
+          }
+        }
+        std::printf("%-5d %-4d %-7s %9.1f %9.1f %9.1f %9.3f %9.3f   %.3g %.3g %.3g\n", sh.D, sh.H,
+                    causal ? "yes" : "no", ts[0], ts[1], ts[2], ts[2] > 0 ? ts[0] / ts[2] : 0.0,
+                    ts[2] > 0 ? ts[1] / ts[2] : 0.0, rel[0], rel[1], rel[2]);
+        std::fflush(stdout);
+        CHECK_CUDA(cudaEventDestroy(e0));
+        CHECK_CUDA(cudaEventDestroy(e1));
+        continue;
+      }
       // Timed in the order sm90 variant 1 (row dQ reductions), 2 (kBlockM 80), 3 (the bucket's tile), sm80, sm90 default
       // (last), where they apply. Gradients: g[0] sm90 (v1, v3, then the
       // default over them), g[1] sm80, g[2] sm90 v2. tf[]: default, v1, v2,
@@ -1129,6 +1180,7 @@ static void bench(const std::string& filter) {
       for (auto& x : gi) CHECK_CUDA(cudaFree(x));
   }
   CHECK_CUDA(cudaFree(d_words));
+  if (softcap > 0.f) return;
   std::printf("\ndropout 0.1 (same shapes; -1: not served): backward TF/s\n%-5s %-4s %-7s %9s %9s %7s   %s\n", "D",
               "H", "causal", "sm90", "sm80", "90/80", "max|d90-d80|/max|d80| (dQ, dK, dV)");
   for (const std::string& r : drop_rows) std::printf("%s\n", r.c_str());
@@ -1137,6 +1189,7 @@ static void bench(const std::string& filter) {
 int main(int argc, char** argv) {
   std::string filter;
   bool quick = false, do_bench = false;
+  float softcap = 0.f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick")
@@ -1145,6 +1198,8 @@ int main(int argc, char** argv) {
       do_bench = true;
     else if (a.rfind("--variant=", 0) == 0)
       g_only_variant = std::atoi(a.c_str() + 10);
+    else if (a.rfind("--softcap=", 0) == 0)
+      softcap = float(std::atof(a.c_str() + 10));
     else
       filter = a;
   }
@@ -1153,7 +1208,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s (sm_%d%d), %d SMs\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount);
   if (do_bench) {
-    bench(filter);
+    bench(filter, softcap);
     return 0;
   }
   std::mt19937 rng(1234);

@@ -23,6 +23,15 @@ template <int kHeadDim>
 using RowReduceTile = BwdTuning<typename BwdConfigFor<kHeadDim>::type, false>;
 template <int kHeadDim>
 using BlockM80Tile = BwdTuning<BwdConfigHd128Bm80, true>;  // kHeadDim == 128 only
+template <int kHeadDim>
+using SoftcapExpBucketTile = BwdTuning<BwdSoftcapExpConfig<typename BwdConfigFor<kHeadDim>::type>, true>;
+using SoftcapExpBlockM80Tile = BwdTuning<BwdSoftcapExpConfig<BwdConfigHd128Bm80>, true>;
+
+// The default's tile choice (bwd_policy.h) for the case.
+bool default_is_bm80(const BwdParams& p) {
+  return bwd_default_tile(Sm90BwdHeadDims::bucket(p.head_dim), make_mask_info(p).bounded(), p.deterministic) ==
+         BwdTileChoice::kBlockM80;
+}
 
 template <typename T>
 cudaError_t launch(const BwdParams& p, cudaStream_t stream) {
@@ -52,6 +61,7 @@ bool variant_applies(const BwdParams& p, int variant) {
     case kBlockM80:
       return Sm90BwdHeadDims::bucket(p.head_dim) == 128 && !make_mask_info(p).bounded() && !p.deterministic;
     case kBucket: return true;
+    case kSoftcapExp: return p.softcap > 0.f;
     default: return false;
   }
 }
@@ -63,6 +73,9 @@ cudaError_t run_variant(const BwdParams& p, int variant, cudaStream_t stream) {
     case kRowReduce: return launch_bucket<RowReduceTile>(p, stream);
     case kBlockM80: return launch<BlockM80Tile<128>>(p, stream);
     case kBucket: return launch_bucket<BucketTile>(p, stream);
+    case kSoftcapExp:
+      return default_is_bm80(p) ? launch<SoftcapExpBlockM80Tile>(p, stream)
+                                : launch_bucket<SoftcapExpBucketTile>(p, stream);
     default: return cudaErrorNotSupported;
   }
 }

@@ -20,7 +20,10 @@ enum BwdVariant : int {
                    // local bound, not deterministic; the default there)
   kBucket = 3,     // the bucket's tile with tensor reductions (the default
                    // elsewhere)
-  kNumVariants = 4,
+  kSoftcapExp = 4,  // softcap calls: the default's tile with softcap's tanh as
+                    // 1 - 2 / (1 + e^{2y}) (BwdSoftcapExpConfig) instead of
+                    // the rational
+  kNumVariants = 5,
 };
 
 // Whether `variant` can run the case: sm90::bwd_supported and the variant's

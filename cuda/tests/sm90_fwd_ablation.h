@@ -14,6 +14,7 @@
 
 #include "jax_flash/params.h"
 #include "sm90/fwd/fwd_tuning.h"
+#include "sm90/fwd/softcap.cuh"
 #include "sm90/launch.h"
 #include "sm90/common/mask.cuh"
 #include "sm90/common/smem_layout.cuh"
@@ -78,10 +79,31 @@ constexpr FwdTuning exp2_poly4(FwdTuning t, int) {
   return t;
 }
 
+// The softcap kernels (FwdTuning::softcap, sm90/fwd/softcap.cuh) of the
+// buckets 64, 128 and 256; they serve softcap calls only (softcap_fixed_max_ok).
+template <FwdSoftcap kForm, int kPolyEvery = 0>
+constexpr FwdTuning softcap_kernel(FwdTuning t, int head_dim) {
+  if (head_dim == 64 || head_dim == 128 || head_dim == 256) {
+    t.softcap = kForm;
+    if (kPolyEvery > 0) {
+      t.exp2_poly_every = kPolyEvery;
+      t.exp2_poly_degree = 5;
+    }
+  }
+  return t;
+}
+
 struct FwdAblation {
   const char* name;  // table column
   const char* what;
   FwdTuning (*modify)(FwdTuning, int head_dim);
+  // Outside the project's error criterion by design (a timing point; the
+  // self-test holds it to looser tolerances and reports the criterion).
+  bool approximate = false;
+  // The production configuration without softcap kernels (the run-time
+  // softcap branch, fwd_default_tuning), on the softcap calls the softcap
+  // kernels would serve: what softcap calls ran before them.
+  bool softcap_branch = false;
 };
 // Index 0 is the production kernel, launched through jax_flash::sm90::run_fwd.
 inline constexpr FwdAblation kFwdAblations[] = {
@@ -100,6 +122,19 @@ inline constexpr FwdAblation kFwdAblations[] = {
      with_pingpong},
     {"n112", "192/128: 128 x 112 tiles, O in a tile of its own", pair_n112_own_o},
     {"poly4", "every 4th exponential of the softmax on the FMA pipe (exp2_poly3)", exp2_poly4},
+    {"sc-branch", "softcap calls on the kernel without softcap kernels (run-time branch, rational tanh, "
+     "running max)", keep, false, true},
+    {"sc-rat", "softcap kernel, fixed max: the rational tanh", softcap_kernel<FwdSoftcap::kRational>},
+    {"sc-exp", "softcap kernel, fixed max: tanh = 1 - 2 / (1 + e^2y) (ex2 + rcp)",
+     softcap_kernel<FwdSoftcap::kExp>},
+    {"sc-exp-p4", "sc-exp with every 4th softmax exponential on the FMA pipe (exp2_poly5)",
+     softcap_kernel<FwdSoftcap::kExp, 4>},
+    {"sc-exp-p2", "sc-exp with every 2nd softmax exponential on the FMA pipe (exp2_poly5)",
+     softcap_kernel<FwdSoftcap::kExp, 2>},
+    {"sc-exp-p1", "sc-exp with every softmax exponential on the FMA pipe (exp2_poly5)",
+     softcap_kernel<FwdSoftcap::kExp, 1>},
+    {"sc-mufu", "softcap kernel, fixed max: tanh.approx.f32 (FA3's; outside the error criterion)",
+     softcap_kernel<FwdSoftcap::kMufu>, true},
 };
 constexpr int kNumFwdAblations = int(sizeof(kFwdAblations) / sizeof(kFwdAblations[0]));
 
@@ -107,7 +142,8 @@ constexpr bool same_tuning(const FwdTuning& a, const FwdTuning& b) {
   return a.block_n == b.block_n && a.consumer_wgs == b.consumer_wgs && a.stages == b.stages &&
          a.pingpong == b.pingpong && a.overlap == b.overlap && a.q_in_regs == b.q_in_regs &&
          a.lazy_rescale == b.lazy_rescale && a.o_in_v == b.o_in_v &&
-         a.dynamic_scheduler == b.dynamic_scheduler && a.exp2_poly_every == b.exp2_poly_every;
+         a.dynamic_scheduler == b.dynamic_scheduler && a.exp2_poly_every == b.exp2_poly_every &&
+         a.exp2_poly_degree == b.exp2_poly_degree && a.softcap == b.softcap;
 }
 
 // The launchers of one bucket or head-dim pair: [ablation][causal_like],
@@ -136,6 +172,12 @@ inline FwdLaunch fwd_ablation_launcher(int ablation, const FwdParams& p) {
     b = bucket == 64 ? &b64 : bucket == 128 ? &b128 : &b256;
   }
   if (b == nullptr) return nullptr;
+  // A softcap kernel serves softcap calls whose softcap a fixed max covers.
+  const int hd = p.head_dim_v != p.head_dim ? p.head_dim : Sm90FwdHeadDims::bucket(p.head_dim);
+  const FwdTuning t = kFwdAblations[ablation].modify(fwd_default_tuning(hd, p.head_dim_v, false), hd);
+  if ((t.softcap != FwdSoftcap::kRuntime || kFwdAblations[ablation].softcap_branch) &&
+      !(softcap_fixed_max_ok(p.softcap) && hd != 192))
+    return nullptr;
   const MaskInfo mi = make_mask_info(p);
   return b->launch[ablation][fwd_causal_like(mi.wl, mi.wr) ? 1 : 0];
 }

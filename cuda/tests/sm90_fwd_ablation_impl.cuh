@@ -31,8 +31,15 @@ constexpr bool repeats_earlier(std::integer_sequence<int, kEarlier...>) {
 template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike>
 FwdLaunch ablation_launcher() {
   using T = AblationTuning<kAblation, kHeadDim, kHeadDimV, kCausalLike>;
-  if constexpr (kAblation == 0 || repeats_earlier<kAblation, kHeadDim, kHeadDimV, kCausalLike>(
-                                      std::make_integer_sequence<int, kAblation>{})) {
+  if constexpr (kFwdAblations[kAblation].softcap_branch) {
+    // The default's tuning, launched directly (run_fwd sends these calls to the softcap kernels).
+    if constexpr (fwd_has_softcap_kernels<__nv_bfloat16, kHeadDim, kHeadDimV>()) {
+      return &launch_fwd<__nv_bfloat16, kHeadDim, AblationTuning<0, kHeadDim, kHeadDimV, kCausalLike>, kHeadDimV>;
+    } else {
+      return nullptr;
+    }
+  } else if constexpr (kAblation == 0 || repeats_earlier<kAblation, kHeadDim, kHeadDimV, kCausalLike>(
+                                             std::make_integer_sequence<int, kAblation>{})) {
     return nullptr;  // index 0 is run_fwd; a configuration is compiled once
   } else {
     return &launch_fwd<__nv_bfloat16, kHeadDim, T, kHeadDimV>;

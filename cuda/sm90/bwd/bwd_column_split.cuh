@@ -230,7 +230,7 @@ struct BwdColumnSplit {
       dl[1] = ld_shared_f32(sm.delta(sd) + 4 * (r0 + 8));
 #pragma unroll
       for (int i = 0; i < kSR; ++i) {
-        const float t = tanh_approx(sc[i] * softcap_pre);
+        const float t = softcap_tanh<Cfg::kSoftcapTanhExp>(sc[i] * softcap_pre);
         sc[i] = t;
         dp[i] = (dp[i] - dl[(i / 2) % 2]) * (1.f - t * t);
       }

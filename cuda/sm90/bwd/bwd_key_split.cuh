@@ -210,8 +210,8 @@ struct BwdKeySplit {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i0 = 4 * j + 2 * h;
-          const float t0 = tanh_approx(sc[i0] * softcap_pre);
-          const float t1 = tanh_approx(sc[i0 + 1] * softcap_pre);
+          const float t0 = softcap_tanh<Cfg::kSoftcapTanhExp>(sc[i0] * softcap_pre);
+          const float t1 = softcap_tanh<Cfg::kSoftcapTanhExp>(sc[i0 + 1] * softcap_pre);
           sc[i0] = t0;
           sc[i0 + 1] = t1;
           dp[i0] = (dp[i0] - d2.x) * (1.f - t0 * t0);

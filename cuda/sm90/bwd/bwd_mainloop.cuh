@@ -219,7 +219,8 @@ struct BwdMainloop {
     if (w.iters > 0) {
       bwd_wait_full(sm.full_kv(), 0);
       const float scale_log2 = a.sm.scale_log2;
-      const float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
+      float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
+      if constexpr (Cfg::kSoftcapTanhExp) softcap_pre *= 2.f * kLog2e;  // tanh_exp2's argument
       PipeState<Cfg::kStages> st;       // Q ring (and LSE)
       PipeState<Cfg::kStagesDo> st_do;  // dO ring (and delta)
       BwdStepWalker walk(w, a.heads_per_kv);

@@ -83,8 +83,10 @@ JF_DEVICE float row_max_tree(const float (&s)[NR], int h) {
 // kernels were tuned.
 // (Integers: C++17 has no floating-point template parameters.)
 // kPolyEvery: 0, or every kPolyEvery-th exponential of a row (by column
-// pair order) on the FMA pipe (exp2_poly3, fast_math.cuh) instead of MUFU.
-template <int kOffsetLog2_ = 0, int kThresholdLog2_ = 8, bool kScaledMax = false, int kPolyEvery = 0>
+// pair order) on the FMA pipe (exp2_poly3, or exp2_poly5 with kPolyDegree 5;
+// fast_math.cuh) instead of MUFU.
+template <int kOffsetLog2_ = 0, int kThresholdLog2_ = 8, bool kScaledMax = false, int kPolyEvery = 0,
+          int kPolyDegree = 3>
 struct OnlineSoftmaxT {
   static constexpr float kOffsetLog2 = float(kOffsetLog2_);
   static constexpr float kThresholdLog2 = float(kThresholdLog2_);
@@ -107,7 +109,9 @@ struct OnlineSoftmaxT {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float x = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_off);
-        const float p = on_fma_pipe(2 * j + e) ? exp2_poly3(x) : exp2_approx(x);
+        const float p = !on_fma_pipe(2 * j + e) ? exp2_approx(x)
+                        : kPolyDegree == 5      ? exp2_poly5(x)
+                                                : exp2_poly3(x);
         s[4 * j + 2 * h + e] = p;
         sum += p;
       }
@@ -203,6 +207,21 @@ struct OnlineSoftmaxT {
       l[h] = kFirst ? sum : fmaf(l[h], alpha[h], sum);
     }
     return rescale;
+  }
+
+  // The softcap kernels' softmax (sm90/fwd/softcap.cuh): a fixed offset
+  // instead of the running max, so s becomes p = 2^(s * exp_scale - exp_off)
+  // in place and only the row sums move; set_fixed_max() first (before any
+  // block; a tile without blocks keeps m = -inf: lse = -inf, O = 0).
+  JF_DEVICE void set_fixed_max(float m_raw) { m[0] = m[1] = m_raw; }
+  template <bool kFirst, int NR>
+  JF_DEVICE void update_fixed(float (&s)[NR], float exp_scale, float exp_off) {
+    static_assert(!kScaledMax, "16-bit softcap kernels only");
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = exp_row(s, h, exp_scale, exp_off);
+      l[h] = kFirst ? sum : l[h] + sum;
+    }
   }
 
   // Natural-log LSE of the thread's 2 rows and the 1/l factor for O; rows that

@@ -2,16 +2,30 @@
 // built from, and the ONE policy that picks the production configuration per
 // head-dim bucket and mask (the role of FA3's hopper/tile_size.h).
 //
-// The extension compiles only fwd_default_tuning()'s configurations
-// (launch_templates.cuh). Other configurations are ablations: the sm90
-// self-test / benchmark binary instantiates its own list of them
-// (cuda/tests/sm90_fwd_ablation.h), nothing in the production path can reach
-// them.
+// The extension compiles only fwd_default_tuning()'s configurations and,
+// for softcap calls, fwd_softcap_tuning()'s (launch_templates.cuh). Other
+// configurations are ablations: the sm90 self-test / benchmark binary
+// instantiates its own list of them (cuda/tests/sm90_fwd_ablation.h), nothing
+// in the production path can reach them.
 #pragma once
 
 #include "jax_flash/fp8_scheme.h"
 
 namespace jax_flash::sm90 {
+
+// How a forward kernel serves softcap (scores -> softcap * tanh(scores /
+// softcap)). kRuntime: one kernel for calls with and without it, a run-time
+// branch before the mask, tanh as XLA's rational (tanh_rational.h), the
+// running max (the production kernels). The others are kernels for softcap
+// calls only, with a fixed exponent offset in place of the running max
+// (sm90/fwd/softcap.cuh: the logits are bounded by the softcap, so no row
+// max, no quad shuffles, no O rescale); they differ in the tanh:
+//   kRational: the rational (accurate to a couple of ulps);
+//   kExp: 1 - 2 / (1 + e^{2y}), ex2 + rcp (absolute error about 2^-22);
+//   kMufu: tanh.approx.f32 (FlashAttention-3's; relative error 2^-11).
+// (tanh.approx.bf16x2 / f16x2 would not halve the MUFU work on sm_90: ptxas
+// 13.0 splits each into two MUFU.TANH.BF16 / .F16 ops and a PRMT.)
+enum class FwdSoftcap : int { kRuntime = 0, kRational, kExp, kMufu };
 
 struct FwdTuning {
   // Tile: kBlockM = 64 * consumer_wgs query rows (one wgmma M = 64 per
@@ -56,6 +70,12 @@ struct FwdTuning {
   // 0, or every exp2_poly_every-th exponential of the softmax computed on the
   // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
   int exp2_poly_every;
+  // The polynomial of those exponentials: 3 (exp2_poly3, relative error
+  // 1e-4: below P's rounding, above the LSE's tolerance) or 5 (exp2_poly5,
+  // 1.6e-7).
+  int exp2_poly_degree = 3;
+  // See FwdSoftcap.
+  FwdSoftcap softcap = FwdSoftcap::kRuntime;
 
   constexpr int block_m() const { return 64 * consumer_wgs; }
 };
@@ -152,6 +172,30 @@ template <int kHeadDim, int kHeadDimV, bool kCausalLike, int kElementBytes = 2, 
 struct DefaultFwdTuning {
   static constexpr FwdTuning value =
       fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike, kElementBytes, kPacked, kDropout);
+};
+
+// Softcap calls (bf16, a head-dim bucket, not packed, no dropout, softcap <=
+// 52: softcap.cuh softcap_fixed_max_ok): the softcap kernels, the default's
+// tile and schedule with the fixed max and tanh as 1 - 2 / (1 + e^{2y}) in
+// place of the run-time branch, the rational and the running max. Per KV
+// block of 128 keys at hdim 128 and consumer warp (ptxas 13.0, the unmasked
+// path): 620 SASS instructions and 192 MUFU ops, against 1487 and 130 for the
+// run-time branch (461 and 66 without softcap). On the H200 the form e^{2y}
+// + reciprocal with the running max cost 35 % of the speed without softcap,
+// the rational 45 % (benchmarks/NOTES.md, softcap). Moving softmax
+// exponentials to the FMA pipe (sc-exp-p4 / -p2 / -p1) trades MUFU ops for
+// issue slots (p2: 909 and 160) and spills in the KV loop at hdim 64 (three
+// consumer warpgroups, 160 registers). The alternatives are the sc-*
+// ablations (cuda/tests/sm90_fwd_ablation.h, selftest_sm90 --bench
+// --softcap=50).
+constexpr FwdTuning fwd_softcap_tuning(int head_dim, bool causal_like) {
+  FwdTuning t = fwd_default_tuning(head_dim, head_dim, causal_like);
+  t.softcap = FwdSoftcap::kExp;
+  return t;
+}
+template <int kHeadDim, bool kCausalLike>
+struct SoftcapFwdTuning {
+  static constexpr FwdTuning value = fwd_softcap_tuning(kHeadDim, kCausalLike);
 };
 
 // Which masks count as causal-like for the policy (a right bound without a

@@ -15,6 +15,7 @@
 #include "instantiations.h"
 #include "jax_flash/device_attribute.h"
 #include "sm90/common/tma_desc.h"
+#include "softcap.cuh"
 #include "tile_order.cuh"
 
 namespace jax_flash::sm90 {
@@ -112,8 +113,16 @@ cudaError_t launch_fwd_default(const FwdParams& p, cudaStream_t stream) {
   return launch_fwd<Element, kHeadDim, Tuning, kHeadDimV>(p, stream);
 }
 
+// Whether (Element, kHeadDim, kHeadDimV) has softcap kernels (fwd_softcap_tuning).
+template <typename Element, int kHeadDim, int kHeadDimV>
+constexpr bool fwd_has_softcap_kernels() {
+  return std::is_same_v<Element, __nv_bfloat16> && kHeadDimV == kHeadDim &&
+         (kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256);
+}
+
 // The production forward of one (dtype, bucket or head-dim pair):
-// fwd_default_tuning's configuration for the call's mask.
+// fwd_default_tuning's configuration for the call's mask; softcap calls the
+// softcap kernels serve go to them (fwd_softcap_tuning).
 template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   const MaskInfo mi = make_mask_info(p);
@@ -121,6 +130,12 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   if (mi.q_span != nullptr) {  // packed sequences
     if (causal) return launch_fwd_default<Element, kHeadDim, kHeadDimV, true, true, false>(p, stream);
     return launch_fwd_default<Element, kHeadDim, kHeadDimV, false, true, false>(p, stream);
+  }
+  if constexpr (fwd_has_softcap_kernels<Element, kHeadDim, kHeadDimV>()) {
+    if (softcap_fixed_max_ok(p.softcap)) {
+      if (causal) return launch_fwd<Element, kHeadDim, SoftcapFwdTuning<kHeadDim, true>>(p, stream);
+      return launch_fwd<Element, kHeadDim, SoftcapFwdTuning<kHeadDim, false>>(p, stream);
+    }
   }
   if (causal) return launch_fwd_default<Element, kHeadDim, kHeadDimV, true, false, false>(p, stream);
   return launch_fwd_default<Element, kHeadDim, kHeadDimV, false, false, false>(p, stream);

@@ -75,6 +75,7 @@
 #include "sm90/common/softmax.cuh"
 #include "sm90/common/tile_scheduler.cuh"
 #include "sm90/common/tma_desc.h"
+#include "softcap.cuh"
 #include "v_transpose.cuh"
 
 namespace jax_flash::sm90 {
@@ -87,7 +88,7 @@ struct FwdMainloop {
   using OutElement = OutElement_;  // of O (the epilogue)
   using Traits = ElementTraits<Element>;
   using Softmax = OnlineSoftmaxT<Traits::kPOffsetLog2, Traits::kLazyThresholdLog2, Traits::kBlockScales,
-                                 TuningT::value.exp2_poly_every>;
+                                 TuningT::value.exp2_poly_every, TuningT::value.exp2_poly_degree>;
   // 8-bit inputs (see the top of the file): per-block descales, V transposed
   // in shared memory by warps 1..kTransposeWarps of the producer warpgroup.
   static constexpr bool kBlockScaled = Traits::kBlockScales;
@@ -112,6 +113,13 @@ struct FwdMainloop {
   static constexpr bool kLazy = kTuning.lazy_rescale;
   static constexpr bool kOInV = kTuning.o_in_v;
   static constexpr bool kDropout = kTuning.dropout;
+  // A kernel for softcap calls only, with a fixed max (softcap.cuh); the
+  // production kernels serve softcap by a run-time branch (kRuntime).
+  static constexpr FwdSoftcap kSoftcapForm = kTuning.softcap;
+  static constexpr bool kSoftcapFixed = kSoftcapForm != FwdSoftcap::kRuntime;
+  static_assert(!kSoftcapFixed || std::is_same_v<Element, __nv_bfloat16>,
+                "the fixed max needs P in bf16's range (softcap.cuh)");
+  using SoftcapConsts = std::conditional_t<kSoftcapFixed, SoftcapFixedMax<kSoftcapForm>, SoftcapRuntime>;
   // Dropout's Philox output drawn under the block's GEMMs (live across the
   // wait: 2 kBlockN / 16 registers) where the registers allow it (two
   // consumer warpgroups, O of at most 128 columns: 64 registers); else right
@@ -547,10 +555,15 @@ struct FwdMainloop {
     // Softcap and (only on blocks that need it) the element mask.
     // softcap_pre: a.sm.softcap_pre, times the block's descales when 8-bit.
     // plan (kPacked): MaskInfo::row_plan of the WG's rows, once per tile.
+    // kSoftcapFixed: the form's transform (sc) instead.
     JF_DEVICE void score_mod(float (&s)[kSR], int m0_wg, int n, int batch, float softcap_pre,
-                             uint32_t plan) const {
-      if constexpr (!kBlockScaled) softcap_pre = a.sm.softcap_pre;
-      if (softcap_pre != 0.f) apply_softcap(s, softcap_pre);
+                             uint32_t plan, const SoftcapConsts& sc) const {
+      if constexpr (kSoftcapFixed) {
+        sc.apply(s);
+      } else {
+        if constexpr (!kBlockScaled) softcap_pre = a.sm.softcap_pre;
+        if (softcap_pre != 0.f) apply_softcap(s, softcap_pre);
+      }
       const int n0 = n * kBlockN;
       const int row0 = m0_wg + 16 * warp + lane / 4, col0 = n0 + 2 * (lane % 4);
       if constexpr (kPacked) {
@@ -602,10 +615,14 @@ struct FwdMainloop {
     // The softmax of one block: update_lazy() (returns true only when some row
     // of the warp raised its max; the same value on every lane) or, without
     // lazy rescaling, update() (true: O must always be rescaled).
+    // kSoftcapFixed: the fixed max (false: never a rescale).
     template <bool kFirst>
-    JF_DEVICE bool softmax(Softmax& smx, float (&s)[kSR], float scale_log2,
-                           float (&alpha)[2]) const {
-      if constexpr (kLazy) {
+    JF_DEVICE bool softmax(Softmax& smx, float (&s)[kSR], float scale_log2, float (&alpha)[2],
+                           const SoftcapConsts& sc) const {
+      if constexpr (kSoftcapFixed) {
+        smx.template update_fixed<kFirst>(s, sc.exp_scale, sc.exp_off);
+        return false;
+      } else if constexpr (kLazy) {
         return smx.template update_lazy<kFirst>(s, scale_log2, alpha);
       } else {
         smx.template update<kFirst>(s, scale_log2, alpha);
@@ -655,6 +672,8 @@ struct FwdMainloop {
       uint32_t plan = 0;
       if constexpr (kPacked) plan = a.mask.row_plan(batch, m0_wg, 64, kBlockN);
       float scale_log2 = a.sm.scale_log2, softcap_pre = a.sm.softcap_pre;  // 8-bit: per block
+      SoftcapConsts sc{a.sm};
+      if constexpr (kSoftcapFixed) smx.set_fixed_max(sc.m_raw);
       float s[kSR];
       uint32_t p[kPSteps][4];
       float alpha[2];
@@ -676,8 +695,8 @@ struct FwdMainloop {
         release(sm.empty_k(kst.index));
         kst.advance();
         if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
-        score_mod(s, m0_wg, n, batch, softcap_pre, plan);
-        softmax<true>(smx, s, scale_log2, alpha);
+        score_mod(s, m0_wg, n, batch, softcap_pre, plan, sc);
+        softmax<true>(smx, s, scale_log2, alpha, sc);
         if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
         acc_to_a<Element>(s, p);
         float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
@@ -705,8 +724,8 @@ struct FwdMainloop {
           release(sm.empty_k(kst.index));
           kst.advance();
           if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
-          score_mod(s, m0_wg, n, batch, softcap_pre, plan);
-          const bool rescale = softmax<false>(smx, s, scale_log2, alpha);
+          score_mod(s, m0_wg, n, batch, softcap_pre, plan, sc);
+          const bool rescale = softmax<false>(smx, s, scale_log2, alpha, sc);
           if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
           wgmma_wait<0>();  // PV done: O and P are ours again
           fence_regs(o);
@@ -751,10 +770,10 @@ struct FwdMainloop {
           release(sm.empty_k(kst.index));
           kst.advance();
           if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
-          score_mod(s, m0_wg, n, batch, softcap_pre, plan);
+          score_mod(s, m0_wg, n, batch, softcap_pre, plan, sc);
           if (n == n_last - 1) {
-            softmax<true>(smx, s, scale_log2, alpha);
-          } else if (softmax<false>(smx, s, scale_log2, alpha)) {
+            softmax<true>(smx, s, scale_log2, alpha, sc);
+          } else if (softmax<false>(smx, s, scale_log2, alpha, sc)) {
             rescale_rows(o, alpha);
           }
           if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
