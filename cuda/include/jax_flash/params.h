@@ -99,6 +99,17 @@ struct FwdParams {
   // batch element's query blocks by cost (sm90/fwd/tile_order.cuh); nullptr:
   // the positional order.
   int32_t* sm90_tile_order = nullptr;
+  // Variable-length sequences (sm90::run_fwd_varlen only): each batch row
+  // holds num_seqs sequences, sequence s its query rows [cu_seqlens_q[b, s],
+  // cu_seqlens_q[b, s + 1]) and keys [cu_seqlens_k[b, s], cu_seqlens_k[b,
+  // s + 1]) ([batch, num_seqs + 1] int32 each), attending within itself,
+  // bottom-right aligned per sequence. Rows outside every sequence get
+  // O = 0 and LSE = -inf (the sink) only with varlen_outside (else the
+  // caller knows there are none and they are left as they are).
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int num_seqs = 0;
+  bool varlen_outside = false;
 };
 
 // FP8 forward (sm90; the scheme of jax_flash/_src/fp8/scheme.py): q, k, v
