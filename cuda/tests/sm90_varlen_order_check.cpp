@@ -44,6 +44,7 @@ struct Case {
   std::vector<int32_t> cu_q, cu_k;  // [batch, n + 1]
   int batch, n, total_q, total_k, heads, bm, bn;
   bool causal;
+  int section = 0;  // query heads per section (0: all)
 };
 
 // Lengths: a long tail (mostly short, some up to max_len), empty ones.
@@ -63,7 +64,8 @@ Case random_case(std::mt19937& rng) {
   Case c;
   c.batch = 1 + int(rng() % 3);
   c.n = 1 + int(rng() % 70);
-  c.heads = 1 + int(rng() % 5);
+  c.heads = 1 + int(rng() % 9);
+  c.section = rng() % 2 ? 1 + int(rng() % c.heads) : 0;
   const int tiles[3][2] = {{192, 128}, {128, 128}, {128, 80}};
   const int t = int(rng() % 3);
   c.bm = tiles[t][0];
@@ -104,13 +106,15 @@ VarlenOrder order_of(const Case& c) {
   o.total_q = c.total_q;
   o.total_k = c.total_k;
   o.num_heads = c.heads;
+  o.heads_per_section = c.section > 0 ? c.section : c.heads;
   o.block_m = c.bm;
   o.block_n = c.bn;
   o.causal_like = c.causal;
   return o;
 }
 
-// (level, g, head, block) by brute force, in the order's definition.
+// (level, g, head, block) by brute force, in the order's definition:
+// head section, then levels descending, sequence, head.
 std::vector<std::tuple<int, int, int, int>> reference(const VarlenOrder& o) {
   std::vector<std::tuple<int, int, int, int>> r;
   for (int g = 0; g < o.num_sequences(); ++g) {
@@ -119,7 +123,9 @@ std::vector<std::tuple<int, int, int, int>> reference(const VarlenOrder& o) {
     for (int m = 0; m < nb; ++m)
       for (int h = 0; h < o.num_heads; ++h) r.emplace_back(lo + m, g, h, m);
   }
-  std::sort(r.begin(), r.end(), [](const auto& a, const auto& b) {
+  const int hs = o.heads_per_section;
+  std::sort(r.begin(), r.end(), [hs](const auto& a, const auto& b) {
+    if (std::get<2>(a) / hs != std::get<2>(b) / hs) return std::get<2>(a) / hs < std::get<2>(b) / hs;
     if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
     if (std::get<1>(a) != std::get<1>(b)) return std::get<1>(a) < std::get<1>(b);
     return std::get<2>(a) < std::get<2>(b);
@@ -195,14 +201,17 @@ void run(const Case& c, std::mt19937& rng) {
     int prev = 1 << 30;
     for (int t = 0; t < total; ++t) {
       const auto& e = ref[t];
+      if (t > 0 && std::get<2>(e) / o.heads_per_section != std::get<2>(ref[t - 1]) / o.heads_per_section)
+        prev = 1 << 30;  // a new section starts from its heaviest tiles
       const int cost = kv_blocks(c, o.seq(std::get<1>(e)), std::get<3>(e));
       CHECK(cost <= prev, "causal order not heaviest first at %d: %d after %d", t, cost, prev);
       prev = cost;
     }
   }
-  // Levels never rise along the order (what the cursor relies on).
+  // Levels never rise within a section (what the cursor relies on).
   for (int t = 1; t < total; ++t)
-    CHECK(std::get<0>(ref[t]) <= std::get<0>(ref[t - 1]), "levels rise at %d", t);
+    if (std::get<2>(ref[t]) / o.heads_per_section == std::get<2>(ref[t - 1]) / o.heads_per_section)
+      CHECK(std::get<0>(ref[t]) <= std::get<0>(ref[t - 1]), "levels rise at %d", t);
   // The grid's bound covers every tile.
   CHECK(VarlenOrder::max_tiles(c.batch, c.n, c.total_q, c.heads, c.bm) >= total, "max_tiles below %d", total);
 }
@@ -212,6 +221,10 @@ void run(const Case& c, std::mt19937& rng) {
 int main() {
   std::mt19937 rng(1234);
   for (int i = 0; i < 400; ++i) run(random_case(rng), rng);
+  // The L2 sections: whole GQA groups, all heads when K and V fit.
+  CHECK(VarlenOrder::l2_section_heads(1, 16384, 256, 16, 4) == 16, "16k tokens, 4 KV heads: one section");
+  CHECK(VarlenOrder::l2_section_heads(1, 16384, 256, 16, 1) == 4, "16k tokens, 16 KV heads: 4 per section");
+  CHECK(VarlenOrder::l2_section_heads(2, 65536, 256, 8, 2) == 2, "one GQA group at least");
   // No sequence at all / every sequence empty.
   {
     Case c{{0, 0, 0}, {0, 0, 0}, 1, 2, 5, 5, 2, 128, 128, true};

@@ -12,13 +12,17 @@
 //   otherwise: lo = max(0, nbk - 1), every block of a sequence sees all its
 //     nbk key blocks, so the longest sequences hold the top levels and the
 //     shortest ones the bottom.
-// Tiles go level by level from the highest down; within a level by
-// sequence (batch-major), then head: the heads of one sequence run side by
-// side (the GQA group's K / V shared in L2).
+// The query heads are taken in sections (a multiple of the GQA group) whose
+// K and V, over all sequences, fit in about 32 MB of L2, as the dense
+// kernels' TileOrder does: section by section; within one, level by level
+// from the highest down; within a level by sequence (batch-major), then
+// head: the heads of one sequence run side by side (the GQA group's K / V
+// shared in L2).
 //
-// Decoding tile index t walks a cursor (level, its first index, its tile
-// count) down the levels. The indices one CTA decodes increase (the
-// dynamic counter), so the cursor only moves down. The per-sequence work is
+// Decoding tile index t walks a cursor (section, level, the level's first
+// index and tile count) down the levels of a section, then to the next
+// section. The indices one CTA decodes increase (the dynamic counter), so
+// the cursor only moves forward. The per-sequence work is
 // a 32-wide mask of the sequences active at a level: on the device one
 // lane per sequence and a ballot (the producer warp), on the host a loop;
 // the rest is the same code on both (cuda/tests/sm90_varlen_order_check.cpp
@@ -37,10 +41,12 @@ struct VarlenSeq {
   int offset_q, len_q, offset_k, len_k;
 };
 
-// Where the cursor stands: `level`, the index of its first tile and its
-// tile count (level < 0: past the last tile).
+// Where the cursor stands: `section`, `level`, the index of the level's
+// first tile and its tile count (level < 0: past the section's last tile);
+// the order's top level and query blocks per head (fixed).
 struct VarlenCursor {
-  int level, base, count;
+  int section, level, base, count;
+  int top, blocks;
 };
 
 // A decoded tile: block (query block of the sequence), head, batch row and
@@ -80,8 +86,20 @@ struct VarlenOrder {
   int batch, num_seqs;  // sequences per batch row
   int total_q, total_k;  // rows of the tensors (offsets are clamped to them)
   int num_heads;         // query heads
+  int heads_per_section;  // query heads per L2 section (l2_section_heads)
   int block_m, block_n;
   bool causal_like;
+
+  // Query heads per section: K + V of all sequences of a power of two of KV
+  // heads in about 32 MB (TileOrder's rule), times the GQA group.
+  static int l2_section_heads(int batch, int total_k, int head_bytes, int num_heads, int heads_per_kv) {
+    const long long kv_head_bytes = 2LL * batch * total_k * head_bytes;  // K + V of one KV head
+    const long long l2_budget = 32LL << 20;
+    int sec = 1;
+    while (2LL * sec * kv_head_bytes <= l2_budget && sec * heads_per_kv < num_heads) sec *= 2;
+    sec *= heads_per_kv;
+    return sec > num_heads ? num_heads : (sec < 1 ? 1 : sec);
+  }
 
   JF_HOST_DEVICE int num_sequences() const { return batch * num_seqs; }
 
@@ -144,17 +162,46 @@ struct VarlenOrder {
 #endif
     return top;
   }
-  JF_HOST_DEVICE int level_tiles(int level) const {
+  // Sequences with a tile at `level` (device: the whole warp).
+  JF_HOST_DEVICE int level_seqs(int level) const {
     int n = 0;
     for (int g0 = 0; g0 < num_sequences(); g0 += 32) n += popc32(active_mask(level, g0));
-    return n * num_heads;
+    return n;
+  }
+  // Query blocks of all sequences (device: the whole warp).
+  JF_HOST_DEVICE int query_blocks() const {
+    int n = 0;
+#ifdef __CUDA_ARCH__
+    for (int g = int(threadIdx.x & 31u); g < num_sequences(); g += 32) {
+#else
+    for (int g = 0; g < num_sequences(); ++g) {
+#endif
+      int lo, nb;
+      levels(seq(g), lo, nb);
+      n += nb;
+    }
+#ifdef __CUDA_ARCH__
+    n = __reduce_add_sync(0xffffffffu, n);
+#endif
+    return n;
+  }
+  JF_HOST_DEVICE int section_heads(int section) const {
+    const int left = num_heads - section * heads_per_section;
+    return left < heads_per_section ? left : heads_per_section;
+  }
+  // The cursor at the top of `section`, whose first tile is `base`.
+  JF_HOST_DEVICE void enter(VarlenCursor& c, int section, int base) const {
+    c.section = section;
+    c.level = c.top;
+    c.base = base;
+    c.count = c.level >= 0 ? level_seqs(c.level) * section_heads(section) : 0;
   }
 
   JF_HOST_DEVICE VarlenCursor start() const {
     VarlenCursor c;
-    c.level = top_level();
-    c.base = 0;
-    c.count = c.level >= 0 ? level_tiles(c.level) : 0;
+    c.top = top_level();
+    c.blocks = query_blocks();
+    enter(c, 0, 0);
     return c;
   }
 
@@ -164,15 +211,21 @@ struct VarlenOrder {
     w.block = -1;
     w.head = w.batch = 0;
     w.seq = VarlenSeq{0, 0, 0, 0};
+    const int per_section = c.blocks * heads_per_section;  // tiles of a full section
+    if (per_section <= 0) return w;
+    const int section = t / per_section;
+    if (section * heads_per_section >= num_heads) return w;
+    if (section != c.section) enter(c, section, section * per_section);
+    const int hs = section_heads(section);
     while (c.level >= 0 && t >= c.base + c.count) {
       c.base += c.count;
       --c.level;
-      c.count = c.level >= 0 ? level_tiles(c.level) : 0;
+      c.count = c.level >= 0 ? level_seqs(c.level) * hs : 0;
     }
     if (c.level < 0) return w;
     const int r = t - c.base;
-    int k = r / num_heads;
-    w.head = r - k * num_heads;
+    int k = r / hs;
+    w.head = section * heads_per_section + (r - k * hs);
     for (int g0 = 0; g0 < num_sequences(); g0 += 32) {
       const uint32_t m = active_mask(c.level, g0);
       const int n = popc32(m);

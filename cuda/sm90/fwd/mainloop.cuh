@@ -172,7 +172,8 @@ struct FwdMainloop {
   // right; the results were wrong on the H200). The overlap schedule compiles
   // correctly; tools/lint/check_wgmma_a_regs.py checks the SASS of every build.
   static_assert(!kQInRegs || kOverlap, "q_in_regs needs overlap (ptxas, see above)");
-  static_assert(!kVarlen || (!kPacked && !kDropout && !kVTransposed), "varlen: 16-bit, no segment ids, no dropout");
+  static_assert(!kVarlen || (!kPacked && !kDropout && !kVTransposed && kOverlap),
+                "varlen: 16-bit, no segment ids, no dropout, the overlap schedule (zero_v_tail's place)");
 
   // ---------------------------------------------------------------- storage
   // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (whole 128-key
@@ -537,7 +538,8 @@ struct FwdMainloop {
     // end hold the next tokens of the packed tensor (anything, NaN
     // included); their P is 0 but 0 * NaN is not, so they are zeroed in
     // shared memory before the first PV GEMM reads the stage (the block
-    // the tile visits first). Every consumer thread takes a share, then the
+    // the tile visits first; called in run() once the tile's first QK^T and
+    // softmax are done, only when the tile has keys). Every consumer thread takes a share, then the
     // proxy fence (st.shared before wgmma's async-proxy reads) and a barrier
     // of all consumer WGs (they share the stage). The producer refills the
     // slot only after every consumer warp released it.
@@ -678,7 +680,6 @@ struct FwdMainloop {
                        int n_last, uint32_t it) const {
       static_assert(!kQInRegs || !kEpilogueReleasesQ,
                     "q_in_regs frees Q's buffer right after the load: O cannot be staged there");
-      if constexpr (kVarlen) zero_v_tail(n_first, n_last);
       wait_full(sm.full_q(), it & 1u);
       const QOperand q = load_q();
       // kQInRegs: the warp's only reads of Q's buffer are the ldmatrix above;
@@ -737,6 +738,10 @@ struct FwdMainloop {
         softmax<true>(smx, s, scale_log2, alpha);
         if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
         acc_to_a<Element>(s, p);
+        // Before the first PV (and before the first pingpong turn, so no
+        // warpgroup waits for another's turn here); the V load's latency
+        // hides behind the first QK^T and softmax.
+        if constexpr (kVarlen) zero_v_tail(n_first, n_last);
         float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
         bool rescale_pending = false;         // kRescaleBeforePV: whether to apply it
 

@@ -67,6 +67,10 @@ cudaError_t launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
   order.total_q = p.seqlen_q;
   order.total_k = p.seqlen_k;
   order.num_heads = p.num_heads;
+  // head bytes: the mean of K's and V's rows, so that a section holds a head's K and V.
+  order.heads_per_section = VarlenOrder::l2_section_heads(
+      p.batch, p.seqlen_k, (Mainloop::kHeadDim + Mainloop::kHeadDimV) / 2 * int(sizeof(Element)), p.num_heads,
+      heads_per_kv);
   order.block_m = Mainloop::kBlockM;
   order.block_n = Mainloop::kBlockN;
   order.causal_like = kCausalLike;

@@ -192,12 +192,14 @@ def _dropout(spec: AttentionSpec, dropout_key):
 
 def _varlen_kernel_serves(spec: AttentionSpec) -> bool:
   """Whether the sm90 varlen forward takes this call (trace time): a
-  cu_seqlens layout (spec.varlen_seqs), the kernel switched on
-  (ffi.varlen_kernel), the sm90 family built and not excluded, an sm_90
-  GPU, a head dim it has (a bucket or an sm90 pair), no dropout."""
+  cu_seqlens layout (spec.varlen_seqs, which varlen_attention sets only
+  with the kernel switched on: ffi.varlen_kernel; the spec carries the
+  choice, so a call traced later, e.g. by a partitioning rule, makes the
+  same one), the sm90 family built and not excluded, an sm_90 GPU, a head
+  dim it has (a bucket or an sm90 pair), no dropout."""
   if spec.varlen_seqs <= 0 or not spec.has_segment_ids or spec.has_dropout:
     return False
-  if not ffi.varlen_kernel() or ffi.kernel_family() == 80:
+  if ffi.kernel_family() == 80:
     return False
   if "sm90" not in ffi.families() or _compute_capability() != (9, 0):
     return False
