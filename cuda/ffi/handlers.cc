@@ -265,7 +265,7 @@ ffi::Error FwdVarlenImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k
                          ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale, float softcap,
                          int32_t window_left, int32_t window_right, bool has_sinks,
                          bool may_have_outside) {
-  FwdParams p{};
+  VarlenFwdParams p{};
   if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
   FillShapes(p, q, k, v);
   if (has_sinks) {

@@ -3,6 +3,6 @@
 #include "sm90/fwd/varlen_launch.cuh"
 
 namespace jax_flash::sm90 {
-template cudaError_t run_fwd_varlen_hdim<__half, 128>(const FwdParams&, cudaStream_t);
+template cudaError_t run_fwd_varlen_hdim<__half, 128>(const VarlenFwdParams&, cudaStream_t);
 }  // namespace jax_flash::sm90
 #endif  // !defined(JAX_FLASH_DISABLE_HDIM128) && !defined(JAX_FLASH_DISABLE_FP16)

@@ -78,7 +78,7 @@ LAUNCHERS = (
              "run_fwd_dropout_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
     Launcher("sm90_fwd", "SM90", "fwd", "fwd_varlen_{dtype}_hdim{hdim}_sm90.cu",
              "sm90/fwd/varlen_launch.cuh", "jax_flash::sm90",
-             "run_fwd_varlen_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
+             "run_fwd_varlen_hdim<{ctype}, {hdim}>(const VarlenFwdParams&, cudaStream_t)"),
     Launcher("sm90_fp8", "SM90", "fwd", "fwd_e4m3_{dtype}_hdim{hdim}_sm90.cu",
              "sm90/fwd/launch_templates.cuh", "jax_flash::sm90",
              "run_fwd_fp8_hdim<{ctype}, {hdim}>(const Fp8FwdParams&, cudaStream_t)"),

@@ -99,13 +99,16 @@ struct FwdParams {
   // batch element's query blocks by cost (sm90/fwd/tile_order.cuh); nullptr:
   // the positional order.
   int32_t* sm90_tile_order = nullptr;
-  // Variable-length sequences (sm90::run_fwd_varlen only): each batch row
-  // holds num_seqs sequences, sequence s its query rows [cu_seqlens_q[b, s],
-  // cu_seqlens_q[b, s + 1]) and keys [cu_seqlens_k[b, s], cu_seqlens_k[b,
-  // s + 1]) ([batch, num_seqs + 1] int32 each), attending within itself,
-  // bottom-right aligned per sequence. Rows outside every sequence get
-  // O = 0 and LSE = -inf (the sink) only with varlen_outside (else the
-  // caller knows there are none and they are left as they are).
+};
+
+// Variable-length sequences (sm90::run_fwd_varlen): FwdParams' tensors,
+// each batch row holding num_seqs sequences: sequence s has the query rows
+// [cu_seqlens_q[b, s], cu_seqlens_q[b, s + 1]) and the keys [cu_seqlens_k[b,
+// s], cu_seqlens_k[b, s + 1]) ([batch, num_seqs + 1] int32 each) and attends
+// within itself, bottom-right aligned per sequence; no segment ids. Rows
+// outside every sequence get O = 0 and LSE = -inf (the sink) only with
+// varlen_outside (else the caller knows there are none).
+struct VarlenFwdParams : FwdParams {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int num_seqs = 0;

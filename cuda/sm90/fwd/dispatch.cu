@@ -117,7 +117,7 @@ bool varlen_shape_ok(const FwdParams& p, const DeviceInfo& dev) {
 }
 
 template <typename Element>
-cudaError_t fwd_varlen_dtype(const FwdParams& p, cudaStream_t stream) {
+cudaError_t fwd_varlen_dtype(const VarlenFwdParams& p, cudaStream_t stream) {
   return dispatch_shape(p, cudaErrorNotSupported, [&](auto shape) {
     using S = decltype(shape);
     return run_fwd_varlen_hdim<Element, S::kHeadDim, S::kHeadDimV>(p, stream);
@@ -126,7 +126,7 @@ cudaError_t fwd_varlen_dtype(const FwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-bool fwd_varlen_supported(const FwdParams& p) {
+bool fwd_varlen_supported(const VarlenFwdParams& p) {
   if (!fwd_call_ok(p, true)) return false;
   if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr || p.num_seqs < 1) return false;
   if (p.q_segment != nullptr || p.dropout.enabled()) return false;
@@ -159,7 +159,7 @@ bool fwd_varlen_supported(const FwdParams& p) {
   });
 }
 
-cudaError_t run_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
+cudaError_t run_fwd_varlen(const VarlenFwdParams& p, cudaStream_t stream) {
   if (!fwd_varlen_supported(p)) return cudaErrorNotSupported;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
   return dispatch_dtype(p.dtype, [&](auto e) { return fwd_varlen_dtype<typename decltype(e)::type>(p, stream); });

@@ -1,5 +1,5 @@
-// Host side of the variable-length sm90 forward: from FwdParams (with
-// cu_seqlens) to the launches. Included by the generated files
+// Host side of the variable-length sm90 forward: from VarlenFwdParams to
+// the launches. Included by the generated files
 // cuda/instantiations/fwd_varlen_*_sm90.cu (run_fwd_varlen_hdim).
 #pragma once
 
@@ -23,7 +23,7 @@ constexpr int kVarlenOutsideRows = 16;  // rows per CTA of varlen_zero_outside
 // CTA whose rows are all inside returns at once.
 template <typename Element>
 __global__ void __launch_bounds__(128)
-    varlen_zero_outside(const FwdParams p) {
+    varlen_zero_outside(const VarlenFwdParams p) {
   const int b = blockIdx.y;
   const int r0 = blockIdx.x * kVarlenOutsideRows;
   const int32_t* cu = p.cu_seqlens_q + int64_t(b) * (p.num_seqs + 1);
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(128)
 // Launches the varlen configuration of (Element, kHeadDim, kHeadDimV) for
 // the call's mask kind on a call that fwd_varlen_supported accepted.
 template <typename Element, int kHeadDim, int kHeadDimV, bool kCausalLike>
-cudaError_t launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd_varlen(const VarlenFwdParams& p, cudaStream_t stream) {
   using Kernel = typename VarlenFwdKernelFor<Element, kHeadDim, kHeadDimV, kCausalLike>::type;
   using Mainloop = typename Kernel::Mainloop;
   if (p.varlen_outside) {
@@ -82,7 +82,7 @@ cudaError_t launch_fwd_varlen(const FwdParams& p, cudaStream_t stream) {
 }
 
 template <typename Element, int kHeadDim, int kHeadDimV>
-cudaError_t run_fwd_varlen_hdim(const FwdParams& p, cudaStream_t stream) {
+cudaError_t run_fwd_varlen_hdim(const VarlenFwdParams& p, cudaStream_t stream) {
   const MaskInfo mi = make_mask_info(p);
   if (fwd_causal_like(mi.wl, mi.wr)) return launch_fwd_varlen<Element, kHeadDim, kHeadDimV, true>(p, stream);
   return launch_fwd_varlen<Element, kHeadDim, kHeadDimV, false>(p, stream);
