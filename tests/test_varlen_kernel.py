@@ -162,7 +162,7 @@ def test_varlen_kernel(lens, D, kw, outside, rng, monkeypatch):
 @pytest.mark.skipif(not ffi.available(), reason="CUDA extension not built")
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True)], ids=str)
-def test_varlen_kernel_gqa_sinks_pair(dtype, kw, rng, monkeypatch):
+def test_varlen_kernel_gqa_sinks_d96(dtype, kw, rng, monkeypatch):
   monkeypatch.setenv(KNOB, "1")
   _check(rng, ODD, 8, 1, 128, dtype, kw, sinks=True)
   _check(rng, CHUNKED, 16, 4, 96, dtype, kw)
