@@ -3,7 +3,8 @@
     python benchmarks/bench_packing.py                       # both cases
     python benchmarks/bench_packing.py --out benchmarks/results/h200.json
 
-Cases (bf16, H=16, D=128, causal):
+Cases (bf16, H=16 query heads on --kv-heads KV heads, D=128, each mask of
+--masks: causal and/or none):
   packed_8x1k   B=2 rows of T=8192, each 8 documents of 1,024 tokens, as
                 segment ids (jax_flash.attention) and as varlen offsets
                 (jax_flash.varlen_attention, flash-attn3-jax's
@@ -12,10 +13,15 @@ Cases (bf16, H=16, D=128, causal):
   mixed_40      40 sequences of long-tailed lengths (seeded log-normal, at
                 most 4,096, summing to 16,384 tokens): varlen, the same packing as segment ids
                 (B=1, T=16,384), and flash_mha_varlen (fa3_varlen_ms).
+  mixed_40_6k   40 sequences, heavier tail (sigma 2.4): 13 .. 6,000 tokens.
+  mixed_23_6k   23 sequences (sigma 2.0): 375 .. 6,000 tokens.
+Every varlen case also runs jax_flash_cuda_varlen_kernel: varlen_attention
+traced with JAX_FLASH_VARLEN_KERNEL=1 (the per-sequence sm90 forward; the
+backward is the packed one), in the same process as the packed path.
 Modes: fwd, fwd_bwd (gradient of sum(o * do) w.r.t. q, k, v).
 
 Useful FLOPs count each sequence on its own: 4 * H * D * l^2 / 2 per causal
-sequence of l tokens (x3.5 for fwd_bwd), whatever the packing. Timing as
+sequence of l tokens (4 * H * D * l^2 without a mask) (x3.5 for fwd_bwd), whatever the packing. Timing as
 bench_attention.py: warm-up, rounds of --iters back-to-back calls between two
 syncs (>= 100: the card runs at its power cap), the implementations of a case
 interleaved round by round in alternating order, median of --repeats.
@@ -24,7 +30,9 @@ interleaved round by round in alternating order, median of --repeats.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import os
 import pathlib
 import sys
 
@@ -39,12 +47,12 @@ jax_flash = ba.jax_flash
 H, D = 16, 128
 
 
-def mixed_lengths(n=40, total=16384, cap=4096, seed=0):
-  """n long-tailed lengths (seeded log-normal, sigma 1.2; at most `cap`)
-  summing to `total`."""
+def mixed_lengths(n=40, total=16384, cap=4096, seed=0, floor=1, sigma=1.2):
+  """n long-tailed lengths (seeded log-normal; at least `floor`, at most
+  `cap`) summing to `total`."""
   rng = np.random.default_rng(seed)
-  w = rng.lognormal(0.0, 1.2, n)
-  lens = np.maximum(1, np.floor(w / w.sum() * total)).astype(int)
+  w = rng.lognormal(0.0, sigma, n)
+  lens = np.maximum(floor, np.floor(w / w.sum() * total)).astype(int)
   while lens.max() > cap:  # cut the longest, spread the excess over the rest
     i = int(np.argmax(lens))
     extra, lens[i] = lens[i] - cap, cap
@@ -53,8 +61,8 @@ def mixed_lengths(n=40, total=16384, cap=4096, seed=0):
   return [int(x) for x in lens]
 
 
-def useful_flops(lens, mode):
-  f = sum(4.0 * H * D * l * l / 2 for l in lens)
+def useful_flops(lens, mode, causal=True):
+  f = sum(4.0 * H * D * l * l / (2 if causal else 1) for l in lens)
   return f * {"fwd": 1.0, "fwd_bwd": 3.5}[mode]
 
 
@@ -67,7 +75,22 @@ def _fa3():
     return None
 
 
-def impls_for(case, lens, rows):
+@contextlib.contextmanager
+def _varlen_kernel(on: bool):
+  """JAX_FLASH_VARLEN_KERNEL while a call is traced (varlen_attention reads
+  it then and records the choice in the call's spec)."""
+  old = os.environ.get("JAX_FLASH_VARLEN_KERNEL")
+  os.environ["JAX_FLASH_VARLEN_KERNEL"] = "1" if on else "0"
+  try:
+    yield
+  finally:
+    if old is None:
+      del os.environ["JAX_FLASH_VARLEN_KERNEL"]
+    else:
+      os.environ["JAX_FLASH_VARLEN_KERNEL"] = old
+
+
+def impls_for(case, lens, rows, causal=True):
   """{name: (fn(q, k, v) -> o, layout)}; layout 'packed' [total, H, D] or
   'rows' [rows, total / rows, H, D] or 'batch' [n, l, H, D]."""
   cu = jnp.asarray(np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
@@ -75,22 +98,29 @@ def impls_for(case, lens, rows):
   T = sum(lens) // rows
   seg = np.concatenate([np.full(l, i, np.int32) for i, l in enumerate(lens)])
   seg = jnp.asarray(seg.reshape(rows, T))
+
+  def varlen(on):
+    def fn(q, k, v):
+      with _varlen_kernel(on):
+        return jax_flash.varlen_attention(
+            q, k, v, cu, cu, max_seqlen_q=lmax, max_seqlen_k=lmax,
+            causal=causal, implementation="cuda")
+    return fn
   out = {
       "jax_flash_cuda_segment_ids": (lambda q, k, v: jax_flash.attention(
-          q, k, v, causal=True, segment_ids=seg, implementation="cuda"),
+          q, k, v, causal=causal, segment_ids=seg, implementation="cuda"),
                                      "rows"),
-      "jax_flash_cuda_varlen": (lambda q, k, v: jax_flash.varlen_attention(
-          q, k, v, cu, cu, max_seqlen_q=lmax, max_seqlen_k=lmax, causal=True,
-          implementation="cuda"), "packed"),
+      "jax_flash_cuda_varlen": (varlen(False), "packed"),
+      "jax_flash_cuda_varlen_kernel": (varlen(True), "packed"),
   }
   fa3 = _fa3()
   if fa3 is not None:
     out["fa3_varlen"] = (lambda q, k, v: fa3(
         q, k, v, cu, cu, max_seqlen_q=lmax, max_seqlen_k=lmax,
-        is_causal=True), "packed")
+        is_causal=causal), "packed")
   if len(set(lens)) == 1:
     out["jax_flash_cuda_batched"] = (lambda q, k, v: jax_flash.attention(
-        q, k, v, causal=True, implementation="cuda"), "batch")
+        q, k, v, causal=causal, implementation="cuda"), "batch")
   return out
 
 
@@ -114,15 +144,19 @@ def _step(fn, layout, mode, lens, rows, do):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
-def run(cases, modes, *, iters, repeats, warmup, command, device, out=None):
+def run(cases, modes, *, iters, repeats, warmup, command, device, out=None,
+        masks=("causal",), kv_heads=H):
   date = datetime.date.today().isoformat()
   records = []
-  for case, lens, rows in cases:
+  for (case, lens, rows), causal in ((c, m == "causal") for c in cases
+                                     for m in masks):
     total = sum(lens)
     kq, kk, kv, kd = jax.random.split(jax.random.key(0), 4)
-    q, k, v, do = (jax.random.normal(x, (total, H, D), jnp.bfloat16)
-                   for x in (kq, kk, kv, kd))
-    impls = impls_for(case, lens, rows)
+    q, do = (jax.random.normal(x, (total, H, D), jnp.bfloat16)
+             for x in (kq, kd))
+    k, v = (jax.random.normal(x, (total, kv_heads, D), jnp.bfloat16)
+            for x in (kk, kv))
+    impls = impls_for(case, lens, rows, causal)
     for mode in modes:
       steps = {}
       for name, (fn, layout) in impls.items():
@@ -137,7 +171,7 @@ def run(cases, modes, *, iters, repeats, warmup, command, device, out=None):
         rec = dict(impl=name, mode=mode, case=case, dtype="bfloat16",
                    B=1 if name.endswith("varlen") else
                    (len(lens) if name.endswith("batched") else rows),
-                   T=total, S=total, H=H, H_kv=H, D=D, causal=True,
+                   T=total, S=total, H=H, H_kv=kv_heads, D=D, causal=causal,
                    num_seqs=len(lens), max_seqlen=max(lens), ms=None,
                    tflops=None, date=date, command=command, device=device)
         if name.endswith("batched"):
@@ -148,31 +182,37 @@ def run(cases, modes, *, iters, repeats, warmup, command, device, out=None):
           rec["error"] = f"{type(ms).__name__}: {ms}"[:500]
         else:
           rec.update(ms=float(f"{ms:.6g}"), tflops=float(
-              f"{useful_flops(lens, mode) / (ms * 1e-3) / 1e12:.6g}"))
+              f"{useful_flops(lens, mode, causal) / (ms * 1e-3) / 1e12:.6g}"))
         rec["batched_ms"] = ms_of("jax_flash_cuda_batched")
         rec["fa3_varlen_ms"] = ms_of("fa3_varlen")
         rec["varlen_ms"] = ms_of("jax_flash_cuda_varlen")
         rows_out.append(rec)
         status = (f"{ba.format_ms(rec['ms'])}  {ba.format_rate(rec['tflops'])}"
                   if rec["ms"] is not None else rec["error"][:120])
-        print(f"  {case:12s} {mode:7s} {name:28s} {status}", flush=True)
+        mask = "causal" if causal else "none"
+        print(f"  {case:12s} {mask:6s} {mode:7s} {name:28s} {status}",
+              flush=True)
       records += rows_out
       if out is not None:
         ba.merge_into(out, rows_out)
   return records
 
 
+def _mask(r):
+  return "causal" if r["causal"] else "none"
+
+
 def print_table(records):
   print()
-  print(f"{'case':12s} {'mode':7s} {'impl':28s} {'ms':>9s} {'TF/s':>7s} "
+  print(f"{'case':12s} {'mask':6s} {'mode':7s} {'impl':28s} {'ms':>9s} {'TF/s':>7s} "
         f"{'vs batched':>10s} {'vs FA3':>7s} {'vs varlen':>9s}")
   for r in records:
     if r["ms"] is None:
-      print(f"{r['case']:12s} {r['mode']:7s} {r['impl']:28s} failed: "
+      print(f"{r['case']:12s} {_mask(r):6s} {r['mode']:7s} {r['impl']:28s} failed: "
             f"{r['error'][:50]}")
       continue
     rel = lambda key: (f"{r[key] / r['ms']:.2f}x" if r.get(key) else "-")
-    print(f"{r['case']:12s} {r['mode']:7s} {r['impl']:28s} {r['ms']:9.4f} "
+    print(f"{r['case']:12s} {_mask(r):6s} {r['mode']:7s} {r['impl']:28s} {r['ms']:9.4f} "
           f"{r['tflops']:7.1f} {rel('batched_ms'):>10s} "
           f"{rel('fa3_varlen_ms'):>7s} {rel('varlen_ms'):>9s}")
   print("(ratios: the other's time / this one's, > 1 = this one faster)")
@@ -185,20 +225,30 @@ def main(argv=None):
   p.add_argument("--iters", type=int, default=200)
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--warmup", type=int, default=3)
+  p.add_argument("--masks", default="causal",
+                 help="comma-separated: causal, none")
+  p.add_argument("--kv-heads", type=int, default=H,
+                 help=f"KV heads (GQA; {H} query heads)")
   p.add_argument("--out", type=pathlib.Path)
   a = p.parse_args(argv)
   known = {"packed_8x1k": ("packed_8x1k", [1024] * 16, 2),
-           "mixed_40": ("mixed_40", mixed_lengths(), 1)}
+           "mixed_40": ("mixed_40", mixed_lengths(), 1),
+           "mixed_40_6k": ("mixed_40_6k", mixed_lengths(
+               cap=6000, seed=2, floor=8, sigma=2.4), 1),
+           "mixed_23_6k": ("mixed_23_6k", mixed_lengths(
+               23, cap=6000, seed=3, floor=8, sigma=2.0), 1)}
   cases = [known[c] for c in a.cases.split(",")]
   device = jax.devices()[0].device_kind
   command = "python benchmarks/bench_packing.py " + " ".join(argv or
                                                              sys.argv[1:])
   if a.out is not None:
     ba.check_same_device(a.out, device)
-  print(f"mixed_40 lengths: {mixed_lengths()}")
+  for name, lens, _ in cases:
+    if name.startswith("mixed"):
+      print(f"{name} lengths: {lens}")
   records = run(cases, a.modes.split(","), iters=a.iters, repeats=a.repeats,
                 warmup=a.warmup, command=command.strip(), device=device,
-                out=a.out)
+                out=a.out, masks=a.masks.split(","), kv_heads=a.kv_heads)
   print_table(records)
 
 

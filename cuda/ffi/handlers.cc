@@ -252,6 +252,54 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   return LaunchBackward(p, kernel_family, stream);
 }
 
+// Variable-length sequences (sm90 only; Python routes here only on sm90):
+// cu_seqlens_q / _k [batch, num_seqs + 1] int32 offsets into each batch row
+// of q [batch, total_q, H, D] and k, v [batch, total_k, H_kv, D(_v)].
+// may_have_outside: some rows may lie outside every sequence (they then get
+// o = 0 and lse = -inf or the sink); false only when Python knows there are
+// none.
+ffi::Error FwdVarlenImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                         ffi::Buffer<ffi::S32> cu_q, ffi::Buffer<ffi::S32> cu_k,
+                         ffi::Buffer<ffi::F32> sinks, ffi::Result<ffi::AnyBuffer> o,
+                         ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                         ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, float scale, float softcap,
+                         int32_t window_left, int32_t window_right, bool has_sinks,
+                         bool may_have_outside) {
+  VarlenFwdParams p{};
+  if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
+  FillShapes(p, q, k, v);
+  if (has_sinks) {
+    if (sinks.element_count() != static_cast<size_t>(p.batch) * p.num_heads)
+      return Invalid("sinks must be float32 [batch, heads]");
+    p.sinks = sinks.typed_data();
+  }
+  if (!IsOutputShape(q, v, *o)) return Invalid("o must have q's shape with v's head_dim, and q's dtype");
+  if (lse->element_count() != static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q)
+    return Invalid("lse must be [batch, heads, seqlen_q] float32");
+  const auto cq = cu_q.dimensions(), ck = cu_k.dimensions();
+  if (cq.size() != 2 || ck.size() != 2 || cq[0] != p.batch || ck[0] != p.batch || cq[1] != ck[1] || cq[1] < 2)
+    return Invalid("cu_seqlens_q and cu_seqlens_k must be int32 [batch, num_seqs + 1] with num_seqs >= 1");
+  if (auto err = FillOptions(p, scale, softcap, window_left, window_right, false, q, q); err.failure())
+    return err;
+  p.cu_seqlens_q = cu_q.typed_data();
+  p.cu_seqlens_k = cu_k.typed_data();
+  p.num_seqs = static_cast<int>(cq[1] - 1);
+  p.varlen_outside = may_have_outside;
+  p.o = o->untyped_data();
+  p.lse = lse->typed_data();
+  if (tile_counter->element_count() < 1) return Invalid("tile_counter workspace must hold one int32");
+  p.sm90_tile_counter = tile_counter->typed_data();
+  if (lse->element_count() == 0) return ffi::Error::Success();
+  Poison(p.o, o->size_bytes(), stream);
+  Poison(p.lse, lse->size_bytes(), stream);
+#ifdef JAX_FLASH_HAS_SM90
+  if (sm90::fwd_varlen_supported(p)) return LaunchError(sm90::run_fwd_varlen(p, stream), "sm90 varlen forward");
+#endif
+  return Invalid("the sm90 varlen forward cannot serve this call (needs an sm_90 GPU, a build with sm90, "
+                 "bf16/fp16, head_dim a multiple of 8 up to 256 or a pair " + PairList(Sm90FwdHeadDimPairs{}) +
+                 ", 16-byte aligned rows)");
+}
+
 // The tile-span pre-pass (cuda/packing/tile_spans.h): segment ids (and
 // diagonal shifts) in, the packing buffer out.
 ffi::Error PackingImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> q_seg,
@@ -349,6 +397,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<bool>("dropout_broadcast")
         .Attr<bool>("deterministic")
         .Attr<int32_t>("kernel_family"),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashFwdVarlen, jax_flash::FwdVarlenImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Arg<ffi::AnyBuffer>()  // q [batch, total_q, heads, head_dim]
+        .Arg<ffi::AnyBuffer>()  // k
+        .Arg<ffi::AnyBuffer>()  // v
+        .Arg<ffi::Buffer<ffi::S32>>()  // cu_seqlens_q [batch, num_seqs + 1]
+        .Arg<ffi::Buffer<ffi::S32>>()  // cu_seqlens_k [batch, num_seqs + 1]
+        .Arg<ffi::Buffer<ffi::F32>>()  // sinks [batch, heads] (1-element dummy without has_sinks)
+        .Ret<ffi::AnyBuffer>()  // o
+        .Ret<ffi::Buffer<ffi::F32>>()  // lse [batch, heads, total_q]
+        .Ret<ffi::Buffer<ffi::S32>>()  // tile_counter workspace (one int32)
+        .Attr<float>("scale")
+        .Attr<float>("softcap")
+        .Attr<int32_t>("window_left")
+        .Attr<int32_t>("window_right")
+        .Attr<bool>("has_sinks")
+        .Attr<bool>("may_have_outside"),
     {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

@@ -64,6 +64,14 @@ set(JAX_FLASH_SM90_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim256_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_dropout_fp16_hdim192v128_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_bf16_hdim64_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_bf16_hdim128_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_bf16_hdim256_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_bf16_hdim192v128_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_fp16_hdim64_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_fp16_hdim128_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_fp16_hdim256_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/fwd_varlen_fp16_hdim192v128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_e4m3_bf16_hdim64_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_e4m3_bf16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/fwd_e4m3_bf16_hdim256_sm90.cu

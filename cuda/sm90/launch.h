@@ -29,6 +29,16 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 constexpr size_t kFwdTileCounterBytes = 4;
 bool fwd_needs_tile_counter(const FwdParams& params);
 
+// Variable-length sequences (VarlenFwdParams: cu_seqlens_q / _k, num_seqs; FA3's
+// varlen): each tile one query block of one sequence, loads at its offsets,
+// rows stored up to its end; the tile order decoded from the offsets in the
+// kernel (jax_flash/varlen_order.h). True when run_fwd_varlen can serve
+// `params`: fwd_supported's shapes and layout rules, the offsets, the tile
+// counter (always: the dynamic varlen scheduler), no segment ids, no dropout.
+// Causal, windows, GQA/MQA, softcap, sinks are supported.
+bool fwd_varlen_supported(const VarlenFwdParams& params);
+cudaError_t run_fwd_varlen(const VarlenFwdParams& params, cudaStream_t stream);
+
 // FP8 forward (e4m3 q, k, V^T; Fp8FwdParams in params.h): true when
 // run_fwd_fp8 can serve `params`: an sm_90 GPU, head_dim 128 or 256, out_dtype
 // bf16 or fp16 (if compiled), the TMA layout rules (16-byte aligned bases,

@@ -13,6 +13,11 @@
 // Mutations of the protocol (no o_free wait, o_free parity off by one, no
 // OWrite barrier, o_free before the store read, tile_empty parity off by one)
 // are caught as bad reads or DEADLOCK. Keep in step with the kernel code.
+// varlen (fwd_varlen_kernel.cuh, varlen_scheduler.cuh): the tile hand-off
+// numbered from the CTA's first tile (hand-off 0) and ending on an invalid
+// tile, the V tail zeroed by every consumer WG after its first QK^T
+// (kBarVarlenV), and WGs whose rows cross a sequence's end storing O by
+// guarded row reads of the staged tile before its release.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -49,7 +54,7 @@ static bool wait_until(const std::function<bool()>& pred) {  // under no lock
 struct MBar { int count = 1, pending = 1, done = 0; };
 struct NBar { int arrived = 0, gen = 0; };
 
-struct Cfg { int wg; bool pingpong, overlap, dynamic, oinv, alias_q; };
+struct Cfg { int wg; bool pingpong, overlap, dynamic, oinv, alias_q, varlen = false; };
 struct Tag { int kind = 0, tile = -1, x = -1; bool operator==(const Tag& o) const { return kind == o.kind && tile == o.tile && x == o.x; } };
 enum { kQ = 1, kK, kV, kO };
 
@@ -57,6 +62,8 @@ struct CTA {
   Cfg c;
   int bid, grid, total;
   const std::vector<int>* nb;  // KV blocks per tile (0 = no keys)
+  const std::vector<int>* vtail;  // varlen: the tile's last KV block is partial (zeroed V rows)
+  const std::vector<int>* short_wg;  // varlen: bit w: WG w's rows cross the sequence's end
   std::atomic<int>* counter;
   std::vector<std::atomic<int>>* seen;
   MBar full_q, empty_q, full_k[2], empty_k[2], full_v[2], empty_v[2], o_free, tile_full, tile_empty;
@@ -103,13 +110,33 @@ struct CTA {
   void put(Tag& cell, Tag t) { std::lock_guard<std::mutex> l(mu); cell = t; }
   Tag get(Tag& cell) { std::lock_guard<std::mutex> l(mu); return cell; }
 
-  static constexpr int kBarEpi = 1, kBarSched = 4, kBarOWrite = 13;
+  static constexpr int kBarEpi = 1, kBarSched = 4, kBarOWrite = 13, kBarVarlenV = 14;
+  static constexpr int kZeroed = 1000;  // V tag offset of a stage whose tail rows a WG zeroed
+
+  // varlen hand-off j (varlen_scheduler.cuh): publish by the producer, read by each consumer.
+  void publish(unsigned j, int v) {
+    mb_wait(tile_empty, (j & 1u) ^ 1u);
+    { std::lock_guard<std::mutex> l(mu); slot = v; }
+    mb_arrive(tile_full);
+  }
+  int read(unsigned j) {
+    mb_wait(tile_full, j & 1u);
+    int v;
+    { std::lock_guard<std::mutex> l(mu); v = slot; }
+    mb_arrive(tile_empty);
+    return v;
+  }
 
   void producer() {
     trng.seed(bid * 7919 + 1);
     int ks = 0, vs = 0; unsigned kp = 0, vp = 0;
     unsigned it = 0;
-    for (int tile = bid; tile < total && !failed; ++it) {
+    int first = bid;
+    if (c.varlen) {
+      first = bid < total ? bid : -1;
+      publish(0u, first);
+    }
+    for (int tile = first; tile >= 0 && tile < total && !failed; ++it) {
       int next = tile + grid;
       if (c.dynamic) next = counter->fetch_add(1) + grid;
       const int nblk = (*nb)[tile];
@@ -136,7 +163,10 @@ struct CTA {
         if (n > 0) load_k(n - 1);
         load_v(n);
       }
-      if (c.dynamic) {
+      if (c.varlen) {
+        if (next >= total) next = -1;  // the decode past the last tile
+        publish(it + 1, next);
+      } else if (c.dynamic) {
         mb_wait(tile_empty, (it & 1u) ^ 1u);
         { std::lock_guard<std::mutex> l(mu); slot = next; }
         mb_arrive(tile_full);
@@ -159,8 +189,13 @@ struct CTA {
       for (int i = 0; i < store_ncells; ++i) check(get(*store_cells[i]), store_tag, "O store source");
       store_pending = false;
     };
-    for (int tile = bid; tile < total && !failed; ++it) {
+    int first = bid;
+    if (c.varlen) first = read(0u);
+    for (int tile = first; tile >= 0 && tile < total && !failed; ++it) {
       const int nblk = (*nb)[tile];
+      const bool tail = c.varlen && (*vtail)[tile];
+      // V tag of block n as the PV GEMM must read it.
+      auto v_tag = [&](int n) { return Tag{kV, tile, n + (tail && n == nblk - 1 ? kZeroed : 0)}; };
       mb_wait(full_q, it & 1u);
       auto k_cons = [&](int n) {  // wait full, QK^T, (wgmma wait) reads Q and K
         mb_wait(full_k[ks], kp);
@@ -170,13 +205,19 @@ struct CTA {
       auto k_rel = [&] { mb_arrive(empty_k[ks]); if (++ks == 2) { ks = 0; kp ^= 1; } };
       auto v_cons = [&](int n) {
         mb_wait(full_v[vs], vp);
-        for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), Tag{kV, tile, n}, "V");
+        for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), v_tag(n), "V");
       };
       auto v_rel = [&] { mb_arrive(empty_v[vs]); if (++vs == 2) { vs = 0; vp ^= 1; } };
       if (nblk > 0) {
         if (c.overlap) {
           int n = nblk - 1;
           k_cons(n); k_rel();
+          if (tail) {  // Consumer::zero_v_tail: this WG's share, then all WGs meet
+            mb_wait(full_v[vs], vp);
+            check(get(vcell[vs][wg]), Tag{kV, tile, n}, "V before zeroing");
+            put(vcell[vs][wg], Tag{kV, tile, n + kZeroed});
+            bar_sync(kBarVarlenV, 128 * c.wg, 128);
+          }
           for (--n; n >= 0; --n) {
             mb_wait(full_k[ks], kp);
             sched_sync();
@@ -186,7 +227,7 @@ struct CTA {
             check(get(qcell[wg]), Tag{kQ, tile, wg}, "Q");
             check(get(kcell[ks]), Tag{kK, tile, n}, "K");
             k_rel();
-            for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), Tag{kV, tile, n + 1}, "V");
+            for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), v_tag(n + 1), "V");
             v_rel();
           }
           v_cons(0); v_rel();
@@ -208,7 +249,9 @@ struct CTA {
       }
       if (!c.alias_q) mb_arrive(empty_q);
       int next = tile + grid;
-      if (c.dynamic) {
+      if (c.varlen) {
+        next = read(it + 1);
+      } else if (c.dynamic) {
         mb_wait(tile_full, it & 1u);
         { std::lock_guard<std::mutex> l(mu); next = slot; }
         mb_arrive(tile_empty);
@@ -230,6 +273,16 @@ struct CTA {
       }
       store_pending = true; store_tag = o;
       jitter();
+      if (c.varlen && ((*short_wg)[tile] >> wg & 1)) {
+        // Guarded row stores: the WG reads the staged tile now, meets on its
+        // epilogue barrier, then releases the aliased buffer.
+        wait_store_read();
+        bar_sync(kBarEpi + wg, 128, 128);
+        if (c.alias_q) mb_arrive(empty_q);
+        if (c.oinv) mb_arrive(o_free);
+        tile = next;
+        continue;
+      }
       if (c.alias_q) { wait_store_read(); mb_arrive(empty_q); }
       if (c.oinv) { wait_store_read(); mb_arrive(o_free); }
       tile = next;
@@ -253,6 +306,11 @@ int main(int argc, char** argv) {
       {2, true, true, false, true, false},   // v8 / v9
       {2, true, false, true, true, false},   // serial pingpong, dynamic, O in V (stress)
       {2, false, false, false, false, false},
+      // varlen (dynamic hand-off of its own, overlap only): hdim 128, 64, 256, 256 causal (O in V)
+      {2, true, true, true, false, false, true},
+      {3, true, true, true, false, false, true},
+      {2, false, true, true, false, true, true},
+      {2, false, true, true, true, false, true},
   };
   int bad = 0;
   for (int ci = 0; ci < int(sizeof(cfgs) / sizeof(cfgs[0])); ++ci) {
@@ -260,8 +318,12 @@ int main(int argc, char** argv) {
     int cfg_bad = 0;
     for (int t = 0; t < trials && !cfg_bad; ++t) {
       const int total = 1 + rng() % 12, grid = 1 + rng() % 3;
-      std::vector<int> nb(total);
+      std::vector<int> nb(total), vtail(total), short_wg(total);
       for (auto& x : nb) x = rng() % 4 == 0 ? 0 : 1 + rng() % 4;
+      for (int i = 0; i < total; ++i) {
+        vtail[i] = c.varlen && nb[i] > 0 && rng() % 2;
+        short_wg[i] = c.varlen ? int(rng() % (1u << c.wg)) : 0;
+      }
       std::atomic<int> counter{0};
       std::vector<std::atomic<int>> seen(total);
       for (auto& s : seen) s = 0;
@@ -273,6 +335,7 @@ int main(int argc, char** argv) {
       for (int b = 0; b < g; ++b) {
         CTA* x = new CTA();
         x->c = c; x->bid = b; x->grid = g; x->total = total; x->nb = &nb; x->counter = &counter; x->seen = &seen;
+        x->vtail = &vtail; x->short_wg = &short_wg;
         x->full_q = {1, 1, 0};
         x->empty_q = {c.wg, c.wg, 0};
         for (int s = 0; s < 2; ++s) {

@@ -7,7 +7,8 @@
   pair of HEAD_DIM_PAIRS is tagged <d>v<d_v>: hdim192v128),
   <dir>_dropout_<dtype>_hdim<d>_sm80.cu (their attention-dropout kernels),
   fwd_<dtype>_hdim<d>_sm90.cu, fwd_dropout_<dtype>_hdim<d>_sm90.cu (attention
-  dropout; bwd_dropout_* likewise), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
+  dropout; bwd_dropout_* likewise), fwd_varlen_<dtype>_hdim<d>_sm90.cu
+  (variable-length sequences), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
   <dtype> output), bwd_<dtype>_hdim<d>_sm90.cu;
 - cuda/instantiations/sources.cmake: JAX_FLASH_SM80_SOURCES and
   JAX_FLASH_SM90_SOURCES (each family's dispatchers plus its instantiations,
@@ -75,6 +76,9 @@ LAUNCHERS = (
     Launcher("sm90_fwd", "SM90", "fwd", "fwd_dropout_{dtype}_hdim{hdim}_sm90.cu",
              "sm90/fwd/launch_templates.cuh", "jax_flash::sm90",
              "run_fwd_dropout_hdim<{ctype}, {hdim}>(const FwdParams&, cudaStream_t)"),
+    Launcher("sm90_fwd", "SM90", "fwd", "fwd_varlen_{dtype}_hdim{hdim}_sm90.cu",
+             "sm90/fwd/varlen_launch.cuh", "jax_flash::sm90",
+             "run_fwd_varlen_hdim<{ctype}, {hdim}>(const VarlenFwdParams&, cudaStream_t)"),
     Launcher("sm90_fp8", "SM90", "fwd", "fwd_e4m3_{dtype}_hdim{hdim}_sm90.cu",
              "sm90/fwd/launch_templates.cuh", "jax_flash::sm90",
              "run_fwd_fp8_hdim<{ctype}, {hdim}>(const Fp8FwdParams&, cudaStream_t)"),

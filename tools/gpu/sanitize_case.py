@@ -12,6 +12,11 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             trace time is not meant to change within one)
   varlen    varlen_attention forward + backward: four sequences (one empty),
             causal, through the packing pre-pass
+  varlen_kernel  the per-sequence sm90 varlen forward (JAX_FLASH_VARLEN_KERNEL=1,
+            set here around tracing): D = 64, 128, 256 and the 192 / 128
+            pair, causal GQA and window + softcap + sinks, docs of 1, 7,
+            129, 1000 tokens, an empty one, tokens outside every sequence
+            (the zeroing launch), forward + the packed backward
   decode    attention_with_kvcache, one new token: a contiguous cache with
             ragged lengths split in three (with and without sinks), and a
             paged one (shuffled pages)
@@ -193,6 +198,38 @@ def varlen():
   return [(f"lengths {lens} causal", finite(out))]
 
 
+def varlen_kernel():
+  lens = [1, 7, 0, 129, 1000, 3]
+  lead, tail = 5, 3
+  cu = jnp.asarray(lead + np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
+  total, H, Hk = lead + sum(lens) + tail, 4, 2
+  sinks = jnp.asarray(RNG.normal(0.5, 1.5, H), jnp.float32)
+  old = os.environ.get("JAX_FLASH_VARLEN_KERNEL")
+  os.environ["JAX_FLASH_VARLEN_KERNEL"] = "1"
+  results = []
+  try:
+    for D, Dv in ((64, 64), (128, 128), (256, 256), (192, 128)):
+      q, k, v = normal(total, H, D), normal(total, Hk, D), normal(total, Hk, Dv)
+      for kw in (dict(causal=True), dict(window=(100, 20), softcap=5.0,
+                                         sinks=sinks)):
+        def loss(q, k, v, kw=kw):
+          o = jax_flash.varlen_attention(
+              q, k, v, cu, cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+              implementation="cuda", **kw)
+          return jnp.sum(o.astype(jnp.float32))
+        grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+        assert "jax_flash_fwd_varlen" in grad.lower(q, k, v).as_text()
+        out = grad(q, k, v)
+        results.append((f"D={D} D_v={Dv} {sorted(kw)} lengths {lens}",
+                        finite(out)))
+  finally:
+    if old is None:
+      del os.environ["JAX_FLASH_VARLEN_KERNEL"]
+    else:
+      os.environ["JAX_FLASH_VARLEN_KERNEL"] = old
+  return results
+
+
 def decode():
   B, S, H, Hk, D, page = 3, 320, 8, 2, 128, 64
   q = normal(B, 1, H, D)
@@ -268,7 +305,8 @@ def fp8_fwd():
 
 
 CASES = dict(dense=dense, sm90_fwd=sm90_fwd, sm90_bwd=sm90_bwd, sm80=sm80,
-             dropout=dropout, varlen=varlen, decode=decode, fp8=fp8,
+             dropout=dropout, varlen=varlen, varlen_kernel=varlen_kernel,
+             decode=decode, fp8=fp8,
              fp8_prepass=fp8_prepass, fp8_fwd=fp8_fwd,
              sinks=sinks, packed=packed, ring_dropout=ring_dropout,
              mla=mla)

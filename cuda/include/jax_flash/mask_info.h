@@ -237,6 +237,16 @@ struct MaskInfo : BlockMath<MaskInfo> {
     }
   }
 
+  // The mask of one variable-length sequence (no segment ids): its own
+  // lengths, rows and keys counted from its start, bottom-right aligned.
+  JF_HOST_DEVICE MaskInfo for_sequence(int len_q, int len_k) const {
+    MaskInfo m = *this;
+    m.seqlen_q = len_q;
+    m.seqlen_k = len_k;
+    m.off = len_k - len_q;
+    return m;
+  }
+
   // Read-only loads (through the non-coherent cache on the device).
   JF_HOST_DEVICE static void load_run(const RunEntry* e, int& lo, int& hi) {
 #ifdef __CUDA_ARCH__

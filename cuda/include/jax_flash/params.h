@@ -101,6 +101,20 @@ struct FwdParams {
   int32_t* sm90_tile_order = nullptr;
 };
 
+// Variable-length sequences (sm90::run_fwd_varlen): FwdParams' tensors,
+// each batch row holding num_seqs sequences: sequence s has the query rows
+// [cu_seqlens_q[b, s], cu_seqlens_q[b, s + 1]) and the keys [cu_seqlens_k[b,
+// s], cu_seqlens_k[b, s + 1]) ([batch, num_seqs + 1] int32 each) and attends
+// within itself, bottom-right aligned per sequence; no segment ids. Rows
+// outside every sequence get O = 0 and LSE = -inf (the sink) only with
+// varlen_outside (else the caller knows there are none).
+struct VarlenFwdParams : FwdParams {
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int num_seqs = 0;
+  bool varlen_outside = false;
+};
+
 // FP8 forward (sm90; the scheme of jax_flash/_src/fp8/scheme.py): q, k, v
 // e4m3 [batch, seq, heads, head_dim] in their natural layouts (FwdParams'
 // fields and strides, dtype kFloat8E4M3; the kernel transposes V in shared

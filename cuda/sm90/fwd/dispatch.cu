@@ -8,6 +8,7 @@
 #include "sm90/common/device_info.h"
 #include "fwd_tuning.h"
 #include "fwd_kernel.cuh"  // FwdKernelFor: the shared-memory sizes (no kernel is instantiated here)
+#include "fwd_varlen_kernel.cuh"  // VarlenFwdKernelFor: likewise
 #include "instantiations.h"
 #include "jax_flash/dispatch.h"
 #include "jax_flash/head_dim.h"
@@ -106,7 +107,63 @@ bool fwd_call_ok(const FwdParams& p, bool needs_tile_counter) {
   return true;
 }
 
+template <int kD, int kDv>
+bool varlen_shape_ok(const FwdParams& p, const DeviceInfo& dev) {
+  using Bf16 = __nv_bfloat16;
+  const MaskInfo mi = make_mask_info(p);
+  const int alloc = fwd_causal_like(mi.wl, mi.wr) ? VarlenFwdKernelFor<Bf16, kD, kDv, true>::type::kSmemAlloc
+                                                  : VarlenFwdKernelFor<Bf16, kD, kDv, false>::type::kSmemAlloc;
+  return alloc <= dev.smem_optin;
+}
+
+template <typename Element>
+cudaError_t fwd_varlen_dtype(const VarlenFwdParams& p, cudaStream_t stream) {
+  return dispatch_shape(p, cudaErrorNotSupported, [&](auto shape) {
+    using S = decltype(shape);
+    return run_fwd_varlen_hdim<Element, S::kHeadDim, S::kHeadDimV>(p, stream);
+  });
+}
+
 }  // namespace
+
+bool fwd_varlen_supported(const VarlenFwdParams& p) {
+  if (!fwd_call_ok(p, true)) return false;
+  if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr || p.num_seqs < 1) return false;
+  if (p.q_segment != nullptr || p.dropout.enabled()) return false;
+  if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0) return false;
+  if (p.head_dim_v == p.head_dim ? Sm90FwdHeadDims::bucket(p.head_dim) == 0
+                                 : !Sm90FwdHeadDimPairs::contains(p.head_dim, p.head_dim_v))
+    return false;
+  // The tile bound (VarlenOrder::max_tiles) fits an int.
+  if (int64_t(p.num_heads) * p.batch * ((int64_t(p.seqlen_q) + 63) / 64 + p.num_seqs) >= (int64_t(1) << 31))
+    return false;
+#ifdef JAX_FLASH_DISABLE_FP16
+  if (p.dtype != DType::kBFloat16) return false;
+#else
+  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
+#endif
+  if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
+                 p.q_batch_stride) ||
+      !tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
+                 p.k_batch_stride) ||
+      !tensor_ok(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
+                 p.v_batch_stride) ||
+      !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
+                 p.o_batch_stride))
+    return false;
+  const DeviceInfo dev = device_info();
+  if (!dev.sm90) return false;
+  return dispatch_shape(p, false, [&](auto shape) {
+    using S = decltype(shape);
+    return varlen_shape_ok<S::kHeadDim, S::kHeadDimV>(p, dev);
+  });
+}
+
+cudaError_t run_fwd_varlen(const VarlenFwdParams& p, cudaStream_t stream) {
+  if (!fwd_varlen_supported(p)) return cudaErrorNotSupported;
+  if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
+  return dispatch_dtype(p.dtype, [&](auto e) { return fwd_varlen_dtype<typename decltype(e)::type>(p, stream); });
+}
 
 bool fwd_fp8_supported(const Fp8FwdParams& p) {
   if (!fwd_call_ok(p, fwd_fp8_needs_tile_counter(p))) return false;

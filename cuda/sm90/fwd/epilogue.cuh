@@ -21,6 +21,7 @@
 #include "mainloop.cuh"
 #include "sm90/ptx/barrier.cuh"
 #include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/smem_ops.cuh"
 #include "sm90/ptx/tma.cuh"
 #include "sm90/ptx/wgmma.cuh"
 #include "sm90/common/softmax.cuh"
@@ -44,6 +45,10 @@ struct FwdEpilogue {
   static constexpr int kConsumerWGs = Mainloop::kConsumerWGs;
   static constexpr int kRowElems = Traits::kSwizzleRow;
   static constexpr int kOBytes = kBlockM * kHeadDimV * Traits::kBytes;
+  // Variable-length sequences: rows past the sequence's end belong to the
+  // next one, so a warpgroup whose 64 rows cross the end copies its rows
+  // from the staged tile with per-row guarded stores instead of the TMA box.
+  static constexpr bool kVarlen = Mainloop::kVarlen;
 
   enum OStage { kOwnTile, kInQ, kInV };
   static constexpr OStage kOStage = Mainloop::kOInV                                ? kInV
@@ -112,10 +117,31 @@ struct FwdEpilogue {
   JF_DEVICE static void prefetch_descriptors(const Params& p) { ptx::prefetch_tmap(&p.tm_o); }
 
   // ---------------------------------------------------------------- device
+  // kVarlen: the staged rows [0, rows) of warpgroup wg to O's rows from
+  // row0 (absolute), columns below o.head_dim (all 128 threads of the WG;
+  // the staged tile is [column block][kBlockM][128 B], 128B-swizzled).
+  JF_DEVICE static void store_rows(const Smem& sm, const GmemTensor& o, int wg, int tid_wg, int rows, int row0,
+                                   int head, int batch) {
+    constexpr int kChunks = kHeadDimV / 8;  // 16-byte chunks of a row
+    char* base = reinterpret_cast<char*>(const_cast<void*>(o.ptr)) +
+                 (int64_t(batch) * o.batch_stride + int64_t(head) * o.head_stride) * Traits::kBytes;
+    for (int i = tid_wg; i < rows * kChunks; i += 128) {
+      const int r = i / kChunks, j = i - r * kChunks;
+      if (8 * j >= o.head_dim) continue;
+      const uint32_t addr =
+          sm.o + (j / 8) * kBlockM * 128 + (64 * wg + r) * 128 + ((uint32_t(j % 8) ^ uint32_t(r % 8)) << 4);
+      const uint4 v = ptx::ld_shared_v4_u32(addr);
+      *reinterpret_cast<uint4*>(base + (int64_t(row0 + r) * o.row_stride + 8 * j) * Traits::kBytes) = v;
+    }
+  }
+
   // Stores warpgroup wg's 64 rows of O and their LSE (all 128 threads of the WG).
+  // kVarlen: m0 counts from the start of `seq`, whose rows end at its
+  // length; o_rows is O for the guarded stores (store_rows).
   JF_DEVICE static void store(const Params& a, const Smem& sm, int wg, int warp, int lane,
                               const float (&o)[kHeadDimV / 2], const Softmax& smx, int m0,
-                              int head, int batch) {
+                              int head, int batch, const VarlenSeq* seq = nullptr,
+                              const GmemTensor* o_rows = nullptr) {
     // 16-bit O: a thread's pair of accumulator columns is one 4-byte store.
     static_assert(Traits::kBytes == 2, "O staging of 16-bit elements");
     using namespace ptx;
@@ -132,7 +158,11 @@ struct FwdEpilogue {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + r_local + 8 * h;
-        if (row < a.seqlen_q) lse_bh[row] = lse[h];
+        if constexpr (kVarlen) {
+          if (row < seq->len_q) lse_bh[seq->offset_q + row] = lse[h];
+        } else {
+          if (row < a.seqlen_q) lse_bh[row] = lse[h];
+        }
       }
     }
     // The previous tile's store must have read the buffer (own O buffer), and
@@ -178,11 +208,25 @@ struct FwdEpilogue {
     }
     fence_proxy_async_smem();  // st.shared -> TMA (async proxy) reads
     named_bar_sync(kBarEpilogue + wg, 128);
+    if constexpr (kVarlen) {
+      const int rows = seq->len_q - (m0 + 64 * wg);  // the WG's rows inside the sequence
+      if (rows < 64) {  // uniform over the WG
+        store_rows(sm, *o_rows, wg, tid_wg, rows, seq->offset_q + m0 + 64 * wg, head, batch);
+        named_bar_sync(kBarEpilogue + wg, 128);  // every read of the staged tile is done
+        if (tid_wg == 0) {
+          if constexpr (kOStage == kInQ) mbar_arrive(sm.empty_q);
+          if constexpr (kOStage == kInV) mbar_arrive(sm.o_free());
+        }
+        __syncwarp();
+        return;
+      }
+    }
+    const int o_row0 = kVarlen ? seq->offset_q : 0;
     if (tid_wg == 0) {
 #pragma unroll
       for (int cb = 0; cb < kHeadDimV / kRowElems; ++cb)
-        tma_store_4d(&a.tm_o, sm.o + cb * kBlockM * 128 + 64 * wg * 128, cb * kRowElems, m0 + 64 * wg,
-                     head, batch);
+        tma_store_4d(&a.tm_o, sm.o + cb * kBlockM * 128 + 64 * wg * 128, cb * kRowElems,
+                     o_row0 + m0 + 64 * wg, head, batch);
       bulk_commit();
       if constexpr (kOStage == kInQ) {
         bulk_wait_read<0>();

@@ -67,6 +67,10 @@ struct FwdTuning {
   // Also the kind of call: attention dropout on P (jax_flash/philox.h), drawn
   // per block while its GEMMs run.
   bool dropout;
+  // Also the kind of call: variable-length sequences (cu_seqlens; the
+  // varlen kernel, fwd_varlen_kernel.cuh): each tile one sequence's query
+  // block, loads at the sequence's offsets, rows stored up to its end.
+  bool varlen;
   // 0, or every exp2_poly_every-th exponential of the softmax computed on the
   // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
   int exp2_poly_every;
@@ -196,6 +200,18 @@ constexpr FwdTuning fwd_softcap_tuning(int head_dim, bool causal_like) {
 template <int kHeadDim, bool kCausalLike>
 struct SoftcapFwdTuning {
   static constexpr FwdTuning value = fwd_softcap_tuning(kHeadDim, kCausalLike);
+};
+
+// The varlen forward of a bucket or pair: the production tile and knobs of
+// its mask (the tiles' costs and shapes are those of one sequence).
+constexpr FwdTuning fwd_varlen_tuning(int head_dim, int head_dim_v, bool causal_like) {
+  FwdTuning t = fwd_default_tuning(head_dim, head_dim_v, causal_like);
+  t.varlen = true;
+  return t;
+}
+template <int kHeadDim, int kHeadDimV, bool kCausalLike>
+struct VarlenFwdTuning {
+  static constexpr FwdTuning value = fwd_varlen_tuning(kHeadDim, kHeadDimV, kCausalLike);
 };
 
 // Which masks count as causal-like for the policy (a right bound without a

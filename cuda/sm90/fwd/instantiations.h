@@ -23,6 +23,11 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim, int kHeadDimV = kHeadDim>
 cudaError_t run_fwd_dropout_hdim(const FwdParams& p, cudaStream_t stream);
 
+// Variable-length sequences (VarlenFwdParams):
+// fwd_varlen_<dtype>_hdim<d>_sm90.cu (varlen_launch.cuh).
+template <typename Element, int kHeadDim, int kHeadDimV = kHeadDim>
+cudaError_t run_fwd_varlen_hdim(const VarlenFwdParams& p, cudaStream_t stream);
+
 // The FP8 forward (e4m3 inputs) writing O as OutElement (bf16 / fp16):
 // fwd_e4m3_<out>_hdim<d>_sm90.cu.
 template <typename OutElement, int kHeadDim>

@@ -70,11 +70,13 @@
 #include "sm90/ptx/barrier.cuh"
 #include "sm90/ptx/element_traits.cuh"
 #include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/smem_ops.cuh"
 #include "sm90/ptx/tma.cuh"
 #include "sm90/ptx/wgmma.cuh"
 #include "sm90/common/softmax.cuh"
 #include "sm90/common/tile_scheduler.cuh"
 #include "sm90/common/tma_desc.h"
+#include "jax_flash/varlen_order.h"
 #include "softcap.cuh"
 #include "v_transpose.cuh"
 
@@ -84,6 +86,10 @@ template <typename Element_, int kHeadDim_, typename TuningT, typename OutElemen
           int kHeadDimV_ = kHeadDim_>
 struct FwdMainloop {
   static constexpr bool kPacked = TuningT::value.packed;  // fwd_tuning.h
+  // Variable-length sequences (fwd_varlen_kernel.cuh): the tile's sequence
+  // (VarlenSeq) gives the loads' row offsets and, through
+  // MaskInfo::for_sequence, the lengths of every block range and mask.
+  static constexpr bool kVarlen = TuningT::value.varlen;
   using Element = Element_;
   using OutElement = OutElement_;  // of O (the epilogue)
   using Traits = ElementTraits<Element>;
@@ -174,6 +180,8 @@ struct FwdMainloop {
   // right; the results were wrong on the H200). The overlap schedule compiles
   // correctly; tools/lint/check_wgmma_a_regs.py checks the SASS of every build.
   static_assert(!kQInRegs || kOverlap, "q_in_regs needs overlap (ptxas, see above)");
+  static_assert(!kVarlen || (!kPacked && !kDropout && !kVTransposed && kOverlap),
+                "varlen: 16-bit, no segment ids, no dropout, the overlap schedule (zero_v_tail's place)");
 
   // ---------------------------------------------------------------- storage
   // Tiles: Q, the K ring, the V ring, 8-bit: the V^T ring (whole 128-key
@@ -303,13 +311,22 @@ struct FwdMainloop {
 
   // ---------------------------------------------------------------- producer
   // The loads of the it-th tile of this CTA (one thread: lane 0 of warp 0).
+  // kVarlen: seq is the tile's sequence; the blocks count from its start
+  // and the TMA rows are offset by its first row and key.
   JF_DEVICE static void load(const Params& a, const Smem& sm, ptx::PipeState<kStages>& kst,
-                             ptx::PipeState<kStages>& vst, const TileCoord& c, uint32_t it) {
+                             ptx::PipeState<kStages>& vst, const TileCoord& c, uint32_t it,
+                             const VarlenSeq* seq = nullptr) {
     using namespace ptx;
     const int batch = c.batch, head = c.head;
     const int m0 = c.block * kBlockM;
     int n_first, n_last;
-    kv_block_range(a, batch, m0, n_first, n_last);
+    if constexpr (kVarlen) {
+      a.mask.for_sequence(seq->len_q, seq->len_k)
+          .BlockMath<MaskInfo>::kv_block_range(m0, kBlockM, kBlockN, n_first, n_last);
+    } else {
+      kv_block_range(a, batch, m0, n_first, n_last);
+    }
+    const int q_row0 = kVarlen ? seq->offset_q : 0, k_row0 = kVarlen ? seq->offset_k : 0;
     const int head_k = head / a.heads_per_kv;
 
     auto load_k = [&](int n) {
@@ -318,8 +335,8 @@ struct FwdMainloop {
       mbar_arrive_expect_tx(full, kKBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocks; ++cb)
-        tma_load_4d(&a.tm_k, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, n * kBlockN, head_k,
-                    batch);
+        tma_load_4d(&a.tm_k, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, k_row0 + n * kBlockN,
+                    head_k, batch);
       kst.advance();
     };
     auto load_v = [&](int n) {
@@ -328,7 +345,8 @@ struct FwdMainloop {
       mbar_arrive_expect_tx(full, kVBytes);
 #pragma unroll
       for (int cb = 0; cb < kColBlocksV; ++cb)
-        tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, n * kBlockN, head_k, batch);
+        tma_load_4d(&a.tm_v, full, dst + cb * kBlockN * kRowBytes, cb * kRowElems, k_row0 + n * kBlockN, head_k,
+                    batch);
       vst.advance();
     };
 
@@ -352,7 +370,8 @@ struct FwdMainloop {
     mbar_arrive_expect_tx(sm.full_q(), kQBytes);
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb)
-      tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * kBlockM * kRowBytes, cb * kRowElems, m0, head, batch);
+      tma_load_4d(&a.tm_q, sm.full_q(), sm.q() + cb * kBlockM * kRowBytes, cb * kRowElems, q_row0 + m0, head,
+                  batch);
     if (has_keys) wait_o_free();
     for (int n = n_last - 1; n >= n_first; --n) {
       if constexpr (kVTransposed) {  // V first (FA3's FP8 order): the transposers work on it
@@ -508,6 +527,45 @@ struct FwdMainloop {
     int wg, warp, lane;
     ptx::PipeState<kStages>& kst;
     ptx::PipeState<kStages>& vst;
+    // kVarlen: the mask of the tile's sequence (set_sequence, once per tile).
+    struct NoMask {};
+    mutable std::conditional_t<kVarlen, MaskInfo, NoMask> seq_mask{};
+
+    JF_DEVICE const MaskInfo& mask() const {
+      if constexpr (kVarlen) {
+        return seq_mask;
+      } else {
+        return a.mask;
+      }
+    }
+    JF_DEVICE void set_sequence(const VarlenSeq& s) const {
+      if constexpr (kVarlen) seq_mask = a.mask.for_sequence(s.len_q, s.len_k);
+    }
+
+    // kVarlen: the V rows of the tile's last KV block past the sequence's
+    // end hold the next tokens of the packed tensor (anything, NaN
+    // included); their P is 0 but 0 * NaN is not, so they are zeroed in
+    // shared memory before the first PV GEMM reads the stage (the block
+    // the tile visits first; called in run() once the tile's first QK^T and
+    // softmax are done, only when the tile has keys). Every consumer thread takes a share, then the
+    // proxy fence (st.shared before wgmma's async-proxy reads) and a barrier
+    // of all consumer WGs (they share the stage). The producer refills the
+    // slot only after every consumer warp released it.
+    JF_DEVICE void zero_v_tail(int n_first, int n_last) const {
+      const int len_k = seq_mask.seqlen_k;
+      if (n_last <= n_first || n_last * kBlockN <= len_k) return;  // uniform over the CTA
+      ptx::mbar_wait(sm.full_v(vst.index), vst.phase);
+      const int valid = len_k - (n_last - 1) * kBlockN;
+      constexpr int kChunks = kColBlocksV * (kRowBytes / 16);  // 16-byte chunks of a key's row
+      const uint32_t base = sm.v(vst.index);
+      for (int i = 128 * wg + 32 * warp + lane; i < (kBlockN - valid) * kChunks; i += 128 * kConsumerWGs) {
+        const int r = valid + i / kChunks, c = i % kChunks;
+        ptx::st_shared_v4_zero(base + (c / (kRowBytes / 16)) * kBlockN * kRowBytes + r * kRowBytes +
+                               (c % (kRowBytes / 16)) * 16);
+      }
+      ptx::fence_proxy_async_smem();
+      ptx::named_bar_sync(kBarVarlenV, 128 * kConsumerWGs);
+    }
 
     // Before the first tile: the first pingpong turn is WG 0's.
     JF_DEVICE void start() const {
@@ -570,8 +628,8 @@ struct FwdMainloop {
         if (a.mask.block_needs_mask(plan, m0_wg, 64, n, kBlockN))
           apply_mask<true>(s, a.mask, batch, row0, col0, MaskInfo::plan_exact(plan));
       } else {
-        if (a.mask.block_needs_mask_by_position(m0_wg, 64, n0, kBlockN))
-          apply_mask<false>(s, a.mask, batch, row0, col0, false);
+        if (mask().block_needs_mask_by_position(m0_wg, 64, n0, kBlockN))
+          apply_mask<false>(s, mask(), batch, row0, col0, false);
       }
     }
 
@@ -699,6 +757,10 @@ struct FwdMainloop {
         softmax<true>(smx, s, scale_log2, alpha, sc);
         if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
         acc_to_a<Element>(s, p);
+        // Before the first PV (and before the first pingpong turn, so no
+        // warpgroup waits for another's turn here); the V load's latency
+        // hides behind the first QK^T and softmax.
+        if constexpr (kVarlen) zero_v_tail(n_first, n_last);
         float alpha_pending[2] = {1.f, 1.f};  // kRescaleBeforePV: applied before the next PV
         bool rescale_pending = false;         // kRescaleBeforePV: whether to apply it
 

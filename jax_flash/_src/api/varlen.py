@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_flash._src.api import attention as api
+from jax_flash._src.backends import ffi
 from jax_flash._src.backends import registry as backends
 from jax_flash._src.sharding import partition as sharding
 from jax_flash._src.core.checks import (check_arrays, check_scale,
@@ -125,6 +126,24 @@ def _packing_arrays(cu_q, cu_k, total_q, total_k, banded):
   return tuple(arrays)
 
 
+def _varlen_fields(cu_q, cu_k, total_q, total_k) -> dict:
+  """The spec's varlen fields: with the per-sequence kernel switched on
+  (ffi.varlen_kernel, JAX_FLASH_VARLEN_KERNEL=1) the segment ids are marked
+  as this layout of cu_q.shape[0] - 1 sequences, so that a backend may tile
+  by sequence (the CUDA backend derives the offsets back from the ids on
+  the device); tokens outside every sequence are ruled out when concrete
+  offsets start at 0 and end at the tensors' ends. Off: no fields, the
+  program of segment ids."""
+  if not ffi.varlen_kernel():
+    return {}
+  outside = True
+  if _concrete(cu_q) and _concrete(cu_k):
+    cq, ck = np.asarray(cu_q), np.asarray(cu_k)
+    outside = not (cq[0] == 0 and cq[-1] == total_q and ck[0] == 0 and
+                   ck[-1] == total_k)
+  return dict(varlen_seqs=int(cu_q.shape[0]) - 1, varlen_outside=outside)
+
+
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
                      max_seqlen_q: int, max_seqlen_k: int,
                      causal: bool = False, scale: float | None = None,
@@ -190,6 +209,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,
   # its diagonal, and each token's q and kv ids agree (spec.segments_aligned).
   aligned = cu_seqlens_q is cu_seqlens_k and Tq == Tk
   spec = AttentionSpec(
+      **_varlen_fields(cu_seqlens_q, cu_seqlens_k, Tq, Tk),
       scale=check_scale(scale, D), causal=bool(causal), **band,
       softcap=check_softcap(softcap), has_segment_ids=True,
       has_shifts=banded and not aligned, segments_aligned=aligned,

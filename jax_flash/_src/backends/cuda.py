@@ -190,8 +190,70 @@ def _dropout(spec: AttentionSpec, dropout_key):
       dropout_broadcast=bool(spec.dropout_broadcast))
 
 
+def _varlen_kernel_serves(spec: AttentionSpec) -> bool:
+  """Whether the sm90 varlen forward takes this call (trace time): a
+  cu_seqlens layout (spec.varlen_seqs, which varlen_attention sets only
+  with the kernel switched on: ffi.varlen_kernel; the spec carries the
+  choice, so a call traced later, e.g. by a partitioning rule, makes the
+  same one), the sm90 family built and not excluded, an sm_90 GPU, a head
+  dim it has (a bucket or an sm90 pair), no dropout."""
+  if spec.varlen_seqs <= 0 or not spec.has_segment_ids or spec.has_dropout:
+    return False
+  if ffi.kernel_family() == 80:
+    return False
+  if "sm90" not in ffi.families() or _compute_capability() != (9, 0):
+    return False
+  if spec.v_head_dim != spec.head_dim:
+    return kernel_table.serves_pair("sm90_fwd", spec.head_dim, spec.v_head_dim)
+  return spec.head_dim <= kernel_table.max_head_dim("sm90_fwd")
+
+
+def varlen_offsets(seg, num_seqs: int):
+  """cu_seqlens [B, num_seqs + 1] int32 of segment ids [B, T] in the
+  layout of spec.varlen_seqs (sequence s = the run of id s; negative ids,
+  and ids past the sequences, outside every one): a scatter-add of the run
+  lengths and a prefix sum, from the first token inside. Whatever the ids,
+  the offsets are non-decreasing and within [0, T]."""
+  B, T = seg.shape
+  inside = (seg >= 0) & (seg < num_seqs)
+  ids = jnp.where(inside, seg, num_seqs)
+  counts = jnp.zeros((B, num_seqs + 1), jnp.int32).at[
+      jnp.arange(B)[:, None], ids].add(1)[:, :num_seqs]
+  first = jnp.argmax(inside, axis=1).astype(jnp.int32)
+  return first[:, None] + jnp.concatenate(
+      [jnp.zeros((B, 1), jnp.int32), jnp.cumsum(counts, axis=1)], axis=1)
+
+
+def _forward_varlen(spec: AttentionSpec, q, k, v, q_seg, kv_seg, sinks):
+  """The per-sequence sm90 forward (jax_flash_fwd_varlen): tiles never
+  straddle two sequences, rows and keys loaded at each sequence's offsets,
+  so no unseen-token pass and no tile-span pre-pass. The offsets come back
+  from the ids (varlen_offsets)."""
+  B, T, H, _ = q.shape
+  n = spec.varlen_seqs
+  cu_q = varlen_offsets(q_seg.astype(jnp.int32), n)
+  cu_k = cu_q if spec.segments_aligned else varlen_offsets(
+      kv_seg.astype(jnp.int32), n)
+  out_shapes = (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
+                jax.ShapeDtypeStruct((B, H, T), jnp.float32),
+                jax.ShapeDtypeStruct((1,), jnp.int32))
+  has_sinks = sinks is not None
+  sinks = (sinks.astype(jnp.float32) if has_sinks else
+           jnp.zeros((1,), jnp.float32))
+  o, lse, _ = ffi.call(ffi.FWD_VARLEN, out_shapes, q, k, v, cu_q, cu_k, sinks,
+                       scale=np.float32(spec.scale),
+                       softcap=np.float32(spec.softcap or 0.0),
+                       window_left=np.int32(spec.window_left),
+                       window_right=np.int32(spec.window_right),
+                       has_sinks=has_sinks,
+                       may_have_outside=bool(spec.varlen_outside))
+  return o, lse
+
+
 def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
              dropout_key=None, sinks=None):
+  if _varlen_kernel_serves(spec):
+    return _forward_varlen(spec, q, k, v, q_seg, kv_seg, sinks)
   B, T, H, _ = q.shape
   # A tile that is partly seen is loaded whole, and its masked products are
   # 0 * x: NaN or Inf in values no row sees would reach o (P V). Scores of

@@ -27,9 +27,11 @@ FP8_QUANTIZE = "jax_flash_fp8_quantize"
 FP8_FWD = "jax_flash_fwd_fp8"
 # The tile-span pre-pass of segment ids (backends/cuda.py).
 PACKING = "jax_flash_packing"
+# The sm90 forward of variable-length sequences (backends/cuda.py).
+FWD_VARLEN = "jax_flash_fwd_varlen"
 # The decoding kernels (decode/cuda.py).
 DECODE = "jax_flash_decode"
-TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE)
+TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE, FWD_VARLEN)
 
 _FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
 
@@ -47,6 +49,19 @@ def kernel_family() -> np.int32:
     raise ValueError(f"JAX_FLASH_CUDA_FAMILY must be one of auto, sm80, sm90; "
                      f"got {name!r}")
   return np.int32(_FAMILIES[name])
+
+
+def varlen_kernel() -> bool:
+  """Whether varlen_attention may take the per-sequence sm90 forward
+  (jax_flash_fwd_varlen) instead of the packed segment-id kernels.
+
+  JAX_FLASH_VARLEN_KERNEL=1 turns it on, read at trace time (default off:
+  the packed path), so one process can time both.
+  """
+  name = os.environ.get("JAX_FLASH_VARLEN_KERNEL", "0").strip()
+  if name not in ("0", "1", ""):
+    raise ValueError(f"JAX_FLASH_VARLEN_KERNEL must be 0 or 1; got {name!r}")
+  return name == "1"
 
 
 @functools.cache

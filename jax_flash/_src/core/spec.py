@@ -129,6 +129,15 @@ class AttentionSpec:
   # sequence, whose q and kv ids differ and match nothing; no shifts. Then a
   # token is seen iff its two ids agree (core/seen.py), with no search.
   segments_aligned: bool = False
+  # 0, or the segment ids are a cu_seqlens layout of this many sequences
+  # (varlen_attention): in each batch row the tokens of sequence s carry
+  # id s, in runs of increasing id, and tokens outside every sequence a
+  # negative id. Backends may then tile by sequence (the CUDA backend's
+  # varlen kernel on sm90) instead of by position.
+  varlen_seqs: int = 0
+  # With varlen_seqs: whether some token may lie outside every sequence
+  # (False when the offsets are known to start at 0 and cover both tensors).
+  varlen_outside: bool = True
 
   @property
   def has_window(self) -> bool:
