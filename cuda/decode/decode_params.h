@@ -63,6 +63,17 @@ struct DecodeParams {
   float* lse_partial;
 };
 
+// The kernel that merges the splits (decode_combine.cuh: one warp per row,
+// the splits in batches of 8 per 64 columns; decode_combine_cta.cuh: one CTA
+// per row, its warps sharing the splits). A warp walks more than 8 splits
+// in one memory round trip per batch and 64 columns, a CTA per row in two
+// or three in all, so many splits take the CTA per row.
+enum class CombineKind { kWarpPerRow, kCtaPerRow };
+constexpr int kCombineCtaMinSplits = 9;
+constexpr CombineKind decode_combine_kind(int num_splits) {
+  return num_splits >= kCombineCtaMinSplits ? CombineKind::kCtaPerRow : CombineKind::kWarpPerRow;
+}
+
 // The decode kernel's shape (decode_kernel.cuh's DecodeConfig reads it from
 // here; decode_plan.h sizes the grid with it). A CTA holds 16 or 32 packed
 // query rows (one or two m-tiles per warp: 32 when a KV head has more than
