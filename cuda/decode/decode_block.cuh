@@ -130,28 +130,68 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
   const int32_t* table = p.page_table + int64_t(d.b) * p.max_pages;
-  const int ps = p.page_size;
-  const int page0 = n0 / ps;
+  // Keys and page sizes are non-negative: unsigned division is the shorter.
+  const unsigned ps = unsigned(p.page_size);
+  const int page0 = int(unsigned(n0) / ps);
+  const int in_page0 = n0 - page0 * int(ps);
   // Block-uniform: the whole tile in one page (a contiguous cache, or pages
   // of a multiple of the tile) takes one table lookup.
-  const bool one_page = (n0 + Cfg::kBlockN - 1) / ps == page0;
-  const int64_t tile_base = one_page ? page_base(p, table, page0) + int64_t(n0 - page0 * ps) * p.kv_row_stride : 0;
-  const int64_t head = int64_t(d.hk) * p.kv_head_stride;
+  const bool one_page = in_page0 + Cfg::kBlockN <= int(ps);
+  if constexpr (Cfg::kThreads % kChunks == 0) {
+    // A thread copies one 16-byte column c of rows r0 + i * kRowsPerPass.
+    // On one page (block-uniform branch) the rows' offsets are one base and
+    // a step per pass: the per-chunk page lookup, division and 64-bit
+    // products stay off the common path.
+    constexpr int kRowsPerPass = Cfg::kThreads / kChunks;
+    const int r0 = tid / kChunks, c = (tid % kChunks) * 8;
+    const bool col_ok = c < p.head_dim;
+    const int64_t head = int64_t(d.hk) * p.kv_head_stride + c;
+    if (one_page) {
+      const int64_t step = int64_t(kRowsPerPass) * p.kv_row_stride;
+      int64_t row_off = page_base(p, table, page0) + int64_t(in_page0 + r0) * p.kv_row_stride + head;
 #pragma unroll
-  for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    const int j = n0 + r;
-    const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
-    int64_t off = 0;
-    if (ok) {
-      off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
-                     : page_base(p, table, j / ps) + int64_t(j % ps) * p.kv_row_stride;
-      off += head + c;
+      for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
+        const bool ok = col_ok && n0 + r0 + i * kRowsPerPass < d.blk.seqlen_k;
+        const int64_t off = ok ? row_off : 0;
+        row_off += step;
+        const uint32_t so = KTile::offset(r0 + i * kRowsPerPass, c);
+        sm80::cp_async_16(sK + so, k + off, ok);
+        sm80::cp_async_16(sV + so, v + off, ok);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
+        const unsigned j = unsigned(n0 + r0 + i * kRowsPerPass);
+        const bool ok = col_ok && int(j) < d.blk.seqlen_k;
+        int64_t off = 0;
+        if (ok) off = page_base(p, table, int(j / ps)) + int64_t(j % ps) * p.kv_row_stride + head;
+        const uint32_t so = KTile::offset(r0 + i * kRowsPerPass, c);
+        sm80::cp_async_16(sK + so, k + off, ok);
+        sm80::cp_async_16(sV + so, v + off, ok);
+      }
     }
-    const uint32_t so = KTile::offset(r, c);
-    sm80::cp_async_16(sK + so, k + off, ok);
-    sm80::cp_async_16(sV + so, v + off, ok);
+  } else {
+    // Rows whose chunks the threads do not divide (head_dim 96: 12 per row):
+    // each chunk's row and column from its index.
+    const int64_t tile_base =
+        one_page ? page_base(p, table, page0) + int64_t(in_page0) * p.kv_row_stride : 0;
+    const int64_t head = int64_t(d.hk) * p.kv_head_stride;
+#pragma unroll
+    for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
+      const int idx = tid + i * Cfg::kThreads;
+      const int r = idx / kChunks, c = (idx % kChunks) * 8;
+      const unsigned j = unsigned(n0 + r);
+      const bool ok = int(j) < d.blk.seqlen_k && c < p.head_dim;
+      int64_t off = 0;
+      if (ok) {
+        off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
+                       : page_base(p, table, int(j / ps)) + int64_t(j % ps) * p.kv_row_stride;
+        off += head + c;
+      }
+      const uint32_t so = KTile::offset(r, c);
+      sm80::cp_async_16(sK + so, k + off, ok);
+      sm80::cp_async_16(sV + so, v + off, ok);
+    }
   }
 }
 

@@ -34,27 +34,88 @@ struct Variant {
 };
 
 // kCombine: -1 the policy's (decode_combine_kind), else a CombineKind.
-template <bool kFp8, int kD, int kMT, int kN, int kStages, int kCtas, int kCombine = -1>
+template <typename Cfg, int kCombine = -1>
 cudaError_t launch_variant(const DecodeParams& p, cudaStream_t stream) {
-  using Cfg = DecodeConfig<kD, kMT, kFp8, kN, kStages, kCtas>;
-  if (!jax_flash::decode::decode_supported(p) || p.kv_fp8 != kFp8 || p.dtype != jax_flash::DType::kBFloat16 ||
-      jax_flash::rounded_head_dim(p.head_dim) != kD || p.sm.softcap_pre != 0.f)
+  if (!jax_flash::decode::decode_supported(p) || p.kv_fp8 != Cfg::kFp8 ||
+      p.dtype != jax_flash::DType::kBFloat16 || jax_flash::rounded_head_dim(p.head_dim) != Cfg::kHeadDim ||
+      p.sm.softcap_pre != 0.f)
     return cudaErrorInvalidValue;
   if (int64_t(p.batch) * p.num_heads * p.seqlen_q == 0) return cudaSuccess;
   cudaError_t err = jax_flash::decode::launch_decode_kernel<Cfg>(
-      jax_flash::decode::decode_kernel<__nv_bfloat16, kD, kMT, false, kFp8, Cfg>, p, stream);
+      jax_flash::decode::decode_kernel<__nv_bfloat16, Cfg::kHeadDim, Cfg::kMT, false, Cfg::kFp8, Cfg>, p,
+      stream);
   if (err != cudaSuccess) return err;
   const CombineKind kind =
       kCombine < 0 ? jax_flash::decode::decode_combine_kind(p.num_splits) : CombineKind(kCombine);
   return jax_flash::decode::launch_decode_combine<__nv_bfloat16>(p, stream, kind);
 }
 
+template <typename Cfg>
+constexpr Variant variant_of(const char* name) {
+  return {name,          Cfg::kFp8,         Cfg::kHeadDim, Cfg::kRows, Cfg::kBlockN, Cfg::kStages,
+          Cfg::kMinCtas, Cfg::kSmemBytes, launch_variant<Cfg>};
+}
 template <bool kFp8, int kD, int kMT, int kN, int kStages, int kCtas>
 constexpr Variant variant(const char* name) {
-  return {name, kFp8, kD, kMT * 16, kN, kStages, kCtas,
-          DecodeConfig<kD, kMT, kFp8, kN, kStages, kCtas>::kSmemBytes,
-          launch_variant<kFp8, kD, kMT, kN, kStages, kCtas>};
+  return variant_of<DecodeConfig<kD, kMT, kFp8, kN, kStages, kCtas>>(name);
 }
+
+// The 16-bit tile load before the one-page fast path (each 16-byte chunk
+// with its own row, page lookup and 64-bit offset), for the bench's
+// old-against-new rows: production's configurations as distinct types, whose
+// load_kv_tile is specialised below.
+template <int kMT>
+struct PerChunkLoad : DecodeConfig<128, kMT, false> {};
+
+template <typename Element, typename Cfg>
+JF_DEVICE void load_kv_tile_per_chunk(uint32_t sK, uint32_t sV, const DecodeParams& p,
+                                      const jax_flash::decode::DecodeBlock& d, int n0, int tid) {
+  using KTile = typename Cfg::KTile;
+  constexpr int kChunks = Cfg::kHeadDim / 8;
+  constexpr int kTotal = Cfg::kBlockN * kChunks;
+  const Element* k = static_cast<const Element*>(p.k);
+  const Element* v = static_cast<const Element*>(p.v);
+  const int32_t* table = p.page_table + int64_t(d.b) * p.max_pages;
+  const int ps = p.page_size;
+  const int page0 = n0 / ps;
+  const bool one_page = (n0 + Cfg::kBlockN - 1) / ps == page0;
+  const int64_t tile_base =
+      one_page ? jax_flash::decode::page_base(p, table, page0) + int64_t(n0 - page0 * ps) * p.kv_row_stride : 0;
+  const int64_t head = int64_t(d.hk) * p.kv_head_stride;
+#pragma unroll
+  for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
+    const int idx = tid + i * Cfg::kThreads;
+    const int r = idx / kChunks, c = (idx % kChunks) * 8;
+    const int j = n0 + r;
+    const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
+    int64_t off = 0;
+    if (ok) {
+      off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
+                     : jax_flash::decode::page_base(p, table, j / ps) + int64_t(j % ps) * p.kv_row_stride;
+      off += head + c;
+    }
+    const uint32_t so = KTile::offset(r, c);
+    jax_flash::sm80::cp_async_16(sK + so, k + off, ok);
+    jax_flash::sm80::cp_async_16(sV + so, v + off, ok);
+  }
+}
+
+}  // namespace decode_variants
+
+namespace jax_flash::decode {
+template <>
+JF_DEVICE void load_kv_tile<__nv_bfloat16, decode_variants::PerChunkLoad<1>>(
+    uint32_t sK, uint32_t sV, const DecodeParams& p, const DecodeBlock& d, int n0, int tid) {
+  decode_variants::load_kv_tile_per_chunk<__nv_bfloat16, decode_variants::PerChunkLoad<1>>(sK, sV, p, d, n0, tid);
+}
+template <>
+JF_DEVICE void load_kv_tile<__nv_bfloat16, decode_variants::PerChunkLoad<2>>(
+    uint32_t sK, uint32_t sV, const DecodeParams& p, const DecodeBlock& d, int n0, int tid) {
+  decode_variants::load_kv_tile_per_chunk<__nv_bfloat16, decode_variants::PerChunkLoad<2>>(sK, sV, p, d, n0, tid);
+}
+}  // namespace jax_flash::decode
+
+namespace decode_variants {
 
 // Bytes in flight per SM (H200, 228 KB): CTAs x (stages - 1) x stage bytes;
 // at head_dim 128 a stage of 64 keys is 16.5 KB in e4m3, 32 KB in bf16.
@@ -75,6 +136,10 @@ inline const Variant kVariants[] = {
     // Three CTAs with one tile in flight each: more warps to hide each
     // tile's latency, fewer bytes in flight.
     variant<false, 128, 1, 64, 2, 3>("bf16 d128 16r 64x2 3cta"),    //  96 KB
+    // Production's bf16 kernels with the per-chunk tile load (before the
+    // one-page fast path): 16 rows (T_new * group <= 16), 32 rows.
+    variant_of<PerChunkLoad<1>>("bf16 d128 16r per-chunk load"),
+    variant_of<PerChunkLoad<2>>("bf16 d128 32r per-chunk load"),
 };
 
 // The production kernels merged by one combine kernel or the other (the
