@@ -4,6 +4,7 @@
 #pragma once
 
 #include "decode/decode_params.h"
+#include "decode/page_div.h"
 #include "jax_flash/block_info.h"
 #include "jax_flash/seqlen_info.h"
 #include "sm80/mask.cuh"
@@ -59,6 +60,7 @@ struct DecodeConfig {
 // Which rows and keys one CTA owns, and where its tiles need the element mask.
 struct DecodeBlock {
   int b, hk, split;
+  PageDiv page_div;          // keys to pages (16-bit tile loads)
   int r0;                    // first packed row of the CTA
   BlockInfo blk;             // the sequence's geometry; rows packed (blk.group query heads per token)
   int n_first, n_last;       // this split's KV tiles [n_first, n_last)
@@ -76,7 +78,7 @@ JF_HOST_DEVICE BatchSeqlens decode_seqlens(const DecodeParams& p) {
 }
 
 JF_DEVICE DecodeBlock decode_block(const DecodeParams& p, int rows_per_cta, int bn) {
-  DecodeBlock d;
+  DecodeBlock d{0, 0, 0, PageDiv(p.page_size)};
   d.b = blockIdx.y / p.num_heads_k;
   d.hk = blockIdx.y % p.num_heads_k;
   d.split = blockIdx.z;
@@ -130,13 +132,12 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
   const Element* k = static_cast<const Element*>(p.k);
   const Element* v = static_cast<const Element*>(p.v);
   const int32_t* table = p.page_table + int64_t(d.b) * p.max_pages;
-  // Keys and page sizes are non-negative: unsigned division is the shorter.
-  const unsigned ps = unsigned(p.page_size);
-  const int page0 = int(unsigned(n0) / ps);
-  const int in_page0 = n0 - page0 * int(ps);
+  const int ps = p.page_size;
+  const int page0 = d.page_div.div(n0);
+  const int in_page0 = d.page_div.mod(n0, page0);
   // Block-uniform: the whole tile in one page (a contiguous cache, or pages
   // of a multiple of the tile) takes one table lookup.
-  const bool one_page = in_page0 + Cfg::kBlockN <= int(ps);
+  const bool one_page = in_page0 + Cfg::kBlockN <= ps;
   if constexpr (Cfg::kThreads % kChunks == 0) {
     // A thread copies one 16-byte column c of rows r0 + i * kRowsPerPass.
     // On one page (block-uniform branch) the rows' offsets are one base and
@@ -161,10 +162,13 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
     } else {
 #pragma unroll
       for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
-        const unsigned j = unsigned(n0 + r0 + i * kRowsPerPass);
-        const bool ok = col_ok && int(j) < d.blk.seqlen_k;
+        const int j = n0 + r0 + i * kRowsPerPass;
+        const bool ok = col_ok && j < d.blk.seqlen_k;
         int64_t off = 0;
-        if (ok) off = page_base(p, table, int(j / ps)) + int64_t(j % ps) * p.kv_row_stride + head;
+        if (ok) {
+          const int page = d.page_div.div(j);
+          off = page_base(p, table, page) + int64_t(d.page_div.mod(j, page)) * p.kv_row_stride + head;
+        }
         const uint32_t so = KTile::offset(r0 + i * kRowsPerPass, c);
         sm80::cp_async_16(sK + so, k + off, ok);
         sm80::cp_async_16(sV + so, v + off, ok);
@@ -180,12 +184,16 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
     for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
       const int idx = tid + i * Cfg::kThreads;
       const int r = idx / kChunks, c = (idx % kChunks) * 8;
-      const unsigned j = unsigned(n0 + r);
-      const bool ok = int(j) < d.blk.seqlen_k && c < p.head_dim;
+      const int j = n0 + r;
+      const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
       int64_t off = 0;
       if (ok) {
-        off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
-                       : page_base(p, table, int(j / ps)) + int64_t(j % ps) * p.kv_row_stride;
+        if (one_page) {
+          off = tile_base + int64_t(r) * p.kv_row_stride;
+        } else {
+          const int page = d.page_div.div(j);
+          off = page_base(p, table, page) + int64_t(d.page_div.mod(j, page)) * p.kv_row_stride;
+        }
         off += head + c;
       }
       const uint32_t so = KTile::offset(r, c);

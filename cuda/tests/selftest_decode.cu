@@ -363,6 +363,10 @@ std::vector<Case> all_cases(bool quick) {
   c.fp8 = true;
   c.softcap = 30.f;
   cs.push_back(c);
+  c = Case{"paged1 (a key per page) split2 T3 causal", 2, 3, 4, 2, 64, 1, 150, {150, 71}};
+  c.wr = 0;
+  c.splits = 2;
+  cs.push_back(c);
   c = Case{"more splits than tiles", 2, 1, 2, 2, 64, 16, 90, {90, 5}};
   c.splits = 7;
   cs.push_back(c);
