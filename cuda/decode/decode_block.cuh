@@ -20,7 +20,8 @@ using namespace sm80;  // NOLINT: the sm80 primitives are this kernel's vocabula
 template <int kHeadDim_, int kMT_, bool kFp8_ = false,
           int kTileN_ = decode_tile(kHeadDim_, kMT_, kFp8_).block_n,
           int kTileStages_ = decode_tile(kHeadDim_, kMT_, kFp8_).stages,
-          int kTileCtas_ = decode_tile(kHeadDim_, kMT_, kFp8_).min_ctas>
+          int kTileCtas_ = decode_tile(kHeadDim_, kMT_, kFp8_).min_ctas,
+          bool kQRegs_ = decode_q_in_registers(kHeadDim_, kMT_, kFp8_)>
 struct DecodeConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kMT = kMT_;    // m-tiles (16 rows) per warp
@@ -31,6 +32,8 @@ struct DecodeConfig {
   static constexpr int kWarps = kDecodeWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMinCtas = kTile.min_ctas;
+  static constexpr bool kQRegs = kQRegs_;  // Q's fragments in registers
+  static_assert(!kQRegs || !kFp8, "FP8 reads Q from its fp16 copy");
   // Each warp's slice of a tile: 16 or 32 keys, kNS score n-tiles of 8, kKS
   // k-steps of 16 in P V.
   static constexpr int kKeysPerWarp = kBlockN / kWarps;

@@ -115,6 +115,14 @@ constexpr DecodeTile decode_tile(int head_dim_bucket, int m_tiles, bool fp8) {
   if (head_dim_bucket <= 128) return m_tiles == 1 ? DecodeTile{128, 2, 3} : DecodeTile{64, 5, 2};
   return {64, 2, 2};
 }
+// Q's A fragments held in registers for the whole call (read from shared
+// memory once) instead of read again by every tile's product: 16-bit caches
+// with 16-row CTAs up to head_dim 128 (32 registers at 128). The 32-row CTAs
+// and head_dim 256 have no registers to spare; FP8 reads its fp16 copy of Q
+// in its own order (decode_fp8.cuh).
+constexpr bool decode_q_in_registers(int head_dim_bucket, int m_tiles, bool fp8) {
+  return !fp8 && m_tiles == 1 && head_dim_bucket <= 128;
+}
 // One ring stage: K and V (16-bit, or e4m3 with a float descale per key).
 constexpr int decode_stage_bytes(int head_dim_bucket, int block_n, bool fp8) {
   return fp8 ? 2 * block_n * (head_dim_bucket + 4) : 2 * block_n * head_dim_bucket * 2;

@@ -62,10 +62,10 @@ constexpr Variant variant(const char* name) {
 
 // The 16-bit tile load before the one-page fast path (each 16-byte chunk
 // with its own row, page lookup and 64-bit offset), for the bench's
-// old-against-new rows: production's configurations as distinct types, whose
-// load_kv_tile is specialised below.
+// old-against-new rows: production's configurations with Q in shared memory
+// as distinct types, whose load_kv_tile is specialised below.
 template <int kMT>
-struct PerChunkLoad : DecodeConfig<128, kMT, false> {};
+struct PerChunkLoad : DecodeConfig<128, kMT, false, 64, 3, 0, false> {};
 
 template <typename Element, typename Cfg>
 JF_DEVICE void load_kv_tile_per_chunk(uint32_t sK, uint32_t sV, const DecodeParams& p,
@@ -136,8 +136,11 @@ inline const Variant kVariants[] = {
     // Three CTAs with one tile in flight each: more warps to hide each
     // tile's latency, fewer bytes in flight.
     variant<false, 128, 1, 64, 2, 3>("bf16 d128 16r 64x2 3cta"),    //  96 KB
-    // Production's bf16 kernels with the per-chunk tile load (before the
-    // one-page fast path): 16 rows (T_new * group <= 16), 32 rows.
+    // Production's 16-row bf16 kernel with Q read from shared memory by
+    // every tile's product (decode_q_in_registers off).
+    variant_of<DecodeConfig<128, 1, false, 64, 3, 0, false>>("bf16 d128 16r Q from smem"),
+    // Production's bf16 kernels as they were before the one-page tile load
+    // and Q in registers: 16 rows (T_new * group <= 16), 32 rows.
     variant_of<PerChunkLoad<1>>("bf16 d128 16r per-chunk load"),
     variant_of<PerChunkLoad<2>>("bf16 d128 32r per-chunk load"),
 };
