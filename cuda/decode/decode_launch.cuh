@@ -52,10 +52,9 @@ cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, Co
   const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
   if (kind == CombineKind::kCtaPerRow) {
     auto combine = decode_combine_cta_kernel<Element>;
-    const int smem = decode_combine_cta_smem(p.head_dim);
-    cudaError_t err = set_smem(combine, smem);
-    if (err != cudaSuccess) return err;
-    JF_LAUNCH(combine, dim3(unsigned(rows)), kCombineCtaThreads, smem, stream)(p);
+    static_assert(decode_combine_cta_smem(256) <= 48 * 1024, "no opt-in shared memory");
+    JF_LAUNCH(combine, dim3(unsigned(rows)), kCombineCtaThreads, decode_combine_cta_smem(p.head_dim),
+              stream)(p);
     return cudaGetLastError();
   }
   const dim3 grid(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
