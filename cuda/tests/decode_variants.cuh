@@ -50,10 +50,10 @@ cudaError_t launch_variant(const DecodeParams& p, cudaStream_t stream) {
   return jax_flash::decode::launch_decode_combine<__nv_bfloat16>(p, stream, kind);
 }
 
-template <typename Cfg>
+template <typename Cfg, int kCombine = -1>
 constexpr Variant variant_of(const char* name) {
   return {name,          Cfg::kFp8,         Cfg::kHeadDim, Cfg::kRows, Cfg::kBlockN, Cfg::kStages,
-          Cfg::kMinCtas, Cfg::kSmemBytes, launch_variant<Cfg>};
+          Cfg::kMinCtas, Cfg::kSmemBytes, launch_variant<Cfg, kCombine>};
 }
 template <bool kFp8, int kD, int kMT, int kN, int kStages, int kCtas>
 constexpr Variant variant(const char* name) {
@@ -139,10 +139,11 @@ inline const Variant kVariants[] = {
     // Production's 16-row bf16 kernel with Q read from shared memory by
     // every tile's product (decode_q_in_registers off).
     variant_of<DecodeConfig<128, 1, false, 64, 3, 0, false>>("bf16 d128 16r Q from smem"),
-    // Production's bf16 kernels as they were before the one-page tile load
-    // and Q in registers: 16 rows (T_new * group <= 16), 32 rows.
-    variant_of<PerChunkLoad<1>>("bf16 d128 16r per-chunk load"),
-    variant_of<PerChunkLoad<2>>("bf16 d128 32r per-chunk load"),
+    // The bf16 call as it was before the one-page tile load, Q in
+    // registers and the CTA-per-row combine: 16 rows (T_new * group <= 16),
+    // 32 rows; the warp-per-row combine at any split count.
+    variant_of<PerChunkLoad<1>, int(CombineKind::kWarpPerRow)>("bf16 d128 16r before (per-chunk)"),
+    variant_of<PerChunkLoad<2>, int(CombineKind::kWarpPerRow)>("bf16 d128 32r before (per-chunk)"),
 };
 
 // The production kernels merged by one combine kernel or the other (the
