@@ -8,9 +8,11 @@
     # where a chunk of new tokens should leave the decoding kernels:
     python benchmarks/bench_decode.py --prefill-sweep --out benchmarks/results/h200.json
 
-Shapes (bf16, D=128, 32 query heads on 8 KV heads, every sequence's cache
-full): B=8 S=32k T_new=1, B=1 S=128k T_new=1, B=64 S=4k T_new=1, B=8 S=32k
-T_new=8; each contiguous and paged (page size 64, pages shuffled).
+Shapes (bf16, D=128, every sequence's cache full; 32 query heads on 8 KV
+heads unless named): B=8 S=32k T_new=1, B=1 S=128k T_new=1, B=64 S=4k
+T_new=1, B=8 S=32k T_new=8, B=16 S=16k T_new=1 with 64 query heads on 8
+(b16_h64_s16k_t1), B=4 S=64k T_new=4 with 32 query heads on 4 (b4_kv4_s64k_t4);
+each contiguous and paged (page size 64, pages shuffled).
 
 Implementations: jax_flash.attention_with_kvcache (the CUDA decoding kernels,
 split count from their policy), cuDNN through jax.nn.dot_product_attention
@@ -65,11 +67,13 @@ import bench_attention as ba  # noqa: E402
 
 jax_flash = ba.jax_flash
 H, H_KV, D = 32, 8, 128
-SHAPES = {  # name: (B, S, T_new)
-    "b8_s32k_t1": (8, 32768, 1),
-    "b1_s128k_t1": (1, 131072, 1),
-    "b64_s4k_t1": (64, 4096, 1),
-    "b8_s32k_t8": (8, 32768, 8),
+SHAPES = {  # name: (B, S, T_new, H, H_kv)
+    "b8_s32k_t1": (8, 32768, 1, H, H_KV),
+    "b1_s128k_t1": (1, 131072, 1, H, H_KV),
+    "b64_s4k_t1": (64, 4096, 1, H, H_KV),
+    "b8_s32k_t8": (8, 32768, 8, H, H_KV),
+    "b16_h64_s16k_t1": (16, 16384, 1, 64, 8),
+    "b4_kv4_s64k_t4": (4, 65536, 4, 32, 4),
 }
 PAGE = 64
 
@@ -83,17 +87,17 @@ def _fa3():
     return None
 
 
-def inputs(B, S, T, paged, seed=0):
+def inputs(B, S, T, paged, seed=0, heads=H, kv_heads=H_KV):
   """(q, k_cache, v_cache, seqlens, page_table or None), random bf16."""
   kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
-  q = jax.random.normal(kq, (B, T, H, D), jnp.bfloat16)
+  q = jax.random.normal(kq, (B, T, heads, D), jnp.bfloat16)
   if paged:
     n = S // PAGE
-    shape = (B * n, PAGE, H_KV, D)
+    shape = (B * n, PAGE, kv_heads, D)
     table = jnp.asarray(np.random.default_rng(seed).permutation(B * n)
                         .reshape(B, n).astype(np.int32))
   else:
-    shape, table = (B, S, H_KV, D), None
+    shape, table = (B, S, kv_heads, D), None
   k = jax.random.normal(kk, shape, jnp.bfloat16)
   v = jax.random.normal(kv, shape, jnp.bfloat16)
   return q, k, v, jnp.full((B,), S, jnp.int32), table
@@ -131,12 +135,13 @@ def run(names, *, iters, repeats, warmup, command, device, out=None,
   date = datetime.date.today().isoformat()
   records = []
   for name in names:
-    B, S, T = SHAPES[name]
-    gb = B * S * H_KV * D * 2 * 2 / 1e9
-    ours_splits = decode_cuda.num_splits_for(B, T, H, H_KV, D, S)
-    fp8_splits = decode_cuda.num_splits_for(B, T, H, H_KV, D, S, fp8=True)
+    B, S, T, heads, kv_heads = SHAPES[name]
+    gb = B * S * kv_heads * D * 2 * 2 / 1e9
+    ours_splits = decode_cuda.num_splits_for(B, T, heads, kv_heads, D, S)
+    fp8_splits = decode_cuda.num_splits_for(B, T, heads, kv_heads, D, S,
+                                            fp8=True)
     for paged in pagings:
-      args = inputs(B, S, T, paged)
+      args = inputs(B, S, T, paged, heads=heads, kv_heads=kv_heads)
       impls = impls_for(B, S, T, paged, ours_splits, split_sweep)
       q, k, v, s, t = args
       fp8_args = (q, jax_flash.quantize_kv_cache(k),
@@ -155,7 +160,8 @@ def run(names, *, iters, repeats, warmup, command, device, out=None,
       for n in impls:
         ms = timed[n]
         rec = dict(impl=n, mode="decode", case=case, dtype="bfloat16", B=B,
-                   S=S, T=T, T_new=T, H=H, H_kv=H_KV, D=D, causal=T > 1,
+                   S=S, T=T, T_new=T, H=heads, H_kv=kv_heads, D=D,
+                   causal=T > 1,
                    paged=paged, page_size=PAGE if paged else None,
                    us=None, gbps=None, cudnn_gbps=gbps.get("cudnn"),
                    fa3_gbps=fa3, splits={"jax_flash_cuda": ours_splits,

@@ -171,6 +171,39 @@ def test_gradients_follow_the_reference_path(rng):
                                np.asarray(b, np.float32), atol=2e-2)
 
 
+@pytest.mark.parametrize("page", [None, 32])
+def test_traced_lengths_out_of_range(rng, page):
+  """Lengths past the capacity or below 0, traced: the kernels clamp them
+  (no clip before the call), as the reference path does; gradients too."""
+  cap = 150
+  args, extra, _ = _case(rng, B=3, T=2, H=4, H_kv=2, D=64, capacity=cap,
+                         page=page, dtype="bfloat16",
+                         seqlens=np.full(3, cap))
+  q, k, v = args[:3]
+  k, v = jnp.nan_to_num(k), jnp.nan_to_num(v)
+  lengths = jnp.array([cap + 37, -5, cap], jnp.int32)
+
+  def run(impl):
+    fn = lambda q, lens: jax_flash.attention_with_kvcache(
+        q, k, v, lens, **extra, return_lse=True, implementation=impl)
+    return jax.jit(fn)(q, lengths)
+
+  (o_cuda, lse_cuda), (o_ref, lse_ref) = run("cuda"), run("xla")
+  np.testing.assert_allclose(np.asarray(o_cuda, np.float32),
+                             np.asarray(o_ref, np.float32), atol=2e-2)
+  np.testing.assert_allclose(np.asarray(lse_cuda), np.asarray(lse_ref),
+                             atol=2e-3)
+  assert np.all(np.asarray(lse_cuda)[1] == -np.inf)  # no keys: lse = -inf
+
+  def loss(impl):
+    return lambda q, lens: jnp.sum(jax_flash.attention_with_kvcache(
+        q, k, v, lens, **extra, implementation=impl).astype(jnp.float32))
+
+  grad = lambda impl: np.asarray(
+      jax.jit(jax.grad(loss(impl)))(q, lengths), np.float32)
+  np.testing.assert_allclose(grad("cuda"), grad("xla"), atol=2e-2)
+
+
 def test_vmap_and_split_policy(rng):
   args, extra, dense = _case(rng, B=2, T=1, H=8, H_kv=2, D=128, capacity=512,
                              page=None, dtype="bfloat16")

@@ -17,4 +17,10 @@ bool decode_supported(const DecodeParams& p);
 // The split kernel, then (num_splits > 1) the combine kernel, on `stream`.
 cudaError_t run_decode(const DecodeParams& p, cudaStream_t stream);
 
+// run_decode's two launches apart (the self-test's benchmark times the
+// combine kernels against each other): the split kernel, then the combine
+// by the kernel `kind` (nothing for one split).
+cudaError_t run_decode_split(const DecodeParams& p, cudaStream_t stream);
+cudaError_t run_decode_combine(const DecodeParams& p, CombineKind kind, cudaStream_t stream);
+
 }  // namespace jax_flash::decode

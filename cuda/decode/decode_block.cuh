@@ -4,6 +4,7 @@
 #pragma once
 
 #include "decode/decode_params.h"
+#include "decode/page_div.h"
 #include "jax_flash/block_info.h"
 #include "jax_flash/seqlen_info.h"
 #include "sm80/mask.cuh"
@@ -19,7 +20,8 @@ using namespace sm80;  // NOLINT: the sm80 primitives are this kernel's vocabula
 template <int kHeadDim_, int kMT_, bool kFp8_ = false,
           int kTileN_ = decode_tile(kHeadDim_, kMT_, kFp8_).block_n,
           int kTileStages_ = decode_tile(kHeadDim_, kMT_, kFp8_).stages,
-          int kTileCtas_ = decode_tile(kHeadDim_, kMT_, kFp8_).min_ctas>
+          int kTileCtas_ = decode_tile(kHeadDim_, kMT_, kFp8_).min_ctas,
+          bool kQRegs_ = decode_q_in_registers(kHeadDim_, kMT_, kFp8_)>
 struct DecodeConfig {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kMT = kMT_;    // m-tiles (16 rows) per warp
@@ -30,6 +32,8 @@ struct DecodeConfig {
   static constexpr int kWarps = kDecodeWarps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kMinCtas = kTile.min_ctas;
+  static constexpr bool kQRegs = kQRegs_;  // Q's fragments in registers
+  static_assert(!kQRegs || !kFp8, "FP8 reads Q from its fp16 copy");
   // Each warp's slice of a tile: 16 or 32 keys, kNS score n-tiles of 8, kKS
   // k-steps of 16 in P V.
   static constexpr int kKeysPerWarp = kBlockN / kWarps;
@@ -59,6 +63,7 @@ struct DecodeConfig {
 // Which rows and keys one CTA owns, and where its tiles need the element mask.
 struct DecodeBlock {
   int b, hk, split;
+  PageDiv page_div;          // keys to pages (16-bit tile loads)
   int r0;                    // first packed row of the CTA
   BlockInfo blk;             // the sequence's geometry; rows packed (blk.group query heads per token)
   int n_first, n_last;       // this split's KV tiles [n_first, n_last)
@@ -76,7 +81,7 @@ JF_HOST_DEVICE BatchSeqlens decode_seqlens(const DecodeParams& p) {
 }
 
 JF_DEVICE DecodeBlock decode_block(const DecodeParams& p, int rows_per_cta, int bn) {
-  DecodeBlock d;
+  DecodeBlock d{0, 0, 0, PageDiv(p.page_size)};
   d.b = blockIdx.y / p.num_heads_k;
   d.hk = blockIdx.y % p.num_heads_k;
   d.split = blockIdx.z;
@@ -131,27 +136,73 @@ JF_DEVICE void load_kv_tile(uint32_t sK, uint32_t sV, const DecodeParams& p, con
   const Element* v = static_cast<const Element*>(p.v);
   const int32_t* table = p.page_table + int64_t(d.b) * p.max_pages;
   const int ps = p.page_size;
-  const int page0 = n0 / ps;
+  const int page0 = d.page_div.div(n0);
+  const int in_page0 = d.page_div.mod(n0, page0);
   // Block-uniform: the whole tile in one page (a contiguous cache, or pages
   // of a multiple of the tile) takes one table lookup.
-  const bool one_page = (n0 + Cfg::kBlockN - 1) / ps == page0;
-  const int64_t tile_base = one_page ? page_base(p, table, page0) + int64_t(n0 - page0 * ps) * p.kv_row_stride : 0;
-  const int64_t head = int64_t(d.hk) * p.kv_head_stride;
+  const bool one_page = in_page0 + Cfg::kBlockN <= ps;
+  if constexpr (Cfg::kThreads % kChunks == 0) {
+    // A thread copies one 16-byte column c of rows r0 + i * kRowsPerPass.
+    // On one page (block-uniform branch) the rows' offsets are one base and
+    // a step per pass: the per-chunk page lookup, division and 64-bit
+    // products stay off the common path.
+    constexpr int kRowsPerPass = Cfg::kThreads / kChunks;
+    const int r0 = tid / kChunks, c = (tid % kChunks) * 8;
+    const bool col_ok = c < p.head_dim;
+    const int64_t head = int64_t(d.hk) * p.kv_head_stride + c;
+    if (one_page) {
+      const int64_t step = int64_t(kRowsPerPass) * p.kv_row_stride;
+      int64_t row_off = page_base(p, table, page0) + int64_t(in_page0 + r0) * p.kv_row_stride + head;
 #pragma unroll
-  for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
-    const int idx = tid + i * Cfg::kThreads;
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    const int j = n0 + r;
-    const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
-    int64_t off = 0;
-    if (ok) {
-      off = one_page ? tile_base + int64_t(r) * p.kv_row_stride
-                     : page_base(p, table, j / ps) + int64_t(j % ps) * p.kv_row_stride;
-      off += head + c;
+      for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
+        const bool ok = col_ok && n0 + r0 + i * kRowsPerPass < d.blk.seqlen_k;
+        const int64_t off = ok ? row_off : 0;
+        row_off += step;
+        const uint32_t so = KTile::offset(r0 + i * kRowsPerPass, c);
+        sm80::cp_async_16(sK + so, k + off, ok);
+        sm80::cp_async_16(sV + so, v + off, ok);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
+        const int j = n0 + r0 + i * kRowsPerPass;
+        const bool ok = col_ok && j < d.blk.seqlen_k;
+        int64_t off = 0;
+        if (ok) {
+          const int page = d.page_div.div(j);
+          off = page_base(p, table, page) + int64_t(d.page_div.mod(j, page)) * p.kv_row_stride + head;
+        }
+        const uint32_t so = KTile::offset(r0 + i * kRowsPerPass, c);
+        sm80::cp_async_16(sK + so, k + off, ok);
+        sm80::cp_async_16(sV + so, v + off, ok);
+      }
     }
-    const uint32_t so = KTile::offset(r, c);
-    sm80::cp_async_16(sK + so, k + off, ok);
-    sm80::cp_async_16(sV + so, v + off, ok);
+  } else {
+    // Rows whose chunks the threads do not divide (head_dim 96: 12 per row):
+    // each chunk's row and column from its index.
+    const int64_t tile_base =
+        one_page ? page_base(p, table, page0) + int64_t(in_page0) * p.kv_row_stride : 0;
+    const int64_t head = int64_t(d.hk) * p.kv_head_stride;
+#pragma unroll
+    for (int i = 0; i < kTotal / Cfg::kThreads; ++i) {
+      const int idx = tid + i * Cfg::kThreads;
+      const int r = idx / kChunks, c = (idx % kChunks) * 8;
+      const int j = n0 + r;
+      const bool ok = j < d.blk.seqlen_k && c < p.head_dim;
+      int64_t off = 0;
+      if (ok) {
+        if (one_page) {
+          off = tile_base + int64_t(r) * p.kv_row_stride;
+        } else {
+          const int page = d.page_div.div(j);
+          off = page_base(p, table, page) + int64_t(d.page_div.mod(j, page)) * p.kv_row_stride;
+        }
+        off += head + c;
+      }
+      const uint32_t so = KTile::offset(r, c);
+      sm80::cp_async_16(sK + so, k + off, ok);
+      sm80::cp_async_16(sV + so, v + off, ok);
+    }
   }
 }
 

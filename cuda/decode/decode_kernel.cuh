@@ -112,6 +112,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtas) decode_kernel(co
     sm80::cp_async_commit();
   }
 
+  // Q's A fragments (Cfg::kQRegs), loaded with the first tile.
+  uint32_t q_frag[Cfg::kQRegs ? kMT : 1][Cfg::kQRegs ? kHeadDim / 16 : 1][4];
   float acc_o[kMT][Cfg::kNT_O][4];
   sm80::zero(acc_o);
   sm80::OnlineSoftmax<kMT> softmax;
@@ -128,6 +130,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtas) decode_kernel(co
       }
     }
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1's stage
+    if constexpr (Cfg::kQRegs) {
+      if (i == 0) {  // Q landed with tile 0's group
+        const auto fq = sm80::addr_a<QTile>(sQ, 0, LdsmLane{lane});
+#pragma unroll
+        for (int m = 0; m < kMT; ++m)
+#pragma unroll
+          for (int ks = 0; ks < kHeadDim / 16; ++ks) sm80::ldmatrix_x4(q_frag[m][ks], fq.at(m * 16, ks * 16));
+      }
+    }
     {
       const int next = i + kStages - 1;
       if (next < n_tiles) load_tile(next % kStages, d.n_first + next);
@@ -141,6 +152,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtas) decode_kernel(co
     sm80::zero(acc_s);
     if constexpr (kFp8)
       gemm_qk_fp8<Cfg, kMT>(acc_s, sm80::smem_addr(smem + Cfg::kSmemQ16), k_tile(s), kw, LdsmLane{lane});
+    else if constexpr (Cfg::kQRegs)
+      sm80::gemm_rs<MmaT, kMT, Cfg::kNS, kHeadDim, false, KTile>(acc_s, q_frag, k_tile(s), kw, LdsmLane{lane});
     else
       sm80::gemm_ss<MmaT, kMT, Cfg::kNS, kHeadDim, false, false, QTile, KTile>(acc_s, sQ, 0, k_tile(s), kw,
                                                                               LdsmLane{lane});

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "decode/decode_combine.cuh"
+#include "decode/decode_combine_cta.cuh"
 #include "decode/decode_kernel.cuh"
 #include "jax_flash/dispatch.h"
 #include "jax_flash/head_dim.h"
@@ -43,11 +44,19 @@ cudaError_t launch_decode_shape(const DecodeParams& p, cudaStream_t stream) {
   return launch_decode_kernel<Cfg>(kernel, p, stream);
 }
 
-// The combine of several splits' partials (nothing for one split).
+// The combine of several splits' partials (nothing for one split), by the
+// kernel `kind` names (decode_params.h's decode_combine_kind: the policy).
 template <typename Element>
-cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode_combine(const DecodeParams& p, cudaStream_t stream, CombineKind kind) {
   if (p.num_splits == 1) return cudaSuccess;
   const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
+  if (kind == CombineKind::kCtaPerRow) {
+    auto combine = decode_combine_cta_kernel<Element>;
+    static_assert(decode_combine_cta_smem(256) <= 48 * 1024, "no opt-in shared memory");
+    JF_LAUNCH(combine, dim3(unsigned(rows)), kCombineCtaThreads, decode_combine_cta_smem(p.head_dim),
+              stream)(p);
+    return cudaGetLastError();
+  }
   const dim3 grid(unsigned((rows + kCombineWarps - 1) / kCombineWarps));
   auto combine = decode_combine_kernel<Element>;
   JF_LAUNCH(combine, grid, kCombineWarps * 32, 0, stream)(p);
@@ -71,14 +80,13 @@ cudaError_t launch_decode_hdim(const DecodeParams& p, cudaStream_t stream) {
   return cudaErrorNotSupported;
 }
 
+// The split kernel alone (one split: the whole call).
 template <typename Element>
-cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+cudaError_t launch_decode_split(const DecodeParams& p, cudaStream_t stream) {
   // Decoding runs in the sm80 buckets (kernel_table.h), as the sm80 dispatcher.
-  const cudaError_t err = dispatch_head_dim(
+  return dispatch_head_dim(
       Sm80HeadDims{}, rounded_head_dim(p.head_dim), cudaErrorNotSupported,
       [&](auto d) { return launch_decode_hdim<Element, decltype(d)::value>(p, stream); });
-  if (err != cudaSuccess) return err;
-  return launch_decode_combine<Element>(p, stream);
 }
 
 }  // namespace jax_flash::decode

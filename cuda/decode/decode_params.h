@@ -63,6 +63,17 @@ struct DecodeParams {
   float* lse_partial;
 };
 
+// The kernel that merges the splits (decode_combine.cuh: one warp per row,
+// the splits in batches of 8 per 64 columns; decode_combine_cta.cuh: one CTA
+// per row, its warps sharing the splits). A warp walks more than 8 splits
+// in one memory round trip per batch and 64 columns, a CTA per row in two
+// or three in all, so many splits take the CTA per row.
+enum class CombineKind { kWarpPerRow, kCtaPerRow };
+constexpr int kCombineCtaMinSplits = 9;
+constexpr CombineKind decode_combine_kind(int num_splits) {
+  return num_splits >= kCombineCtaMinSplits ? CombineKind::kCtaPerRow : CombineKind::kWarpPerRow;
+}
+
 // The decode kernel's shape (decode_kernel.cuh's DecodeConfig reads it from
 // here; decode_plan.h sizes the grid with it). A CTA holds 16 or 32 packed
 // query rows (one or two m-tiles per warp: 32 when a KV head has more than
@@ -103,6 +114,14 @@ constexpr DecodeTile decode_tile(int head_dim_bucket, int m_tiles, bool fp8) {
   if (head_dim_bucket <= 64) return m_tiles == 1 ? DecodeTile{128, 3, 4} : DecodeTile{64, 6, 3};
   if (head_dim_bucket <= 128) return m_tiles == 1 ? DecodeTile{128, 2, 3} : DecodeTile{64, 5, 2};
   return {64, 2, 2};
+}
+// Q's A fragments held in registers for the whole call (read from shared
+// memory once) instead of read again by every tile's product: 16-bit caches
+// with 16-row CTAs up to head_dim 128 (32 registers at 128). The 32-row CTAs
+// and head_dim 256 have no registers to spare; FP8 reads its fp16 copy of Q
+// in its own order (decode_fp8.cuh).
+constexpr bool decode_q_in_registers(int head_dim_bucket, int m_tiles, bool fp8) {
+  return !fp8 && m_tiles == 1 && head_dim_bucket <= 128;
 }
 // One ring stage: K and V (16-bit, or e4m3 with a float descale per key).
 constexpr int decode_stage_bytes(int head_dim_bucket, int block_n, bool fp8) {

@@ -1,13 +1,16 @@
 // selftest_decode --bench: the decode kernels' time per call on the
-// benchmark's shapes (benchmarks/bench_decode.py: bf16 Q, D=128, 32 query
-// heads on 8 KV heads, every cache full; contiguous, or pages of 64 keys
-// shuffled), for the bf16 cache, the FP8 cache as production runs it, and
-// every FP8 tile variant (decode_variants.cuh), each with its own split
-// plan. GPU only. Timing: warm-up, then rounds of `iters` back-to-back calls
-// between two events, the entries interleaved round by round (alternating
-// order), median over the rounds. Bandwidth counts the cache bytes read: 2
-// bytes per element (bf16), 1 plus a float descale per key and head (FP8).
-// A launch that fails is reported and counts as a failure.
+// benchmark's shapes (bf16 Q, D=128; benchmarks/bench_decode.py's four with
+// 32 query heads on 8 KV heads, and two more head layouts: 64 on 8, and 32
+// on 4 with T_new = 4; every cache full; contiguous, or pages of 64 keys
+// shuffled), for the bf16 cache as production runs it, the same kernels
+// merged by each combine kernel, at each split count of --splits, the FP8
+// cache as production runs it, and every variant (decode_variants.cuh),
+// each with its own split plan. GPU only. Timing: warm-up, then rounds of
+// `iters` back-to-back calls between two events, the entries interleaved
+// round by round (alternating order), median over the rounds. Bandwidth
+// counts the cache bytes read: 2 bytes per element (bf16), 1 plus a float
+// descale per key and head (FP8). A launch that fails is reported and counts
+// as a failure.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +36,7 @@ struct Shape {
   const char* name;
   int B, S, T;
   int page;  // 0: contiguous
+  int H, Hk;
 };
 
 struct Entry {
@@ -43,20 +47,24 @@ struct Entry {
   std::vector<float> us;
 };
 
-inline int run(const std::string& filter, int iters, int rounds) {
-  constexpr int H = 32, Hk = 8, D = 128;
-  const Shape shapes[] = {{"b8_s32k_t1", 8, 32768, 1, 0},         {"b1_s128k_t1", 1, 131072, 1, 0},
-                          {"b64_s4k_t1", 64, 4096, 1, 0},         {"b8_s32k_t8", 8, 32768, 8, 0},
-                          {"b8_s32k_t1_paged64", 8, 32768, 1, 64}, {"b1_s128k_t1_paged64", 1, 131072, 1, 64},
-                          {"b8_s32k_t8_paged64", 8, 32768, 8, 64}};
+inline int run(const std::string& filter, int iters, int rounds, const std::vector<int>& split_counts) {
+  constexpr int D = 128;
+  const Shape shapes[] = {
+      {"b8_s32k_t1", 8, 32768, 1, 0, 32, 8},           {"b1_s128k_t1", 1, 131072, 1, 0, 32, 8},
+      {"b64_s4k_t1", 64, 4096, 1, 0, 32, 8},           {"b8_s32k_t8", 8, 32768, 8, 0, 32, 8},
+      {"b16_h64_s16k_t1", 16, 16384, 1, 0, 64, 8},     {"b4_kv4_s64k_t4", 4, 65536, 4, 0, 32, 4},
+      {"b8_s32k_t1_paged64", 8, 32768, 1, 64, 32, 8},  {"b1_s128k_t1_paged64", 1, 131072, 1, 64, 32, 8},
+      {"b8_s32k_t8_paged64", 8, 32768, 8, 64, 32, 8},  {"b16_h64_s16k_t1_paged64", 16, 16384, 1, 64, 64, 8},
+      {"b4_kv4_s64k_t4_paged64", 4, 65536, 4, 64, 32, 4}};
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount, smem = int(prop.sharedMemPerMultiprocessor);
   std::printf("device %s: %d SMs, %d KB shared memory per SM; iters %d, rounds %d\n", prop.name, sms,
               smem / 1024, iters, rounds);
-  std::printf("%-22s %-26s %6s %9s %9s %8s\n", "shape", "kernel", "splits", "us", "GB/s", "vs bf16");
+  std::printf("%-24s %-28s %6s %9s %9s %8s\n", "shape", "kernel", "splits", "us", "GB/s", "vs bf16");
   int failed = 0;
   for (const Shape& sh : shapes) {
+    const int H = sh.H, Hk = sh.Hk;
     if (!filter.empty() && std::string(sh.name).find(filter) == std::string::npos) continue;
     const int ps = sh.page > 0 ? sh.page : sh.S;
     const int max_pages = sh.S / ps, num_pages = sh.B * max_pages;
@@ -120,15 +128,28 @@ inline int run(const std::string& filter, int iters, int rounds) {
     base.lse = lse_final;
 
     const int64_t bh = int64_t(sh.B) * Hk;
+    using jax_flash::decode::CombineKind;
+    const int bf16_splits = jax_flash::decode::decode_num_splits(bh, sh.T, H / Hk, sh.S, D, sms, smem, false);
     std::vector<Entry> entries;
-    entries.push_back({"bf16 (production)", false,
-                       jax_flash::decode::decode_num_splits(bh, sh.T, H / Hk, sh.S, D, sms, smem, false),
-                       jax_flash::decode::run_decode, {}});
+    entries.push_back({"bf16 (production)", false, bf16_splits, jax_flash::decode::run_decode, {}});
+    if (bf16_splits > 1) {
+      entries.push_back({"bf16 combine warp/row", false, bf16_splits,
+                         decode_variants::launch_with_combine<CombineKind::kWarpPerRow>, {}});
+      entries.push_back({"bf16 combine cta/row", false, bf16_splits,
+                         decode_variants::launch_with_combine<CombineKind::kCtaPerRow>, {}});
+    }
+    for (int n : split_counts) {
+      if (n == bf16_splits || n < 1 || n > jax_flash::decode::kDecodeMaxSplits) continue;
+      entries.push_back({"bf16 splits " + std::to_string(n), false, n, jax_flash::decode::run_decode, {}});
+      if (n > 1)
+        entries.push_back({"bf16 splits " + std::to_string(n) + " cta/row", false, n,
+                           decode_variants::launch_with_combine<CombineKind::kCtaPerRow>, {}});
+    }
     entries.push_back({"fp8 (production)", true,
                        jax_flash::decode::decode_num_splits(bh, sh.T, H / Hk, sh.S, D, sms, smem, true),
                        jax_flash::decode::run_decode, {}});
     for (const decode_variants::Variant& v : decode_variants::kVariants)
-      entries.push_back({v.name, true,
+      entries.push_back({v.name, v.fp8,
                          decode_variants::variant_num_splits(v, bh, sh.T, H / Hk, sh.S, sms, smem), v.launch,
                          {}});
     auto params = [&](const Entry& e) {
@@ -170,7 +191,7 @@ inline int run(const std::string& filter, int iters, int rounds) {
     for (size_t i = 0; i < entries.size(); ++i) {
       Entry& e = entries[i];
       if (!ok[i]) {
-        std::printf("%-22s %-26s %6d %9s %9s %8s\n", sh.name, e.name.c_str(), e.splits, "-", "-", "FAILED");
+        std::printf("%-24s %-28s %6d %9s %9s %8s\n", sh.name, e.name.c_str(), e.splits, "-", "-", "FAILED");
         ++failed;
         continue;
       }
@@ -178,7 +199,7 @@ inline int run(const std::string& filter, int iters, int rounds) {
       const float us = e.us[e.us.size() / 2];
       if (i == 0) bf16_us = us;
       const double bytes = e.fp8 ? keys * 2 * (D + 4) : keys * 2 * D * 2;
-      std::printf("%-22s %-26s %6d %9.1f %9.0f %7.2fx\n", sh.name, e.name.c_str(), e.splits, us,
+      std::printf("%-24s %-28s %6d %9.1f %9.0f %7.2fx\n", sh.name, e.name.c_str(), e.splits, us,
                   bytes / (us * 1e3), bf16_us / us);
     }
     std::fflush(stdout);

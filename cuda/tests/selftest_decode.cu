@@ -13,9 +13,10 @@
 //     cuda/decode/decode_bf16.cu cuda/decode/decode_fp16.cu -o selftest_decode
 // On the CPU: cuda/tests/emu/build_emu.sh builds it as selftest_decode_emu.
 // Options: ./selftest_decode [filter-substring] [--quick]
-//   ./selftest_decode --bench [shape filter] [--iters N] [--rounds N]: time
-//   per call of the bf16 cache, the FP8 cache and the FP8 tile variants
-//   (decode_bench.h; GPU only).
+//   ./selftest_decode --bench [shape filter] [--iters N] [--rounds N]
+//   [--splits 8,16,33]: time per call of the bf16 cache (production, each
+//   combine kernel, and the extra split counts), the FP8 cache and the
+//   kernel variants (decode_bench.h; GPU only).
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +26,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -361,6 +363,10 @@ std::vector<Case> all_cases(bool quick) {
   c.fp8 = true;
   c.softcap = 30.f;
   cs.push_back(c);
+  c = Case{"paged1 (a key per page) split2 T3 causal", 2, 3, 4, 2, 64, 1, 150, {150, 71}};
+  c.wr = 0;
+  c.splits = 2;
+  cs.push_back(c);
   c = Case{"more splits than tiles", 2, 1, 2, 2, 64, 16, 90, {90, 5}};
   c.splits = 7;
   cs.push_back(c);
@@ -405,6 +411,33 @@ std::vector<Case> all_cases(bool quick) {
   c.softcap = 20.f;
   c.wr = 0;
   cs.push_back(c);
+  // Many splits: the CTA-per-row combine (decode_combine_kind), with splits
+  // that see no key (ragged lengths, windows), sinks, head dims whose float4
+  // columns leave lanes idle (40) or take two column groups (256).
+  c = Case{"cta combine split33 paged16 sinks ragged", 2, 1, 8, 2, 128, 16, 2100, {2100, 517}};
+  c.splits = 33;
+  c.sinks = true;
+  cs.push_back(c);
+  c = Case{"cta combine split9 hdim40 T3 window", 2, 3, 4, 1, 40, 0, 700, {700, 3}};
+  c.splits = 9;
+  c.wl = 200;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"cta combine split20 hdim256 fp16 softcap", 1, 2, 4, 2, 256, 32, 1300, {1300}};
+  c.splits = 20;
+  c.fp16 = true;
+  c.softcap = 20.f;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"cta combine split128 > tiles mqa", 1, 1, 4, 1, 64, 64, 2000, {1999}};
+  c.splits = 128;
+  cs.push_back(c);
+  c = Case{"cta combine split12 fp8 T8 32-row", 2, 8, 8, 2, 128, 0, 900, {900, 100}};
+  c.fp8 = true;
+  c.splits = 12;
+  c.wr = 0;
+  c.sinks = true;
+  cs.push_back(c);
   if (!quick) {
     c = Case{"gqa4 T16 paged32 split5 window", 2, 16, 8, 2, 128, 32, 400, {400, 211}};
     c.wl = 100;
@@ -418,7 +451,8 @@ std::vector<Case> all_cases(bool quick) {
   return cs;
 }
 
-// FP8 cases for every tile variant (decode_variants.cuh): bf16, no softcap;
+// Cases for every variant (decode_variants.cuh), in the variant's cache
+// (bf16 or FP8): bf16 Q, no softcap;
 // ragged and empty sequences, pages that split a tile, windows, more splits
 // than tiles, and rows past 16 (16-row variants: several row blocks).
 std::vector<Case> variant_cases() {
@@ -480,6 +514,7 @@ int main(int argc, char** argv) {
   std::string filter;
   bool quick = false, bench = false;
   int iters = 20, rounds = 7;
+  std::vector<int> split_counts;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick")
@@ -490,12 +525,16 @@ int main(int argc, char** argv) {
       iters = std::atoi(argv[++i]);
     else if (a == "--rounds" && i + 1 < argc)
       rounds = std::atoi(argv[++i]);
+    else if (a == "--splits" && i + 1 < argc) {
+      std::stringstream list(argv[++i]);
+      for (std::string n; std::getline(list, n, ',');) split_counts.push_back(std::atoi(n.c_str()));
+    }
     else
       filter = argv[i];
   }
   if (bench) {
 #ifndef JAX_FLASH_HOST_EMULATION
-    return decode_bench::run(filter, iters, rounds) ? 1 : 0;
+    return decode_bench::run(filter, iters, rounds, split_counts) ? 1 : 0;
 #else
     std::printf("--bench needs a GPU\n");
     return 1;
@@ -520,7 +559,8 @@ int main(int argc, char** argv) {
   int smem_optin = 0;
   CHECK_CUDA(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
   for (const decode_variants::Variant& v : decode_variants::kVariants)
-    for (const Case& c : variant_cases()) {
+    for (Case c : variant_cases()) {
+      c.fp8 = v.fp8;
       const std::string name = std::string(v.name) + ": " + c.name;
       if (!filter.empty() && name.find(filter) == std::string::npos) continue;
       if (v.smem_bytes > smem_optin) {

@@ -12,6 +12,7 @@ import functools
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from jax_flash._src.api import attention as api
 from jax_flash._src.autodiff.differentiable import Kernels, differentiable
@@ -63,12 +64,14 @@ def decode_op(opts: KernelOptions, fp8: bool, sinks: bool):
       # d/dq on the dequantised cache (the cache itself is data, not a
       # parameter: no cotangent).
       k_descale, v_descale, table, lengths = rest
+      lengths = _within_capacity(lengths, table, k_pages)
       deq = lambda x8, d: sequences.gather_dequantized(x8, d, table, q.dtype)
       k, v = deq(k_pages, k_descale), deq(v_pages, v_descale)
       _, vjp = jax.vjp(lambda q: attend(q, k, v, lengths, sink_logits), q)
       (dq,) = vjp((do, dlse))
       return dq, None, None
     table, lengths = rest
+    lengths = _within_capacity(lengths, table, k_pages)
     _, vjp = jax.vjp(
         lambda q, k_pages, v_pages: attend(
             q, sequences.gather(k_pages, table),
@@ -77,6 +80,12 @@ def decode_op(opts: KernelOptions, fp8: bool, sinks: bool):
     return vjp((do, dlse))
 
   return differentiable(Kernels(forward, backward, delta=False, sinks=sinks))
+
+
+def _within_capacity(lengths, table, pages):
+  """The lengths as the kernels read them: clamped to [0, the capacity of
+  each sequence's pages] (attention_with_kvcache passes them unclamped)."""
+  return jnp.clip(lengths, 0, table.shape[1] * pages.shape[1])
 
 
 def _call(opts, fp8, sinks, q, *operands):

@@ -226,7 +226,6 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     table = page_table.astype(jnp.int32)
   identity_rows = (page_table is None and cache_batch_idx is None and
                    k_cache.shape[0] == B)
-  lengths = jnp.clip(seqlens, 0, capacity)
   sinks = checks.check_sinks(sinks, q.shape[2], q.dtype)
   fp8 = isinstance(k_cache, fp8_cache.Fp8KVCache)
   if (_decoding_kernels_serve(q, k_cache, v_cache, implementation) and
@@ -239,6 +238,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     op = kernel_op.decode_op(opts, fp8, sinks is not None)
     # Per sequence (the kernels' operand; a vmap folds it like q).
     sink_rows = api.per_batch_sinks(sinks, B)
+    # The kernels clamp each length to the capacity themselves (and so does
+    # the op's backward): no elementwise kernel before the call.
+    lengths = seqlens
     if fp8:
       seed = k_cache.rotation_seed
       qr = q if seed is None else fp8_cache.rotate(q, seed).astype(q.dtype)
@@ -250,6 +252,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
       o, lse = op(q, k_cache, v_cache, *sink_rows, table, lengths)
     res = (o, lse) if return_lse else o
   else:
+    lengths = jnp.clip(seqlens, 0, capacity)
     # The reference path, and the dense forward kernels' for long chunks:
     # attention over each sequence's keys, its first lengths[b] valid. The
     # queries are the last T_new of them, which is kv_seq_lengths' alignment
