@@ -12,11 +12,12 @@
 namespace jax_flash::sm90::ablation {
 
 // Ablation kAblation of the production configuration of (kHeadDim,
-// kHeadDimV, kCausalLike).
+// kHeadDimV, kCausalLike), with dropout for a dropout ablation.
 template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike>
 struct AblationTuning {
   static constexpr FwdTuning value = kFwdAblations[kAblation].modify(
-      fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike), kHeadDim);
+      fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike, 2, false, kFwdAblations[kAblation].dropout),
+      kHeadDim);
 };
 
 // Whether ablation kAblation gives the configuration of an earlier one (index

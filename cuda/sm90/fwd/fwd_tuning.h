@@ -53,6 +53,11 @@ struct FwdTuning {
   // Also the kind of call: attention dropout on P (jax_flash/philox.h), drawn
   // per block while its GEMMs run.
   bool dropout;
+  // Dropout: the keep mask drawn by warps 1..3 of the producer warpgroup
+  // into a bit mask in shared memory (drop_mask.h), read by the consumers,
+  // instead of each consumer thread running the generator for its own
+  // elements (mainloop.cuh).
+  bool dropout_producer_mask;
   // 0, or every exp2_poly_every-th exponential of the softmax computed on the
   // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
   int exp2_poly_every;
