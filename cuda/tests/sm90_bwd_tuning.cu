@@ -23,6 +23,11 @@ template <int kHeadDim>
 using RowReduceTile = BwdTuning<typename BwdConfigFor<kHeadDim>::type, false>;
 template <int kHeadDim>
 using BlockM80Tile = BwdTuning<BwdConfigHd128Bm80, true>;  // kHeadDim == 128 only
+// The dropout kernels with the keep masks drawn the other way (kHeadDim 64, 128).
+template <int kHeadDim>
+using DropAltTile =
+    BwdTuning<BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type, !bwd_dropout_producer_mask(kHeadDim)>,
+              true>;
 
 template <typename T>
 cudaError_t launch(const BwdParams& p, cudaStream_t stream) {
@@ -44,9 +49,11 @@ cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
 bool variant_applies(const BwdParams& p, int variant) {
   if (!bwd_supported(p)) return false;
   if (variant == kDefault) return true;
-  // The variants are bucket tiles without dropout's mask (dropout and the
-  // head-dim pairs: their own tile, the default, only).
-  if (p.dtype != DType::kBFloat16 || p.dropout.enabled() || p.head_dim_v != p.head_dim) return false;
+  if (p.dtype != DType::kBFloat16 || p.head_dim_v != p.head_dim) return false;
+  if (variant == kDropAlt) return p.dropout.enabled() && Sm90BwdHeadDims::bucket(p.head_dim) <= 128;
+  // The other variants are bucket tiles without dropout's mask (dropout and
+  // the head-dim pairs: their own tile, the default, only).
+  if (p.dropout.enabled()) return false;
   switch (variant) {
     case kRowReduce: return !p.deterministic;
     case kBlockM80:
@@ -63,6 +70,9 @@ cudaError_t run_variant(const BwdParams& p, int variant, cudaStream_t stream) {
     case kRowReduce: return launch_bucket<RowReduceTile>(p, stream);
     case kBlockM80: return launch<BlockM80Tile<128>>(p, stream);
     case kBucket: return launch_bucket<BucketTile>(p, stream);
+    case kDropAlt:
+      return Sm90BwdHeadDims::bucket(p.head_dim) == 64 ? launch<DropAltTile<64>>(p, stream)
+                                                       : launch<DropAltTile<128>>(p, stream);
     default: return cudaErrorNotSupported;
   }
 }

@@ -20,12 +20,15 @@ enum BwdVariant : int {
                    // local bound, not deterministic; the default there)
   kBucket = 3,     // the bucket's tile with tensor reductions (the default
                    // elsewhere)
-  kNumVariants = 4,
+  kDropAlt = 4,    // dropout calls, hdim-64 / 128 buckets: the keep masks
+                   // drawn the other way (producer warpgroup <-> consumer
+                   // warpgroups; bwd_policy.h bwd_dropout_producer_mask)
+  kNumVariants = 5,
 };
 
 // Whether `variant` can run the case: sm90::bwd_supported and the variant's
-// own limits. The non-default variants are built for bf16 only, without
-// attention dropout.
+// own limits. The non-default variants are built for bf16 only; variants 1-3
+// without attention dropout, 4 with it only.
 bool variant_applies(const BwdParams& p, int variant);
 
 // Runs `variant` (cudaErrorNotSupported where it does not apply).
