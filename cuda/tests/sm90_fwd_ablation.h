@@ -81,10 +81,11 @@ constexpr FwdTuning exp2_poly4(FwdTuning t, int) {
 }
 
 // Dropout: the keep mask drawn the other way (the producer warpgroup's bit
-// mask in shared memory <-> each consumer thread's own generator).
-constexpr FwdTuning toggle_dropout_mask(FwdTuning t, int) {
-  t.dropout_producer_mask = !t.dropout_producer_mask;
-  return t;
+// mask in shared memory <-> each consumer thread's own generator), with
+// what fwd_dropout_draw ties to it (Q in registers at hdim 128 with the bit
+// mask).
+constexpr FwdTuning toggle_dropout_mask(FwdTuning t, int head_dim) {
+  return fwd_dropout_draw(t, head_dim, !t.dropout_producer_mask);
 }
 
 struct FwdAblation {
@@ -110,8 +111,10 @@ inline constexpr FwdAblation kFwdAblations[] = {
      with_pingpong},
     {"n112", "192/128: 128 x 112 tiles, O in a tile of its own", pair_n112_own_o},
     {"poly4", "every 4th exponential of the softmax on the FMA pipe (exp2_poly3)", exp2_poly4},
-    {"drop-alt", "dropout calls: the keep mask drawn the other way (producer bit mask in shared memory "
-     "<-> each consumer thread's own Philox)", toggle_dropout_mask, true},
+    {"drop-alt", "dropout calls: the keep mask drawn the other way (producer bit mask in shared memory, "
+     "hdim 128 with Q in registers <-> each consumer thread's own Philox)", toggle_dropout_mask, true},
+    {"drop-qsm", "dropout calls: Q read from shared memory where the default dropout kernel has it in "
+     "registers", q_in_smem, true},
 };
 constexpr int kNumFwdAblations = int(sizeof(kFwdAblations) / sizeof(kFwdAblations[0]));
 
