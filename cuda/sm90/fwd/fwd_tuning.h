@@ -112,8 +112,12 @@ struct FwdTuning {
 // pair), head_dim_v the value one (the bucket again, or the pair's second).
 // Dropout's keep mask drawn by the producer warpgroup into shared memory
 // (FwdTuning::dropout_producer_mask) in the production dropout kernels, or
-// by each consumer thread; the other is the ablation drop-alt.
-constexpr bool kFwdDropoutProducerMask = false;
+// by each consumer thread; the other is the ablation drop-alt. The producer:
+// the consumers' softmax is issue-bound (their own instruction stream, not
+// MUFU or the tensor pipe), the drawing costs them about 4 integer
+// instructions per element and the bit mask 1.25, on warps that are idle
+// otherwise (not yet timed on the H200: selftest_sm90 --bench dropout).
+constexpr bool kFwdDropoutProducerMask = true;
 
 // A dropout configuration with its keep mask drawn by the producer
 // warpgroup or by the consumers. Drawn by the consumers, the block's Philox
