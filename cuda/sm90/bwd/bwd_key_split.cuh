@@ -148,11 +148,15 @@ struct BwdKeySplit {
   // bit 16 (t % 2) + c for byte c (key 8 (c / 2) + 2 t + c % 2). Each
   // thread draws whole words (2 calls); the mainloop calls this after
   // issuing the step's S^T and dP^T GEMMs.
-  // Cfg::kDropProducer: waits here instead for the mask warps' masks of the
-  // step (a wait loop between the step's wgmma issues and waits, as the
-  // mainloop's own: inside step() it makes ptxas spill the dS loop).
+  // Cfg::kDropProducer: releases the previous step's buffers (every thread:
+  // its reads of them are done, its arrive's release orders them before the
+  // mask warps' next writes) and waits for the mask warps' masks of this
+  // step, here: between the step's wgmma issues and waits, as the
+  // mainloop's own waits (inside step() the wait loop made ptxas spill the
+  // dS loop). The last step's buffers are never released: no step reuses them.
   JF_DEVICE void draw_dropout(int it, const BwdTile& w, int n0, int m0, int head) const {
     if constexpr (Cfg::kDropProducer) {
+      if (it > 0) ptx::mbar_arrive(sm.empty_drop((it - 1) & 1));
       bwd_wait_full(sm.full_drop(it & 1), uint32_t(it >> 1) & 1u);
     } else if constexpr (Cfg::kDropout) {
       const Dropout d(a.dropout);
@@ -301,8 +305,6 @@ struct BwdKeySplit {
           pr[i0 + 1] = k1 ? pr[i0 + 1] : 0.f;
         }
       }
-      // Every thread after its own reads (release), as the Q / dO stages.
-      if constexpr (Cfg::kDropProducer) mbar_arrive(sm.empty_drop(it & 1));
     } else if constexpr (!kSoftcap) {
       fence_regs(pr);   // P^T computed while the dP^T GEMM runs (not sunk below the wait)
       wgmma_wait<0>();  // dP^T ready
