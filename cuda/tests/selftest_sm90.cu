@@ -31,10 +31,11 @@
 // causal). Also prints the worst max |O_c - O_default| over the
 // configurations and sm80, rerun after the timing with O poisoned. A filter
 // with --bench keeps the rows whose name contains it (--bench mla). The rows
-// named "dropout" (--bench dropout): rate 0.1 at D = 64 / 128 / 256, causal
-// and not: the production dropout kernel, drop-alt and sm80's (the
-// default's and drop-alt's O must agree to the bit: max|dO| 0 between them;
-// sm80's differs by rounding).
+// named "dropout" (--bench dropout): rate 0.1 at D = 64 / 128 / 256 and the
+// pair, causal and not: the production dropout kernel, drop-alt, drop-qsm
+// where it exists and sm80's (the same keep mask in every column: max|dO|
+// is rounding only, 0 between configurations that differ only in where the
+// mask is drawn).
 //
 // Build: tools/build/build_sm90_tests.sh (see cuda/tests/README.md).
 // Options: ./selftest_sm90 [filter-substring] [--quick] [--list]
@@ -497,7 +498,8 @@ static void bench(int launches, int rows, const std::string& filter) {
       {192, 16, 2, 8192, true, 128},
       {128, 16, 2, 8192, false, 0, 0.1f}, {128, 16, 2, 8192, true, 0, 0.1f},
       {64, 32, 2, 8192, false, 0, 0.1f},  {64, 32, 2, 8192, true, 0, 0.1f},
-      {256, 8, 2, 8192, false, 0, 0.1f},  {256, 8, 2, 8192, true, 0, 0.1f}};
+      {256, 8, 2, 8192, false, 0, 0.1f},  {256, 8, 2, 8192, true, 0, 0.1f},
+      {192, 16, 2, 8192, false, 128, 0.1f}, {192, 16, 2, 8192, true, 128, 0.1f}};
   uint32_t* d_words = dev_alloc<uint32_t>(std::size(kDropoutWords));
   CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
   const int nv = abl::kNumFwdAblations;
