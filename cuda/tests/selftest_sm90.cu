@@ -20,6 +20,14 @@
 // O 0.1 and LSE softcap x 2^-8 in the PASS/FAIL column (still O(1) below a
 // wrong mask or tile), and their criterion lines show how far they are from
 // the standard.
+// Attention dropout (the cases named
+// "dropout", filter `dropout`; every bucket and the pair): rates 0.1-0.5,
+// broadcast or not, at the nonzero call origin of kDropoutWords
+// (selftest_common.h), the reference drawing Dropout::keep (philox.h) per
+// element; they run the production dropout kernel and the dropout
+// ablations (drop-alt: the keep mask drawn the other way, producer bit mask
+// or consumer Philox), so a mask that differs from the generator's anywhere
+// fails by O(1).
 //
 // Bench mode (--bench): TF/s of B=2, T=S=8192 at (D=128, H=16), (D=64, H=32),
 // (D=256, H=8), (D=192, D_v=128, H=16: "mla"), causal and not, plus short
@@ -30,7 +38,12 @@
 // between identical kernels; FLOPs = 2 B H T S (D + D_v) (halved when
 // causal). Also prints the worst max |O_c - O_default| over the
 // configurations and sm80, rerun after the timing with O poisoned. A filter
-// with --bench keeps the rows whose name contains it (--bench mla).
+// with --bench keeps the rows whose name contains it (--bench mla). The rows
+// named "dropout" (--bench dropout): rate 0.1 at D = 64 / 128 / 256 and the
+// pair, causal and not: the production dropout kernel, drop-alt, drop-qsm
+// where it exists and sm80's (the same keep mask in every column: max|dO|
+// is rounding only, 0 between configurations that differ only in where the
+// mask is drawn).
 //
 // Build: tools/build/build_sm90_tests.sh (see cuda/tests/README.md).
 // Options: ./selftest_sm90 [filter-substring] [--quick] [--list]
@@ -48,6 +61,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -83,6 +97,8 @@ struct Case {
   float k_ramp = 0.f;
   bool sinks = false;  // learnable sinks: one random logit per (batch, head)
   int Dv = 0;          // value head dim (v and o); 0: D
+  float dropout = 0.f;          // attention dropout rate (selftest_common.h dropout_args)
+  bool drop_broadcast = false;  // one mask for every (batch, head)
   int dv() const { return Dv > 0 ? Dv : D; }
 };
 
@@ -234,8 +250,20 @@ static Row run_case(const Case& c, std::mt19937& rng) {
     fill(ks, c.S);
   }
   const std::vector<float> sinks = random_sinks(c.sinks, c.B, c.H, rng);
-  const Reference ref = reference(c, q, k, v, nullptr, qs, ks, scale, nullptr,
+  // Dropout: the reference draws Dropout::keep per element with the same key
+  // words (kDropoutWords: a nonzero origin), the kernels read a device copy.
+  jax_flash::DropoutArgs drop_args = dropout_args(c.dropout, c.drop_broadcast);
+  jax_flash::DropoutArgs host_drop = drop_args;
+  host_drop.words = kDropoutWords;
+  const jax_flash::Dropout drop_ref(host_drop);
+  const Reference ref = reference(c, q, k, v, nullptr, qs, ks, scale, drop_args.enabled() ? &drop_ref : nullptr,
                                   c.sinks ? &sinks : nullptr);  // forward only
+  uint32_t* d_words = nullptr;
+  if (drop_args.enabled()) {
+    d_words = dev_alloc<uint32_t>(std::size(kDropoutWords));
+    CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
+    drop_args.words = d_words;
+  }
 
   uint16_t *dq = upload(q), *dk = upload(k), *dv = upload(v);
   uint16_t* d_o = dev_alloc<uint16_t>(o.count());
@@ -251,6 +279,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
   FwdParams fp = make_params(c, q, k, v, o, dq, dk, dv, d_o, d_lse, d_qs, d_ks, scale);
   float* d_sinks = upload(sinks);
   fp.sinks = d_sinks;
+  fp.dropout = drop_args;
 
   Row row;
   std::vector<uint16_t> o_bits(o.count());
@@ -331,7 +360,7 @@ static Row run_case(const Case& c, std::mt19937& rng) {
       row.failed += (row.failed.empty() ? "" : ",") + std::string(name);
     }
   }
-  for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_lse, d_qs, d_ks, d_sinks})
+  for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_lse, d_qs, d_ks, d_sinks, d_words})
     if (ptr) CHECK_CUDA(cudaFree(ptr));
   return row;
 }
@@ -491,6 +520,53 @@ static std::vector<Case> all_cases(bool quick) {
     c.Dv = hd.Dv;
     cs.push_back(c);
   }
+  // Attention dropout, every bucket and the pair (after the cases above, which
+  // keep their inputs): the keep mask's positions (tails, the call origin,
+  // broadcast), several tiles per CTA (the mask ring's phases across tiles,
+  // tiles without keys, the dynamic scheduler's hand-off to the mask warps),
+  // multi-block rows.
+  for (const HeadDims& hd : {HeadDims{64, 0, "d64"}, HeadDims{128, 0, "d128"}, HeadDims{256, 0, "d256"},
+                             HeadDims{192, 128, "mla d192v128"}}) {
+    const std::string d = hd.tag;
+    const size_t first = cs.size();
+    c = Case{d + " dropout 0.1 GQA", 2, 37, 53, 4, 2, hd.D};
+    c.dropout = 0.1f;
+    cs.push_back(c);
+    c.name = d + " dropout 0.5 causal T>S";
+    c.dropout = 0.5f;
+    c.causal = true;
+    c.T = 53;
+    c.S = 37;
+    cs.push_back(c);
+    c = Case{d + " dropout 0.3 persistent 2 CTAs causal T=600 S=200", 2, 600, 200, 4, 2, hd.D};
+    c.dropout = 0.3f;
+    c.causal = true;
+    c.sms = 2;
+    cs.push_back(c);
+    c = Case{d + " dropout 0.2 persistent 1 CTA causal GQA fp16", 1, 700, 700, 4, 2, hd.D};
+    c.dropout = 0.2f;
+    c.causal = true;
+    c.sms = 1;
+    c.fp16 = true;
+    cs.push_back(c);
+    c = Case{d + " dropout 0.5 broadcast window+seg 3 CTAs", 2, 300, 517, 4, 2, hd.D};
+    c.dropout = 0.5f;
+    c.drop_broadcast = true;
+    c.wl = 100;
+    c.segments = true;
+    c.sms = 3;
+    cs.push_back(c);
+    if (!quick) {
+      c = Case{d + " dropout 0.1 multiblock plain T=1000 S=1531", 1, 1000, 1531, 2, 2, hd.D};
+      c.dropout = 0.1f;
+      cs.push_back(c);
+      c = Case{d + " dropout 0.5 multiblock MQA causal", 1, 300, 517, 4, 1, hd.D};
+      c.dropout = 0.5f;
+      c.causal = true;
+      cs.push_back(c);
+    }
+    for (size_t i = first; i < cs.size(); ++i) cs[i].Dv = hd.Dv;
+  }
   return cs;
 }
 
@@ -507,9 +583,11 @@ static void bench(int launches, int rows, const std::string& filter, float softc
     int D, H, B, T;
     bool causal;
     int Dv = 0;  // 0: D
+    float dropout = 0.f;  // attention dropout rate
     int dv() const { return Dv > 0 ? Dv : D; }
     std::string name() const {
-      return Dv > 0 ? "mla d" + std::to_string(D) + "v" + std::to_string(Dv) : "d" + std::to_string(D);
+      return (Dv > 0 ? "mla d" + std::to_string(D) + "v" + std::to_string(Dv) : "d" + std::to_string(D)) +
+             (dropout > 0.f ? " dropout" : "");
     }
   };
   // The reference shapes (B=2, T=S=8192), the short causal ones of the
@@ -521,7 +599,13 @@ static void bench(int launches, int rows, const std::string& filter, float softc
       {64, 32, 2, 8192, true},   {256, 8, 2, 8192, false}, {256, 8, 2, 8192, true},
       {64, 32, 16, 1024, true},  {128, 16, 16, 1024, true}, {256, 8, 16, 1024, true},
       {128, 16, 8, 2048, true},  {256, 8, 8, 2048, true},   {192, 16, 2, 8192, false, 128},
-      {192, 16, 2, 8192, true, 128}};
+      {192, 16, 2, 8192, true, 128},
+      {128, 16, 2, 8192, false, 0, 0.1f}, {128, 16, 2, 8192, true, 0, 0.1f},
+      {64, 32, 2, 8192, false, 0, 0.1f},  {64, 32, 2, 8192, true, 0, 0.1f},
+      {256, 8, 2, 8192, false, 0, 0.1f},  {256, 8, 2, 8192, true, 0, 0.1f},
+      {192, 16, 2, 8192, false, 128, 0.1f}, {192, 16, 2, 8192, true, 128, 0.1f}};
+  uint32_t* d_words = dev_alloc<uint32_t>(std::size(kDropoutWords));
+  CHECK_CUDA(cudaMemcpy(d_words, kDropoutWords, sizeof(kDropoutWords), cudaMemcpyHostToDevice));
   const int nv = abl::kNumFwdAblations;
   constexpr int kRounds = 7;
   const int kLaunches = launches;
@@ -535,7 +619,7 @@ static void bench(int launches, int rows, const std::string& filter, float softc
   if (softcap > 0.f)
     std::printf("softcap %g: every configuration with it; nosc = the default without softcap (same rounds);\n"
                 "best/nosc = the fastest softcap configuration's speed over nosc (1 - cost).\n", softcap);
-  std::printf("%-4s %-3s %-3s %-2s %-5s %-3s", "D", "D_v", "H", "B", "T", "cau");
+  std::printf("%-4s %-3s %-3s %-2s %-5s %-3s %-4s", "D", "D_v", "H", "B", "T", "cau", "drop");
   for (int v = 0; v < nv; ++v) std::printf(" %9s", abl::kFwdAblations[v].name);
   std::printf(" %7s", "sm80");
   if (softcap > 0.f) std::printf(" %7s %9s %9s", "nosc", "dflt/nosc", "best/nosc");
@@ -583,6 +667,8 @@ static void bench(int launches, int rows, const std::string& filter, float softc
     p.dtype = DType::kBFloat16;
     CHECK_CUDA(cudaDeviceGetAttribute(&p.num_sms, cudaDevAttrMultiProcessorCount, 0));
     p.sm90_tile_counter = tile_counter();  // one stream: launches never overlap
+    p.dropout = dropout_args(sh.dropout, false);
+    if (p.dropout.enabled()) p.dropout.words = d_words;
     const double flops = 2.0 * B * sh.H * double(T) * S * (sh.D + Dv) * (sh.causal ? 0.5 : 1.0);
 
     // Configurations: the sm90 ablations 0..nv-1 (those that exist here), then sm80.
@@ -664,7 +750,8 @@ static void bench(int launches, int rows, const std::string& filter, float softc
       worst = INFINITY;
     }
 
-    std::printf("%-4d %-3d %-3d %-2d %-5d %-3s", sh.D, Dv, sh.H, B, T, sh.causal ? "yes" : "no");
+    std::printf("%-4d %-3d %-3d %-2d %-5d %-3s %-4.2g", sh.D, Dv, sh.H, B, T, sh.causal ? "yes" : "no",
+                double(sh.dropout));
     int best = -1;
     for (int v = 0; v <= nv; ++v) {
       const double x = idx[v] >= 0 ? tf[idx[v]] : -1;
@@ -688,6 +775,7 @@ static void bench(int launches, int rows, const std::string& filter, float softc
     std::fflush(stdout);
     for (void* ptr : std::initializer_list<void*>{dq, dk, dv, d_o, d_o80, d_lse}) CHECK_CUDA(cudaFree(ptr));
   }
+  CHECK_CUDA(cudaFree(d_words));
   std::printf("configurations: see selftest_sm90 --list\n");
 }
 
@@ -710,7 +798,8 @@ static void list_ablations() {
         p.dtype = DType::kBFloat16;
         p.window_left = -1;
         p.window_right = causal ? 0 : -1;
-        p.softcap = 30.f;  // the softcap kernels exist for softcap calls only
+        p.softcap = abl::kFwdAblations[a].dropout ? 0.f : 30.f;  // the softcap kernels exist for softcap calls only
+        p.dropout.threshold = abl::kFwdAblations[a].dropout ? 26u : 0u;  // a dropout ablation: a dropout call
         std::printf(" %6s", abl::fwd_ablation_launcher(a, p) != nullptr ? "x" : "-");
       }
       std::printf(shape[0] == shape[1] ? "   " : "      ");

@@ -30,8 +30,11 @@
 // 1 (dQ by row bulk reductions), 2 (kBlockM 80, dQ_swapAB; hdim-128 bucket,
 // no causal / local bound; the default there), 3 (the bucket's tile with dQ
 // tensor reductions; the default elsewhere), 4 (softcap cases: the default's
-// tile with softcap's tanh as 1 - 2 / (1 + e^{2y})); "#v" counts the variants
-// run and a failing row names the failing ones.
+// tile with softcap's tanh as 1 - 2 / (1 + e^{2y})), and for the dropout
+// cases of the hdim-64 / 128 buckets 5 (the keep masks drawn the other way:
+// by the producer warpgroup's idle warps or by the consumer warpgroups,
+// bwd_policy.h bwd_dropout_producer_mask); "#v" counts the variants run and
+// a failing row names the failing ones.
 // Exit code 1 on a failure.
 //
 // Bench mode (--bench): backward TF/s at B=2, T=S=8192 for (D=128, H=16),
@@ -1153,21 +1156,30 @@ static void bench(const std::string& filter, float softcap) {
         BwdParams pd = p;
         pd.dropout = dropout_args(0.1f, false);
         pd.dropout.words = d_words;
-        double td[2] = {-1, -1};  // sm90, sm80
-        for (int impl : {1, 0}) {
+        // sm90 (g[0]), sm80 (g[1]), sm90 variant kDropAlt (g[2]: the masks
+        // drawn the other way; hdim 64 / 128), timed alt, sm80, sm90.
+        double td[3] = {-1, -1, -1};
+        for (int impl : {2, 1, 0}) {
           BwdParams pi = pd;
           pi.dq = g[impl][0];
           pi.dk = g[impl][1];
           pi.dv = g[impl][2];
-          td[impl] = impl == 1 ? time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); })
-                               : time_it([&] { return jax_flash::sm90::run_bwd(pi, 0); });
+          constexpr int kAlt = jax_flash::sm90::tuning::kDropAlt;
+          if (impl == 2)
+            td[impl] = jax_flash::sm90::tuning::variant_applies(pi, kAlt)
+                           ? time_it([&] { return jax_flash::sm90::tuning::run_variant(pi, kAlt, 0); })
+                           : -1;
+          else
+            td[impl] = impl == 1 ? time_it([&] { return jax_flash::sm80::run_bwd(pi, 0); })
+                                 : time_it([&] { return jax_flash::sm90::run_bwd(pi, 0); });
         }
-        double rd[3] = {-1, -1, -1};
+        double rd[3] = {-1, -1, -1}, ra[3] = {-1, -1, -1};
         if (td[0] > 0 && td[1] > 0) rel_to_sm80(0, rd);
-        char line[256];
-        std::snprintf(line, sizeof(line), "%-5d %-4d %-7s %9.1f %9.1f %7.2f   %.3g %.3g %.3g", sh.D, sh.H,
-                      causal ? "yes" : "no", td[0], td[1], td[0] > 0 && td[1] > 0 ? td[0] / td[1] : 0.0, rd[0],
-                      rd[1], rd[2]);
+        if (td[2] > 0 && td[1] > 0) rel_to_sm80(2, ra);
+        char line[320];
+        std::snprintf(line, sizeof(line), "%-5d %-4d %-7s %9.1f %9.1f %7.2f %9.1f %7.3f   %.3g %.3g %.3g   alt: %.3g %.3g %.3g",
+                      sh.D, sh.H, causal ? "yes" : "no", td[0], td[1], td[0] > 0 && td[1] > 0 ? td[0] / td[1] : 0.0,
+                      td[2], td[0] > 0 && td[2] > 0 ? td[2] / td[0] : 0.0, rd[0], rd[1], rd[2], ra[0], ra[1], ra[2]);
         drop_rows.push_back(line);
       }
       CHECK_CUDA(cudaEventDestroy(e0));
@@ -1181,8 +1193,11 @@ static void bench(const std::string& filter, float softcap) {
   }
   CHECK_CUDA(cudaFree(d_words));
   if (softcap > 0.f) return;
-  std::printf("\ndropout 0.1 (same shapes; -1: not served): backward TF/s\n%-5s %-4s %-7s %9s %9s %7s   %s\n", "D",
-              "H", "causal", "sm90", "sm80", "90/80", "max|d90-d80|/max|d80| (dQ, dK, dV)");
+  std::printf("\ndropout 0.1 (same shapes; -1: not served): backward TF/s; drop-alt = variant %d (the keep masks\n"
+              "drawn the other way: producer warpgroup <-> consumer warpgroups), alt/90 its speed over the default\n"
+              "%-5s %-4s %-7s %9s %9s %7s %9s %7s   %s\n",
+              int(jax_flash::sm90::tuning::kDropAlt), "D", "H", "causal", "sm90", "sm80", "90/80", "drop-alt",
+              "alt/90", "max|d90-d80|/max|d80| (dQ, dK, dV), and of drop-alt");
   for (const std::string& r : drop_rows) std::printf("%s\n", r.c_str());
 }
 

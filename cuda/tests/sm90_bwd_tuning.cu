@@ -32,6 +32,11 @@ bool default_is_bm80(const BwdParams& p) {
   return bwd_default_tile(Sm90BwdHeadDims::bucket(p.head_dim), make_mask_info(p).bounded(), p.deterministic) ==
          BwdTileChoice::kBlockM80;
 }
+// The dropout kernels with the keep masks drawn the other way (kHeadDim 64, 128).
+template <int kHeadDim>
+using DropAltTile =
+    BwdTuning<BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type, !bwd_dropout_producer_mask(kHeadDim)>,
+              true>;
 
 template <typename T>
 cudaError_t launch(const BwdParams& p, cudaStream_t stream) {
@@ -53,9 +58,11 @@ cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
 bool variant_applies(const BwdParams& p, int variant) {
   if (!bwd_supported(p)) return false;
   if (variant == kDefault) return true;
-  // The variants are bucket tiles without dropout's mask (dropout and the
-  // head-dim pairs: their own tile, the default, only).
-  if (p.dtype != DType::kBFloat16 || p.dropout.enabled() || p.head_dim_v != p.head_dim) return false;
+  if (p.dtype != DType::kBFloat16 || p.head_dim_v != p.head_dim) return false;
+  if (variant == kDropAlt) return p.dropout.enabled() && Sm90BwdHeadDims::bucket(p.head_dim) <= 128;
+  // The other variants are bucket tiles without dropout's mask (dropout and
+  // the head-dim pairs: their own tile, the default, only).
+  if (p.dropout.enabled()) return false;
   switch (variant) {
     case kRowReduce: return !p.deterministic;
     case kBlockM80:
@@ -76,6 +83,9 @@ cudaError_t run_variant(const BwdParams& p, int variant, cudaStream_t stream) {
     case kSoftcapExp:
       return default_is_bm80(p) ? launch<SoftcapExpBlockM80Tile>(p, stream)
                                 : launch_bucket<SoftcapExpBucketTile>(p, stream);
+    case kDropAlt:
+      return Sm90BwdHeadDims::bucket(p.head_dim) == 64 ? launch<DropAltTile<64>>(p, stream)
+                                                       : launch<DropAltTile<128>>(p, stream);
     default: return cudaErrorNotSupported;
   }
 }

@@ -23,12 +23,15 @@ enum BwdVariant : int {
   kSoftcapExp = 4,  // softcap calls: the default's tile with softcap's tanh as
                     // 1 - 2 / (1 + e^{2y}) (BwdSoftcapExpConfig) instead of
                     // the rational
-  kNumVariants = 5,
+  kDropAlt = 5,    // dropout calls, hdim-64 / 128 buckets: the keep masks
+                   // drawn the other way (producer warpgroup <-> consumer
+                   // warpgroups; bwd_policy.h bwd_dropout_producer_mask)
+  kNumVariants = 6,
 };
 
 // Whether `variant` can run the case: sm90::bwd_supported and the variant's
-// own limits. The non-default variants are built for bf16 only, without
-// attention dropout.
+// own limits. The non-default variants are built for bf16 only; variants 1-4
+// without attention dropout (4: softcap calls only), 5 with it only.
 bool variant_applies(const BwdParams& p, int variant);
 
 // Runs `variant` (cudaErrorNotSupported where it does not apply).

@@ -2,7 +2,9 @@
 // production one (fwd_tuning.h fwd_default_tuning), compiled only into the
 // self-test / benchmark binary (tools/build/build_sm90_tests.sh), never into the
 // extension. Each ablation changes the production configuration of every
-// (head-dim bucket or pair, mask) in one way; where that changes nothing (e.g.
+// (head-dim bucket or pair, mask) in one way (a dropout ablation: of the
+// dropout kernels, run on calls with dropout; the others on calls without);
+// where that changes nothing (e.g.
 // "no pingpong" at hdim 256, which has none) or does not apply, it is absent
 // ('-' in the tables) rather than a copy of the default.
 //
@@ -93,6 +95,14 @@ constexpr FwdTuning softcap_kernel(FwdTuning t, int head_dim) {
   return t;
 }
 
+// Dropout: the keep mask drawn the other way (the producer warpgroup's bit
+// mask in shared memory <-> each consumer thread's own generator), with
+// what fwd_dropout_draw ties to it (Q in registers at hdim 128 with the bit
+// mask).
+constexpr FwdTuning toggle_dropout_mask(FwdTuning t, int head_dim) {
+  return fwd_dropout_draw(t, head_dim, !t.dropout_producer_mask);
+}
+
 struct FwdAblation {
   const char* name;  // table column
   const char* what;
@@ -104,6 +114,7 @@ struct FwdAblation {
   // softcap branch, fwd_default_tuning), on the softcap calls the softcap
   // kernels would serve: what softcap calls ran before them.
   bool softcap_branch = false;
+  bool dropout = false;  // an ablation of the dropout kernels (calls with dropout only)
 };
 // Index 0 is the production kernel, launched through jax_flash::sm90::run_fwd.
 inline constexpr FwdAblation kFwdAblations[] = {
@@ -135,6 +146,10 @@ inline constexpr FwdAblation kFwdAblations[] = {
      softcap_kernel<FwdSoftcap::kExp, 1>},
     {"sc-mufu", "softcap kernel, fixed max: tanh.approx.f32 (FA3's; outside the error criterion)",
      softcap_kernel<FwdSoftcap::kMufu>, true},
+    {"drop-alt", "dropout calls: the keep mask drawn the other way (producer bit mask in shared memory, "
+     "hdim 128 with Q in registers <-> each consumer thread's own Philox)", toggle_dropout_mask, false, false, true},
+    {"drop-qsm", "dropout calls: Q read from shared memory where the default dropout kernel has it in "
+     "registers", q_in_smem, false, false, true},
 };
 constexpr int kNumFwdAblations = int(sizeof(kFwdAblations) / sizeof(kFwdAblations[0]));
 
@@ -143,11 +158,13 @@ constexpr bool same_tuning(const FwdTuning& a, const FwdTuning& b) {
          a.pingpong == b.pingpong && a.overlap == b.overlap && a.q_in_regs == b.q_in_regs &&
          a.lazy_rescale == b.lazy_rescale && a.o_in_v == b.o_in_v &&
          a.dynamic_scheduler == b.dynamic_scheduler && a.exp2_poly_every == b.exp2_poly_every &&
-         a.exp2_poly_degree == b.exp2_poly_degree && a.softcap == b.softcap;
+         a.exp2_poly_degree == b.exp2_poly_degree && a.softcap == b.softcap &&
+         a.dropout == b.dropout && a.dropout_producer_mask == b.dropout_producer_mask;
 }
 
 // The launchers of one bucket or head-dim pair: [ablation][causal_like],
-// nullptr where the ablation is the default or repeats an earlier one.
+// nullptr where the ablation is the default or repeats an earlier one (a
+// dropout ablation: the dropout kernels').
 // Defined in fwd_ablation_hdim<d>_sm90.cu (a pair: hdim<d>v<d_v>), one object
 // per bucket or pair (bf16 only: the schedule does not depend on the 16-bit
 // type).
@@ -162,6 +179,7 @@ FwdAblationBucket fwd_ablation_pair_192_128();
 inline FwdLaunch fwd_ablation_launcher(int ablation, const FwdParams& p) {
   if (ablation == 0) return &jax_flash::sm90::run_fwd;
   if (ablation < 0 || ablation >= kNumFwdAblations || p.dtype != DType::kBFloat16) return nullptr;
+  if (kFwdAblations[ablation].dropout != p.dropout.enabled()) return nullptr;
   static const FwdAblationBucket b64 = fwd_ablation_bucket_64(), b128 = fwd_ablation_bucket_128(),
                                  b256 = fwd_ablation_bucket_256(), mla = fwd_ablation_pair_192_128();
   const FwdAblationBucket* b = nullptr;
@@ -179,6 +197,7 @@ inline FwdLaunch fwd_ablation_launcher(int ablation, const FwdParams& p) {
       !(softcap_fixed_max_ok(p.softcap) && hd != 192))
     return nullptr;
   const MaskInfo mi = make_mask_info(p);
+  if (p.dropout.enabled() && mi.q_span != nullptr) return nullptr;  // packed: the default's kernels only
   return b->launch[ablation][fwd_causal_like(mi.wl, mi.wr) ? 1 : 0];
 }
 

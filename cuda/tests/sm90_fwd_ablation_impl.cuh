@@ -12,20 +12,23 @@
 namespace jax_flash::sm90::ablation {
 
 // Ablation kAblation of the production configuration of (kHeadDim,
-// kHeadDimV, kCausalLike).
+// kHeadDimV, kCausalLike), with dropout for a dropout ablation.
 template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike>
 struct AblationTuning {
   static constexpr FwdTuning value = kFwdAblations[kAblation].modify(
-      fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike), kHeadDim);
+      fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike, 2, false, kFwdAblations[kAblation].dropout),
+      kHeadDim);
 };
 
-// Whether ablation kAblation gives the configuration of an earlier one (index
-// 0: the default), e.g. "neither" at hdim 256, which has no pingpong anyway.
+// Whether ablation kAblation gives the configuration of an earlier one or of
+// the default (for a dropout ablation the default dropout kernel), e.g.
+// "neither" at hdim 256, which has no pingpong anyway.
 template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike, int... kEarlier>
 constexpr bool repeats_earlier(std::integer_sequence<int, kEarlier...>) {
-  return (same_tuning(AblationTuning<kAblation, kHeadDim, kHeadDimV, kCausalLike>::value,
-                      AblationTuning<kEarlier, kHeadDim, kHeadDimV, kCausalLike>::value) ||
-          ...);
+  constexpr FwdTuning t = AblationTuning<kAblation, kHeadDim, kHeadDimV, kCausalLike>::value;
+  return same_tuning(t, fwd_default_tuning(kHeadDim, kHeadDimV, kCausalLike, 2, false,
+                                           kFwdAblations[kAblation].dropout)) ||
+         (same_tuning(t, AblationTuning<kEarlier, kHeadDim, kHeadDimV, kCausalLike>::value) || ...);
 }
 
 template <int kAblation, int kHeadDim, int kHeadDimV, bool kCausalLike>

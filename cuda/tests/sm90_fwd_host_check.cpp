@@ -102,8 +102,14 @@ int main() {
       CHECK(!t.q_in_regs || t.overlap, "d %d: Q in registers needs the overlap schedule", d);
       CHECK(t.dynamic_scheduler == causal_like, "d %d causal_like %d", d, causal_like);
       CHECK(t.block_m() <= 256 && t.block_n % 16 == 0 && t.block_n <= 256, "d %d tile", d);
-      // With dropout: whole 64-key chunks per KV block (philox.h).
-      CHECK(fwd_default_tuning(d, dv, causal_like, 2, false, true).block_n % 64 == 0, "d %d dropout", d);
+      // With dropout: whole 64-key chunks per KV block (philox.h); Q in
+      // registers only with the producer's bit mask (the consumers' own draw
+      // keeps the Philox output live across the GEMMs instead), and then
+      // where the policy puts it without dropout.
+      const FwdTuning td = fwd_default_tuning(d, dv, causal_like, 2, false, true);
+      CHECK(td.block_n % 64 == 0, "d %d dropout", d);
+      CHECK(td.dropout_producer_mask == kFwdDropoutProducerMask, "d %d dropout: the mask's side", d);
+      CHECK(!td.q_in_regs || (td.dropout_producer_mask && t.q_in_regs && td.overlap), "d %d dropout: Q in registers", d);
     }
   // FP8 (8-bit inputs, 16-bit O): the KV tile is the scheme's K descale
   // block, whole 32-key k-steps of the PV GEMM, one Q descale per consumer

@@ -1,6 +1,9 @@
 // Thread model of the sm90 forward CTA protocol (fwd_kernel.cuh, mainloop.cuh,
 // epilogue.cuh): producer warp, kWG consumer warpgroups (one thread each),
-// mbarriers (full/empty Q, K[2], V[2], o_free, tile hand-off), named barriers
+// with dropout's producer mask (FwdTuning::dropout_producer_mask) kMaskers
+// mask threads (the mask warps; full_mask counts each, empty_mask each
+// consumer, the tile hand-off both),
+// mbarriers (full/empty Q, K[2], V[2], mask[2], o_free, tile hand-off), named barriers
 // (pingpong turns, OWrite), the dynamic tile counter, and shared-memory cells
 // tagged with what they hold. Asynchronous effects are placed at their most
 // dangerous point: TMA loads write at issue, wgmma reads at wgmma_wait, TMA
@@ -11,8 +14,10 @@
 // Host only, no GPU: g++ -O2 -std=c++17 -pthread cuda/tests/sm90_fwd_protocol_model.cpp
 //   -o /tmp/m && /tmp/m [trials per configuration, default 300]  (~10 s)
 // Mutations of the protocol (no o_free wait, o_free parity off by one, no
-// OWrite barrier, o_free before the store read, tile_empty parity off by one)
-// are caught as bad reads or DEADLOCK. Keep in step with the kernel code.
+// OWrite barrier, o_free before the store read, tile_empty parity off by one;
+// the mask ring: no empty_mask wait, its parity off by one, tile_empty
+// without the mask threads' arrivals) are caught as bad reads or DEADLOCK.
+// Keep in step with the kernel code.
 // varlen (fwd_varlen_kernel.cuh, varlen_scheduler.cuh): the tile hand-off
 // numbered from the CTA's first tile (hand-off 0) and ending on an invalid
 // tile, the V tail zeroed by every consumer WG after its first QK^T
@@ -54,9 +59,10 @@ static bool wait_until(const std::function<bool()>& pred) {  // under no lock
 struct MBar { int count = 1, pending = 1, done = 0; };
 struct NBar { int arrived = 0, gen = 0; };
 
-struct Cfg { int wg; bool pingpong, overlap, dynamic, oinv, alias_q, varlen = false; };
+struct Cfg { int wg; bool pingpong, overlap, dynamic, oinv, alias_q, varlen = false, drop = false; };
+constexpr int kMaskers = 2;  // model threads standing for the mask warps (each arrives on full_mask)
 struct Tag { int kind = 0, tile = -1, x = -1; bool operator==(const Tag& o) const { return kind == o.kind && tile == o.tile && x == o.x; } };
-enum { kQ = 1, kK, kV, kO };
+enum { kQ = 1, kK, kV, kO, kM };
 
 struct CTA {
   Cfg c;
@@ -67,8 +73,9 @@ struct CTA {
   std::atomic<int>* counter;
   std::vector<std::atomic<int>>* seen;
   MBar full_q, empty_q, full_k[2], empty_k[2], full_v[2], empty_v[2], o_free, tile_full, tile_empty;
+  MBar full_mask[2], empty_mask[2];
   NBar nbar[16];
-  Tag qcell[3], kcell[2], vcell[2][3], ocell[3];
+  Tag qcell[3], kcell[2], vcell[2][3], ocell[3], mcell[2][kMaskers];
   int slot = -1;
 
   void mb_arrive(MBar& b) {
@@ -175,9 +182,33 @@ struct CTA {
     }
   }
 
+  // Mask thread j (Cfg::drop): the masks of every block of the CTA's tiles, in
+  // the consumers' order, into the 2-slot ring (mainloop.cuh make_masks); a
+  // consumer of the tile hand-off (fwd_kernel.cuh mask_producer).
+  void masker(int j) {
+    trng.seed(bid * 15485863 + j + 5);
+    int ms = 0; unsigned mp = 0;
+    unsigned it = 0;
+    for (int tile = bid; tile < total && !failed; ++it) {
+      for (int n = (*nb)[tile] - 1; n >= 0; --n) {
+        mb_wait(empty_mask[ms], mp ^ 1u);
+        put(mcell[ms][j], Tag{kM, tile, n});
+        mb_arrive(full_mask[ms]);
+        if (++ms == 2) { ms = 0; mp ^= 1; }
+      }
+      int next = tile + grid;
+      if (c.dynamic) {
+        mb_wait(tile_full, it & 1u);
+        { std::lock_guard<std::mutex> l(mu); next = slot; }
+        mb_arrive(tile_empty);
+      }
+      tile = next;
+    }
+  }
+
   void consumer(int wg) {
     trng.seed(bid * 104729 + wg + 11);
-    int ks = 0, vs = 0; unsigned kp = 0, vp = 0;
+    int ks = 0, vs = 0, ms = 0; unsigned kp = 0, vp = 0, mp = 0;
     const int nsched = 256;  // kBarSched: this WG + the one handing over the turn
     auto sched_sync = [&] { if (c.pingpong) bar_sync(kBarSched + wg, nsched, 128); };
     auto sched_arrive = [&] { if (c.pingpong) bar_arrive(kBarSched + (wg + 1 == c.wg ? 0 : wg + 1), nsched, 128); };
@@ -208,10 +239,17 @@ struct CTA {
         for (int w2 = 0; w2 < c.wg; ++w2) check(get(vcell[vs][w2]), v_tag(n), "V");
       };
       auto v_rel = [&] { mb_arrive(empty_v[vs]); if (++vs == 2) { vs = 0; vp ^= 1; } };
+      auto m_cons = [&](int n) {  // Cfg::drop: load_mask (wait, read, release at once)
+        if (!c.drop) return;
+        mb_wait(full_mask[ms], mp);
+        for (int j = 0; j < kMaskers; ++j) check(get(mcell[ms][j]), Tag{kM, tile, n}, "mask");
+        mb_arrive(empty_mask[ms]);
+        if (++ms == 2) { ms = 0; mp ^= 1; }
+      };
       if (nblk > 0) {
         if (c.overlap) {
           int n = nblk - 1;
-          k_cons(n); k_rel();
+          k_cons(n); m_cons(n); k_rel();
           if (tail) {  // Consumer::zero_v_tail: this WG's share, then all WGs meet
             mb_wait(full_v[vs], vp);
             check(get(vcell[vs][wg]), Tag{kV, tile, n}, "V before zeroing");
@@ -224,6 +262,7 @@ struct CTA {
             // issue QK(n) and PV(n+1); their reads are checked at the waits
             mb_wait(full_v[vs], vp);
             sched_arrive();
+            m_cons(n);
             check(get(qcell[wg]), Tag{kQ, tile, wg}, "Q");
             check(get(kcell[ks]), Tag{kK, tile, n}, "K");
             k_rel();
@@ -236,6 +275,7 @@ struct CTA {
           for (int n = nblk - 1; n >= 0; --n) {
             mb_wait(full_k[ks], kp);
             sched_arrive();
+            m_cons(n);
             check(get(qcell[wg]), Tag{kQ, tile, wg}, "Q");
             check(get(kcell[ks]), Tag{kK, tile, n}, "K");
             k_rel();
@@ -311,6 +351,14 @@ int main(int argc, char** argv) {
       {3, true, true, true, false, false, true},
       {2, false, true, true, false, true, true},
       {2, false, true, true, true, false, true},
+      // dropout with the producer mask
+      {2, true, true, false, false, false, false, true},   // hdim 128
+      {2, true, true, true, false, false, false, true},    // hdim 128 causal (dynamic)
+      {3, true, true, false, false, false, false, true},   // hdim 64
+      {3, true, true, true, false, false, false, true},    // hdim 64 causal
+      {2, false, true, false, false, true, false, true},   // hdim 256, the pair (O in Q)
+      {2, false, true, true, true, false, false, true},    // hdim 256, the pair causal (O in V)
+      {2, true, false, true, false, false, false, true},   // serial pingpong (stress)
   };
   int bad = 0;
   for (int ci = 0; ci < int(sizeof(cfgs) / sizeof(cfgs[0])); ++ci) {
@@ -344,10 +392,17 @@ int main(int argc, char** argv) {
         }
         x->o_free = {c.wg, c.wg, 0};
         x->tile_full = {1, 1, 0};
-        x->tile_empty = {c.wg, c.wg, 0};
+        const int hand_off = c.wg + (c.drop ? kMaskers : 0);
+        x->tile_empty = {hand_off, hand_off, 0};
+        for (int s = 0; s < 2; ++s) {
+          x->full_mask[s] = {kMaskers, kMaskers, 0};
+          x->empty_mask[s] = {c.wg, c.wg, 0};
+        }
         ctas.push_back(x);
         th.emplace_back([x] { x->producer(); });
         for (int w = 0; w < c.wg; ++w) th.emplace_back([x, w] { x->consumer(w); });
+        if (c.drop)
+          for (int j = 0; j < kMaskers; ++j) th.emplace_back([x, j] { x->masker(j); });
       }
       for (auto& x : th) x.join();
       std::string msg = fail_msg;
@@ -356,14 +411,14 @@ int main(int argc, char** argv) {
           if (seen[i] != c.wg) { msg = "tile " + std::to_string(i) + " processed " + std::to_string(seen[i].load()) + "x"; break; }
       if (!failed && c.dynamic && counter.load() != total) msg = "claims " + std::to_string(counter.load()) + " != total";
       if (!msg.empty()) {
-        std::printf("cfg %d (wg %d pp %d ov %d dyn %d oinv %d aliasQ %d) trial %d total %d grid %d: %s\n", ci, c.wg,
-                    c.pingpong, c.overlap, c.dynamic, c.oinv, c.alias_q, t, total, g, msg.c_str());
+        std::printf("cfg %d (wg %d pp %d ov %d dyn %d oinv %d aliasQ %d drop %d) trial %d total %d grid %d: %s\n", ci,
+                    c.wg, c.pingpong, c.overlap, c.dynamic, c.oinv, c.alias_q, c.drop, t, total, g, msg.c_str());
         cfg_bad = 1;
       }
       for (auto* x : ctas) delete x;
     }
-    std::printf("cfg %d (wg %d pp %d ov %d dyn %d oinv %d aliasQ %d): %s\n", ci, c.wg, c.pingpong, c.overlap,
-                c.dynamic, c.oinv, c.alias_q, cfg_bad ? "FAIL" : "ok");
+    std::printf("cfg %d (wg %d pp %d ov %d dyn %d oinv %d aliasQ %d drop %d): %s\n", ci, c.wg, c.pingpong,
+                c.overlap, c.dynamic, c.oinv, c.alias_q, c.drop, cfg_bad ? "FAIL" : "ok");
     bad += cfg_bad;
   }
   return bad != 0;

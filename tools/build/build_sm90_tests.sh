@@ -48,8 +48,12 @@ g++ -std=c++17 -O2 -Wall -Icuda/include -Icuda cuda/tests/sm90_fp8_vt_check.cpp 
 # The FP8 pre-pass: launch 1's order, element coverage, the rotation's bits.
 g++ -std=c++17 -O2 -Wall -ffp-contract=off -Icuda/include -Icuda cuda/tests/fp8_prepass_check.cpp \
   -o "$OBJ/fp8_prepass_check"
+# Dropout masks drawn by the producer warpgroup: the bits written vs read.
+g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -Icuda/include -Icuda cuda/tests/sm90_drop_mask_check.cpp \
+  -o "$OBJ/sm90_drop_mask_check"
 "$OBJ/fp8_prepass_check"
 "$OBJ/sm90_fp8_vt_check"
+"$OBJ/sm90_drop_mask_check"
 "$OBJ/sm90_fwd_host_check"
 # Q in registers: that ptxas kept the Q fragments' registers for the whole mainloop.
 python3 tools/lint/check_wgmma_a_regs.py "$OUTDIR/selftest_sm90" | tail -1

@@ -190,6 +190,7 @@ struct BwdConfig {
   // Softcap's tanh: the rational (tanh_rational.h), or with
   // BwdSoftcapExpConfig<...> (below) 1 - 2 / (1 + e^{2y}).
   static constexpr bool kSoftcapTanhExp = false;
+  static constexpr bool kDropProducer = false;
 };
 
 // Softcap's tanh in the form 1 - 2 / (1 + e^{2y}) (two MUFU ops and three
@@ -217,15 +218,28 @@ struct BwdSoftcapExpConfig : Base {
 // exchange the bits: one word per thread and WG, [128 threads][2 WGs], one
 // buffer (a WG writes a step's words after the PdS barrier of the step
 // before, which the other WG reaches only after reading that step's).
-template <typename Base>
+// kDropProducer (key split only): the masks are drawn not by the consumer
+// WGs but by warps 2-3 of the producer warpgroup (idle otherwise), into the
+// same buffers (a bit layout of their own, drop_bits.h), handed over with
+// mbarriers per step parity: full_drop[b] (every mask thread, after its
+// stores), empty_drop[b] (every consumer thread, after its reads). The
+// mask warps' generator needs 32 registers: the producer warpgroup's budget
+// is 32 there (exactly the register file with the consumers' 240).
+template <typename Base, bool kDropProducer_ = false>
 struct BwdDropoutConfig : Base {
   static constexpr bool kDropout = true;
+  static constexpr bool kDropProducer = kDropProducer_;
+  static_assert(!kDropProducer || Base::kSdpSwapAB, "producer-drawn masks: the key split's buffers");
+  static constexpr int kDropThreads = kDropProducer ? 64 : 0;  // warps 2-3 of the producer warpgroup
+  static constexpr int kProducerRegs = kDropProducer ? 32 : Base::kProducerRegs;
+  static_assert(128 * (kProducerRegs + Base::kConsumerWGs * Base::kConsumerRegs) <= 65536, "register file");
   static constexpr int kDropRowWords = Base::kBlockM + 8;
   static constexpr int kDropWGBytes = 2 * kDropRowWords * 4;
   static constexpr int kDropBytes =
       Base::kSdpSwapAB ? 2 * Base::kConsumerWGs * kDropWGBytes : 128 * Base::kConsumerWGs * 4;
   static constexpr int kOffDrop = Base::kSmemBytes;  // 8-byte aligned
-  static constexpr int kSmemBytes = kOffDrop + kDropBytes;
+  static constexpr int kOffDropBar = kOffDrop + kDropBytes;  // kDropProducer: full_drop[2], empty_drop[2]
+  static constexpr int kSmemBytes = kOffDropBar + (kDropProducer ? 4 * 8 : 0);
   static constexpr int kSmemAlloc = kSmemBytes + 1024;
   static_assert(kSmemBytes % 8 == 0 && kSmemAlloc <= 227 * 1024, "shared memory plan too large");
 };
@@ -328,6 +342,21 @@ struct BwdSmem {
   JF_DEVICE uint32_t drop_words() const {
     if constexpr (Cfg::kDropout) {
       return base + Cfg::kOffDrop;
+    } else {
+      return 0;
+    }
+  }
+  // Cfg::kDropProducer: the mask buffers of parity b are drawn / read.
+  JF_DEVICE uint32_t full_drop(int b) const {
+    if constexpr (Cfg::kDropProducer) {
+      return base + Cfg::kOffDropBar + 8 * b;
+    } else {
+      return 0;
+    }
+  }
+  JF_DEVICE uint32_t empty_drop(int b) const {
+    if constexpr (Cfg::kDropProducer) {
+      return base + Cfg::kOffDropBar + 8 * (2 + b);
     } else {
       return 0;
     }

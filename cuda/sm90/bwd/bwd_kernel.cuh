@@ -18,7 +18,9 @@
 // KV blocks first). CTA = 384 threads:
 //   warpgroup 0 (setmaxnreg.dec 24): warp 0 = producer (TMA of K, V once and
 //     of the Q / dO ring, LSE / delta stages), warp 1 = dQ writer (bulk
-//     reduce-add of the staged dQ tiles into dq_accum), warps 2-3 idle;
+//     reduce-add of the staged dQ tiles into dq_accum), warps 2-3 idle (with
+//     producer-drawn dropout masks, BwdDropoutConfig kDropProducer, they
+//     draw them: setmaxnreg.dec 32);
 //   warpgroups 1, 2 (setmaxnreg.inc 240): consumers (hdim 64 / 128: 64 keys
 //     each; hdim 256: 128 of the 256 columns each), dK and dV in registers for
 //     the whole sweep, then the epilogue (the TMA store clips the seq and
@@ -100,6 +102,8 @@ struct BwdKernel {
         Mainloop::load(args, sm, tile);
       } else if (warp == 1) {
         Mainloop::store_dq(args, sm, tile);
+      } else if constexpr (Cfg::kDropProducer) {
+        Mainloop::draw_masks(args, sm, tile, int(threadIdx.x) - 64);  // warps 2-3
       }
     } else {
       ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();

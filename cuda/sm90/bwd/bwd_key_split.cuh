@@ -18,10 +18,14 @@
 // at the end: BwdMainloop::consume). The generator draws a query row's keys
 // (philox.h), S^T holds keys in rows: draw_dropout writes the WG's mask by
 // query rows to shared memory while the step's GEMMs run, the dS loop reads
-// it back transposed.
+// it back transposed. Cfg::kDropProducer: warps 2-3 of the producer
+// warpgroup draw both WGs' masks of a step into the same buffers
+// (draw_masks, bwd_drop_mask.h's bit layout), the consumers wait for them on
+// full_drop and release them on empty_drop after reading.
 #pragma once
 
 #include "bwd_dq.cuh"
+#include "bwd_drop_mask.h"
 #include "bwd_tile.cuh"
 #include "jax_flash/philox.h"
 #include "sm90/ptx/wgmma.cuh"
@@ -144,8 +148,17 @@ struct BwdKeySplit {
   // bit 16 (t % 2) + c for byte c (key 8 (c / 2) + 2 t + c % 2). Each
   // thread draws whole words (2 calls); the mainloop calls this after
   // issuing the step's S^T and dP^T GEMMs.
+  // Cfg::kDropProducer: releases the previous step's buffers (every thread:
+  // its reads of them are done, its arrive's release orders them before the
+  // mask warps' next writes) and waits for the mask warps' masks of this
+  // step, here: between the step's wgmma issues and waits, as the
+  // mainloop's own waits (inside step() the wait loop made ptxas spill the
+  // dS loop). The last step's buffers are never released: no step reuses them.
   JF_DEVICE void draw_dropout(int it, const BwdTile& w, int n0, int m0, int head) const {
-    if constexpr (Cfg::kDropout) {
+    if constexpr (Cfg::kDropProducer) {
+      if (it > 0) ptx::mbar_arrive(sm.empty_drop((it - 1) & 1));
+      bwd_wait_full(sm.full_drop(it & 1), uint32_t(it >> 1) & 1u);
+    } else if constexpr (Cfg::kDropout) {
       const Dropout d(a.dropout);
       const uint32_t buf = sm.drop(it & 1, wg);
       const uint32_t chunk = uint32_t(n0 + 64 * wg) / 64u;
@@ -167,16 +180,40 @@ struct BwdKeySplit {
       }
     }
   }
+  // Cfg::kDropProducer: mask thread j (0..kDropThreads-1) of the producer
+  // warpgroup, step `it` (query block at m0, q head `head`): both WGs' words
+  // (bwd_drop_mask.h) into the step parity's buffers, words j, j +
+  // kDropThreads, ... (WG, word, query; consecutive threads, consecutive
+  // queries). The caller waits for the buffers' release before and arrives
+  // on full_drop after.
+  static JF_DEVICE void draw_masks(const BwdSmem<Cfg>& sm, const Dropout& d, const DropMaskThreshold& t,
+                                   int it, uint32_t batch, int n0, int m0, int head, int j) {
+    if constexpr (Cfg::kDropProducer) {
+      constexpr int kWords = Cfg::kConsumerWGs * 2 * kBM;
+#pragma unroll 1
+      for (int u = j; u < kWords; u += Cfg::kDropThreads) {
+        const int wg = u / (2 * kBM), word = (u / kBM) % 2, q = u % kBM;
+        const uint32_t z = bwd_drop_mask_word(d, t, batch, head, m0 + q, uint32_t(n0 + 64 * wg) / 64u, word);
+        ptx::st_shared_b32(sm.drop(it & 1, wg) + 4 * (word * Cfg::kDropRowWords + q), z);
+      }
+    }
+  }
   // This thread's view of the step's mask (after the WG's barrier): the
   // address of its word row (query 0 of word (g / 2) / 2, g = lane / 4 its
-  // key row in the warp) and the shift of key row g (h = 0; + 2 for g + 8).
+  // key row in the warp) and the bit of key row g (h = 0; key row g + 8:
+  // + kDropRowShift).
   JF_DEVICE uint32_t drop_row(int it) const {
     return sm.drop(it & 1, wg) + 4 * (((lane / 4) / 4) * Cfg::kDropRowWords + 2 * (lane % 4));
   }
   JF_DEVICE int drop_shift() const {
-    const int g = lane / 4;
-    return 16 * ((g / 2) % 2) + 4 * warp + g % 2;
+    if constexpr (Cfg::kDropProducer) {
+      return bwd_drop_shift(warp, lane);
+    } else {
+      const int g = lane / 4;
+      return 16 * ((g / 2) % 2) + 4 * warp + g % 2;
+    }
   }
+  static constexpr int kDropRowShift = Cfg::kDropProducer ? 16 : 2;
 
   struct StepRegs {
     float dq[kQR];
@@ -247,7 +284,8 @@ struct BwdKeySplit {
     if constexpr (Cfg::kDropout) {
       static_assert(!kSoftcap, "dropout kernels: no softcap (the sm80 backward serves it)");
       fence_regs(pr);
-      named_bar_sync(kBwdBarDrop + wg, 128);  // the WG's mask of the step is drawn
+      // The WG's mask of the step is drawn (kDropProducer: waited for in draw_dropout).
+      if constexpr (!Cfg::kDropProducer) named_bar_sync(kBwdBarDrop + wg, 128);
       wgmma_wait<0>();  // dP^T ready
       fence_regs(dp);
       const float keep_scale = dropout_keep_scale(a.dropout);
@@ -260,7 +298,7 @@ struct BwdKeySplit {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i0 = 4 * j + 2 * h;
-          const bool k0 = (z.x >> (sh + 2 * h)) & 1u, k1 = (z.y >> (sh + 2 * h)) & 1u;
+          const bool k0 = (z.x >> (sh + kDropRowShift * h)) & 1u, k1 = (z.y >> (sh + kDropRowShift * h)) & 1u;
           dp[i0] = pr[i0] * (k0 ? fmaf(dp[i0], keep_scale, -d2.x) : -d2.x);
           dp[i0 + 1] = pr[i0 + 1] * (k1 ? fmaf(dp[i0 + 1], keep_scale, -d2.y) : -d2.y);
           pr[i0] = k0 ? pr[i0] : 0.f;

@@ -145,11 +145,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
 }
 
 // With attention dropout: the bucket's tile with the mask's buffers
-// (BwdDropoutConfig), in translation units of its own
-// (bwd_dropout_<dtype>_hdim<d>_sm90.cu).
+// (BwdDropoutConfig; masks drawn where bwd_dropout_producer_mask says), in
+// translation units of its own (bwd_dropout_<dtype>_hdim<d>_sm90.cu).
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream) {
-  return launch_bwd<Element, BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type>>(p, stream);
+  return launch_bwd<Element, BwdDropoutConfig<typename BwdConfigFor<kHeadDim>::type,
+                                              bwd_dropout_producer_mask(kHeadDim)>>(p, stream);
 }
 
 template <typename Element, int kHeadDim, int kHeadDimV>

@@ -11,6 +11,11 @@
 // stat stages. A full barrier completes when the 32 lanes have arrived (each
 // after its stat stores: release) and the TMA bytes have landed.
 //
+// Mask warps (Cfg::kDropProducer: warps 2-3 of the producer warpgroup): per
+// step, once the consumers released the step parity's mask buffers
+// (empty_drop), both WGs' keep masks into them (the split's draw_masks), then
+// full_drop.
+//
 // Consumer warpgroups, per step: S = Q K^T and dP = dO V^T issued here (each
 // WG its share, as the work split lays them out), then the split's step
 // (Split::step: P, dS, the dV / dK / dQ GEMMs, dQ to the writer warp, the
@@ -91,6 +96,13 @@ struct BwdMainloop {
       if (s < Cfg::kStagesDo) {
         ptx::mbar_init(sm.full_do(s), Cfg::kFullArrivals);
         ptx::mbar_init(sm.empty_do(s), Cfg::kEmptyArrivals);
+      }
+    }
+    if constexpr (Cfg::kDropProducer) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        ptx::mbar_init(sm.full_drop(b), Cfg::kDropThreads);
+        ptx::mbar_init(sm.empty_drop(b), Cfg::kEmptyArrivals);
       }
     }
   }
@@ -184,6 +196,25 @@ struct BwdMainloop {
       st.advance();
       if constexpr (!kSameStages) st_do.advance();
       walk.advance();
+    }
+  }
+
+  // ---------------------------------------------------------------- mask warps
+  // Cfg::kDropProducer: mask thread j (0..kDropThreads-1), the tile's steps
+  // in the consumers' order; step `it` uses the buffers of parity it & 1
+  // (use it / 2 of that pair of barriers).
+  JF_DEVICE static void draw_masks(const BwdKernelArgs& a, const Smem& sm, const BwdTile& w, int j) {
+    if constexpr (Cfg::kDropProducer) {
+      const Dropout d(a.dropout);
+      const DropMaskThreshold t(d.threshold);
+      const int n0 = w.n_block * kBlockN;
+      BwdStepWalker walk(w, a.heads_per_kv);
+      for (int it = 0; it < w.iters; ++it) {
+        ptx::mbar_wait(sm.empty_drop(it & 1), (uint32_t(it >> 1) & 1u) ^ 1u);
+        Split::draw_masks(sm, d, t, it, w.batch, n0, walk.mb * kBlockM, walk.hq, j);
+        ptx::mbar_arrive(sm.full_drop(it & 1));  // release: this thread's stores
+        walk.advance();
+      }
     }
   }
 

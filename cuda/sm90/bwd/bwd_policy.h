@@ -19,4 +19,12 @@ constexpr BwdTileChoice bwd_default_tile(int hdim_bucket, bool mask_bounded, boo
   return hdim_bucket == 128 && !mask_bounded && !deterministic ? BwdTileChoice::kBlockM80 : BwdTileChoice::kBucket;
 }
 
+// Dropout: whether the keep masks of the bucket's kernels are drawn by the
+// producer warpgroup's idle warps (BwdDropoutConfig kDropProducer; the key
+// split's buckets, hdim 64 and 128) instead of by each consumer warpgroup
+// under its step's GEMMs. The other choice is the self-test's variant
+// kDropAlt (cuda/tests/sm90_bwd_tuning.h).
+constexpr bool kBwdDropoutProducerMask = false;
+constexpr bool bwd_dropout_producer_mask(int hdim_bucket) { return kBwdDropoutProducerMask && hdim_bucket <= 128; }
+
 }  // namespace jax_flash::sm90

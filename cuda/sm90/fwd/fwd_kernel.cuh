@@ -12,6 +12,7 @@
 //   producer (setmaxnreg.dec): one thread issues the TMA loads and decides the
 //     tile sequence; it never touches a register-heavy fragment; 8-bit: warps
 //     1..3 of the producer warpgroup transpose each V stage (mainloop.cuh);
+//     dropout with the producer mask: warps 1..3 draw the keep masks;
 //   consumers (setmaxnreg.inc): wgmma + online softmax on 64 query rows each,
 //     then the epilogue.
 // Synchronisation: mbarriers for data (full_q/empty_q, full/empty per K and V
@@ -36,8 +37,10 @@ struct FwdKernel {
   static constexpr int kConsumerWGs = Mainloop::kConsumerWGs;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   // Register budgets after setmaxnreg (FA3: 24/240 with 2 consumer WGs,
-  // 32/160 with 3); 128 * (producer + WGs * consumer) <= 64K.
-  static constexpr int kProducerRegs = kConsumerWGs == 2 ? 24 : 32;
+  // 32/160 with 3); 128 * (producer + WGs * consumer) <= 64K. The mask
+  // warps' generator (Philox state, key, positions) needs 32: exactly the
+  // register file with two consumer WGs at 240.
+  static constexpr int kProducerRegs = kConsumerWGs == 2 && !Mainloop::kDropMask ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
   static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
 
@@ -109,6 +112,20 @@ struct FwdKernel {
     Mainloop::finish_loads(sm, vst);
   }
 
+  // Mainloop::kDropMask: mask thread j of warps 1..kMaskWarps, the same tile
+  // sequence as the consumers (a consumer of the scheduler's hand-off).
+  JF_DEVICE static void mask_producer(const Params& p, const SharedStorage& ss, int j) {
+    const typename Mainloop::Smem sm = ss.mainloop();
+    const typename Scheduler::Smem sched = ss.scheduler();
+    ptx::PipeState<Mainloop::kMaskStages> mst;
+    uint32_t it = 0;
+    for (WorkTile work = Scheduler::initial_work(p.scheduler, sched); Scheduler::valid(p.scheduler, work);
+         ++it) {
+      Mainloop::make_masks(p.mainloop, sm, mst, Scheduler::coord(p.scheduler, work), j);
+      work = Scheduler::consumer_next(p.scheduler, sched, it, work);
+    }
+  }
+
   JF_DEVICE static void consumer(const Params& p, const SharedStorage& ss, int wg) {
     const int tid_wg = threadIdx.x % 128;
     const int warp = tid_wg / 32, lane = tid_wg % 32;
@@ -116,7 +133,8 @@ struct FwdKernel {
     const typename Epilogue::Smem esm = ss.epilogue();
     const typename Scheduler::Smem sched = ss.scheduler();
     ptx::PipeState<Mainloop::kStages> kst, vst;
-    const typename Mainloop::Consumer ml{p.mainloop, sm, wg, warp, lane, kst, vst};
+    ptx::PipeState<Mainloop::kMaskStages> mst;
+    const typename Mainloop::Consumer ml{p.mainloop, sm, wg, warp, lane, kst, vst, mst};
     ml.start();
     uint32_t it = 0;
     for (WorkTile work = Scheduler::initial_work(p.scheduler, sched); Scheduler::valid(p.scheduler, work);
@@ -149,7 +167,7 @@ struct FwdKernel {
     if (threadIdx.x == 0) {
       Mainloop::template init_barriers<Epilogue::kQEmptyArrivals>(ss.mainloop());
       Epilogue::init_barriers(ss.epilogue());
-      Scheduler::template init_barriers<128 * kConsumerWGs>(ss.scheduler());
+      Scheduler::template init_barriers<128 * kConsumerWGs + Mainloop::kMaskThreads>(ss.scheduler());
       Scheduler::claim_first(p.scheduler, ss.scheduler());
       ptx::mbar_fence_init();
       Mainloop::prefetch_descriptors(p.mainloop);
@@ -163,6 +181,8 @@ struct FwdKernel {
         if (ptx::lane_id() == 0) producer(p, ss);
       } else if (warp <= Mainloop::kTransposeWarps) {
         Mainloop::transpose_loop(ss.mainloop(), warp - 1, ptx::lane_id());
+      } else if constexpr (Mainloop::kDropMask) {
+        if (warp <= Mainloop::kMaskWarps) mask_producer(p, ss, int(threadIdx.x) - 32);
       }
     } else {
       ptx::setmaxnreg_inc<kConsumerRegs>();

@@ -71,6 +71,11 @@ struct FwdTuning {
   // varlen kernel, fwd_varlen_kernel.cuh): each tile one sequence's query
   // block, loads at the sequence's offsets, rows stored up to its end.
   bool varlen;
+  // Dropout: the keep mask drawn by warps 1..3 of the producer warpgroup
+  // into a bit mask in shared memory (drop_mask.h), read by the consumers,
+  // instead of each consumer thread running the generator for its own
+  // elements (mainloop.cuh).
+  bool dropout_producer_mask;
   // 0, or every exp2_poly_every-th exponential of the softmax computed on the
   // FMA pipe instead of the MUFU unit (softmax.cuh kPolyEvery).
   int exp2_poly_every;
@@ -123,13 +128,33 @@ struct FwdTuning {
 // staged in the V ring at hdim 256 (the V^T ring leaves no room for an O tile
 // of its own, and O is 16-bit: twice Q's tile); the 16-bit choices otherwise.
 //
-// Dropout: Q not in registers (the block's Philox output, 4 words per 64
-// keys and row, is live across the GEMMs instead), and whole 64-key chunks
-// per KV block (one Philox call covers a row's 64 keys): 128 x 64 tiles at
-// hdim 256.
+// Dropout: whole 64-key chunks per KV block (one Philox call covers a row's
+// 64 keys): 128 x 64 tiles at hdim 256. Where the keep mask is drawn, and Q
+// in registers with it: fwd_dropout_draw below.
 //
 // head_dim is the query/key head dim (a bucket, or the first of a head-dim
 // pair), head_dim_v the value one (the bucket again, or the pair's second).
+// Dropout's keep mask drawn by the producer warpgroup into shared memory
+// (FwdTuning::dropout_producer_mask) in the production dropout kernels, or
+// by each consumer thread; the other is the ablation drop-alt. The producer:
+// the consumers' softmax is issue-bound (their own instruction stream, not
+// MUFU or the tensor pipe), the drawing costs them about 4 integer
+// instructions per element and the bit mask 1.25, on warps that are idle
+// otherwise (not yet timed on the H200: selftest_sm90 --bench dropout).
+constexpr bool kFwdDropoutProducerMask = true;
+
+// A dropout configuration with its keep mask drawn by the producer
+// warpgroup or by the consumers. Drawn by the consumers, the block's Philox
+// output (4 words per 64 keys and row) is live across the GEMMs: Q cannot
+// stay in registers. From the producer's bit mask a consumer holds one word
+// per 64 keys: Q in registers where the policy puts it without dropout
+// (hdim 128: no spills, ptxas 13.0).
+constexpr FwdTuning fwd_dropout_draw(FwdTuning t, int head_dim, bool producer_mask) {
+  t.dropout_producer_mask = producer_mask;
+  t.q_in_regs = producer_mask && head_dim == 128;
+  return t;
+}
+
 constexpr FwdTuning fwd_default_tuning(int head_dim, int head_dim_v, bool causal_like,
                                        int element_bytes = 2, bool packed = false,
                                        bool dropout = false) {
@@ -153,8 +178,8 @@ constexpr FwdTuning fwd_default_tuning(int head_dim, int head_dim_v, bool causal
     t.o_in_v = head_dim == 256;
   }
   if (dropout) {
-    t.q_in_regs = false;
     if (head_dim == 256) t.block_n = 64;
+    t = fwd_dropout_draw(t, head_dim, kFwdDropoutProducerMask);
   }
   return t;
 }

@@ -56,6 +56,13 @@
 // softmax (whose row sums stay undropped: the LSE is the
 // undropped one) the dropped elements of P are zeroed before acc_to_a, and
 // the epilogue scales O by 1 / (1 - rate).
+// With FwdTuning::dropout_producer_mask the consumers run no generator:
+// warps 1..3 of the producer warpgroup (kMaskWarps, idle otherwise in the
+// 16-bit kernels) draw each block's keep mask into a ring of bit masks in
+// shared memory (drop_mask.h; kMaskStages slots, full_mask / empty_mask
+// mbarriers: full by every mask thread, empty by every consumer thread), in
+// the consumers' block order; the consumers read their words under the
+// block's GEMMs and zero the dropped elements of the packed P (drop_p).
 // Softmax: OnlineSoftmax::update_lazy; O is rescaled only when some row of the
 // warp raised its max (a warp-uniform branch around rescale_rows), see
 // softmax.cuh; lazy_rescale = false rescales after every block (update).
@@ -64,6 +71,7 @@
 #include <type_traits>
 
 #include "fwd_named_barriers.h"
+#include "drop_mask.h"
 #include "fwd_tuning.h"
 #include "jax_flash/philox.h"
 #include "sm90/common/mask.cuh"
@@ -126,11 +134,20 @@ struct FwdMainloop {
   static_assert(!kSoftcapFixed || std::is_same_v<Element, __nv_bfloat16>,
                 "the fixed max needs P in bf16's range (softcap.cuh)");
   using SoftcapConsts = std::conditional_t<kSoftcapFixed, SoftcapFixedMax<kSoftcapForm>, SoftcapRuntime>;
+  // Dropout with the keep mask drawn by the producer warpgroup's warps
+  // 1..kMaskWarps into shared memory (see the top of the file).
+  static constexpr bool kDropMask = kDropout && kTuning.dropout_producer_mask;
+  static constexpr int kMaskWarps = kDropMask ? 3 : 0;
+  static constexpr int kMaskThreads = 32 * kMaskWarps;
+  static constexpr int kMaskStages = 2;
+  using MaskLayout = DropMaskLayout<kBlockM, kBlockN>;
+  static constexpr int kMaskChunks = MaskLayout::kChunks;
   // Dropout's Philox output drawn under the block's GEMMs (live across the
   // wait: 2 kBlockN / 16 registers) where the registers allow it (two
   // consumer warpgroups, O of at most 128 columns: 64 registers); else right
   // before it is applied.
-  static constexpr bool kDrawEarly = kDropout && kConsumerWGs == 2 && kHeadDimV <= 128;
+  static constexpr bool kDrawEarly = kDropout && !kTuning.dropout_producer_mask && kConsumerWGs == 2 &&
+                                     kHeadDimV <= 128;
   // FA3 rescales O before the PV GEMM (off the critical path) for hdim > 128
   // (its kHeadDim, the query/key one), not in its FP8 path.
   static constexpr bool kRescaleBeforePV = kHeadDim > 128 && !kVTransposed;
@@ -172,6 +189,9 @@ struct FwdMainloop {
   static_assert(!kBlockScaled || !kQInRegs, "q_in_regs reads 16-bit A fragments (load_a_sw128)");
   static_assert(!kDropout || (kBlockN % 64 == 0 && !kBlockScaled),
                 "dropout: whole 64-key chunks per KV block (one Philox call per chunk and row), 16-bit");
+  static_assert(!kDropMask || (!kVTransposed && (kMaskChunks == 1 || kMaskChunks == 2)),
+                "producer mask: 16-bit (warps 1..3 transpose V in the 8-bit kernels), one or two chunks "
+                "per block (one load per thread)");
   static_assert(!kBlockScaled || kBlockM % kFp8QBlock == 0, "one Q descale per warpgroup (fp8_scheme.h)");
   static_assert(!kBlockScaled || kBlockN == fp8_k_block(kHeadDim),
                 "one K descale per KV block: the tile is the scheme's K block (fp8_scheme.h)");
@@ -196,8 +216,12 @@ struct FwdMainloop {
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffVt = kOffV + kStages * kVBytes;
-  static constexpr int kTileBytes = kOffVt + (kVTransposed ? kStages * kVtBytes : 0);
-  static constexpr int kNumBarriers = 2 + 4 * kStages + (kVTransposed ? 3 * kStages : 0);
+  static constexpr int kOffMask = kOffVt + (kVTransposed ? kStages * kVtBytes : 0);
+  // kDropMask: the bit-mask ring, rounded up to keep what follows 1 KB aligned.
+  static constexpr int kMaskRingBytes = kDropMask ? (kMaskStages * MaskLayout::kBytes + 1023) / 1024 * 1024 : 0;
+  static constexpr int kTileBytes = kOffMask + kMaskRingBytes;
+  static constexpr int kMaskBar = 2 + 4 * kStages + (kVTransposed ? 3 * kStages : 0);
+  static constexpr int kNumBarriers = kMaskBar + (kDropMask ? 2 * kMaskStages : 0);
   static_assert(kOffK % 1024 == 0 && kOffV % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0 &&
                     kQBytes % 1024 == 0 && (!kVTransposed || kVtBytes % 1024 == 0),
                 "128B-swizzled tiles must start 1 KB aligned");
@@ -212,6 +236,7 @@ struct FwdMainloop {
     JF_DEVICE uint32_t k(int s) const { return tiles + kOffK + s * kKBytes; }
     JF_DEVICE uint32_t v(int s) const { return tiles + kOffV + s * kVBytes; }
     JF_DEVICE uint32_t vt(int s) const { return tiles + kOffVt + s * kVtBytes; }
+    JF_DEVICE uint32_t mask(int s) const { return tiles + kOffMask + s * MaskLayout::kBytes; }
     JF_DEVICE uint32_t bar(int i) const { return bars + 8 * i; }
     JF_DEVICE uint32_t full_q() const { return bar(0); }
     JF_DEVICE uint32_t empty_q() const { return bar(1); }
@@ -223,6 +248,9 @@ struct FwdMainloop {
     JF_DEVICE uint32_t empty_vt(int s) const { return bar(2 + 5 * kStages + s); }
     // A word per V slot, not a barrier: 1 once the slot holds the end (finish_loads).
     JF_DEVICE uint32_t v_end(int s) const { return bar(2 + 6 * kStages + s); }
+    // kDropMask: the bit-mask ring's barriers.
+    JF_DEVICE uint32_t full_mask(int s) const { return bar(kMaskBar + s); }
+    JF_DEVICE uint32_t empty_mask(int s) const { return bar(kMaskBar + kMaskStages + s); }
     // The V operand of the PV GEMM and its barriers: the V ring, or 8-bit the V^T ring.
     JF_DEVICE uint32_t pv(int s) const { return kVTransposed ? vt(s) : v(s); }
     JF_DEVICE uint32_t full_pv(int s) const { return kVTransposed ? full_vt(s) : full_v(s); }
@@ -249,6 +277,13 @@ struct FwdMainloop {
     if constexpr (kVTransposed) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) ptx::st_shared_b32(sm.v_end(s), 0u);
+    }
+    if constexpr (kDropMask) {
+#pragma unroll
+      for (int s = 0; s < kMaskStages; ++s) {
+        ptx::mbar_init(sm.full_mask(s), kMaskThreads);
+        ptx::mbar_init(sm.empty_mask(s), 128 * kConsumerWGs);
+      }
     }
   }
 
@@ -432,6 +467,40 @@ struct FwdMainloop {
     }
   }
 
+  // ---------------------------------------------------------------- dropout mask producer
+  // kDropMask: mask thread j (0..kMaskThreads-1) of the producer warpgroup,
+  // one tile: the bit masks of its KV blocks in the consumers' order (n
+  // descending), each into the next slot of the ring once every consumer
+  // warp has released it; thread j writes words j, j + kMaskThreads, ...
+  // (consecutive threads, consecutive words) and arrives on the slot's
+  // full_mask after its last store (release: its stores are visible to the
+  // consumers that wait there). The generator's key words are read once per
+  // tile (a few loads next to a block's work), not kept live across tiles.
+  JF_DEVICE static void make_masks(const Params& a, const Smem& sm, ptx::PipeState<kMaskStages>& mst,
+                                   const TileCoord& c, int j) {
+    if constexpr (kDropMask) {
+      const int m0 = c.block * kBlockM;
+      int n_first, n_last;
+      kv_block_range(a, c.batch, m0, n_first, n_last);
+      const Dropout d(a.dropout);
+      const DropMaskThreshold t(d.threshold);
+      for (int n = n_last - 1; n >= n_first; --n) {
+        ptx::mbar_wait(sm.empty_mask(mst.index), mst.phase ^ 1u);
+        const uint32_t base = sm.mask(mst.index);
+#pragma unroll 1
+        for (int w = j; w < MaskLayout::kWords; w += kMaskThreads) {
+          const int g = MaskLayout::group_of(w), lane = MaskLayout::lane_of(w);
+          const uint32_t word =
+              drop_mask_word(d, t, c.batch, c.head, m0 + 16 * g + lane / 4,
+                             n * kMaskChunks + MaskLayout::chunk_of(w), lane % 4);
+          ptx::st_shared_b32(base + 4 * w, word);
+        }
+        ptx::mbar_arrive(sm.full_mask(mst.index));
+        mst.advance();
+      }
+    }
+  }
+
   // ---------------------------------------------------------------- consumer GEMMs
   // Byte offset of k-step kk in a K-major [D / kRowElems][kRows][kRowElems]
   // tile of kRowBytes_-wide rows (A = Q, B = K of S = Q K^T; 8-bit: B = V^T,
@@ -566,6 +635,7 @@ struct FwdMainloop {
       ptx::fence_proxy_async_smem();
       ptx::named_bar_sync(kBarVarlenV, 128 * kConsumerWGs);
     }
+    ptx::PipeState<kMaskStages>& mst;  // kDropMask: the bit-mask ring
 
     // Before the first tile: the first pingpong turn is WG 0's.
     JF_DEVICE void start() const {
@@ -670,6 +740,40 @@ struct FwdMainloop {
         }
     }
 
+    // kDropMask: the thread's mask words of the next block (one per 64-key
+    // chunk, drop_mask.h), read while the block's GEMMs run; the slot is
+    // released at once, by every thread after its own read (its arrive's
+    // release semantics order the read before the slot's next write
+    // directly; compute-sanitizer racecheck does not follow a warp's
+    // __syncwarp to one elected lane's arrive, bwd_config.cuh).
+    JF_DEVICE void load_mask(uint32_t (&words)[kMaskChunks]) const {
+      if constexpr (kDropMask) {
+        wait_full(sm.full_mask(mst.index), mst.phase);
+        const uint32_t addr = sm.mask(mst.index) + 4 * MaskLayout::word(4 * wg + warp, lane, 0);
+        if constexpr (kMaskChunks == 2) {
+          const uint2 v = ptx::ld_shared_v2_u32(addr);
+          words[0] = v.x;
+          words[1] = v.y;
+        } else {
+          words[0] = ptx::ld_shared_b32(addr);
+        }
+        ptx::mbar_arrive(sm.empty_mask(mst.index));
+        mst.advance();
+      }
+    }
+    // kDropMask: zeroes the dropped elements of P packed as the A fragments
+    // (acc_to_a: register i of k-step kk is row half i % 2, columns 16 kk +
+    // 8 (i / 2) + 2 t + e, e = 0 in the low half).
+    JF_DEVICE static void drop_p(uint32_t (&p)[kPSteps][4], const uint32_t (&words)[kMaskChunks]) {
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = 2 * kk + i / 2;
+          p[kk][i] = drop_pair(p[kk][i], words[j / 8], j % 8, i % 2);
+        }
+    }
+
     // The softmax of one block: update_lazy() (returns true only when some row
     // of the warp raised its max; the same value on every lane) or, without
     // lazy rescaling, update() (true: O must always be rescaled).
@@ -737,8 +841,9 @@ struct FwdMainloop {
       float alpha[2];
       // Dropout: the generator (key words read once per tile) and a block's bits.
       Dropout drop_gen;
-      if constexpr (kDropout) drop_gen = Dropout(a.dropout);
+      if constexpr (kDropout && !kDropMask) drop_gen = Dropout(a.dropout);
       BlockBits bits;
+      uint32_t mask_words[kMaskChunks];  // kDropMask: a block's mask words
 
       if constexpr (kOverlap) {
         int n = n_last - 1;
@@ -748,6 +853,7 @@ struct FwdMainloop {
         issue_s(s, q, sm.k(kst.index));
         wgmma_commit();
         if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
+        load_mask(mask_words);
         wgmma_wait<0>();
         fence_regs(s);
         release(sm.empty_k(kst.index));
@@ -755,8 +861,9 @@ struct FwdMainloop {
         if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
         score_mod(s, m0_wg, n, batch, softcap_pre, plan, sc);
         softmax<true>(smx, s, scale_log2, alpha, sc);
-        if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
+        if constexpr (kDropout && !kDropMask) drop(s, bits, drop_gen, m0_wg, n, head, batch);
         acc_to_a<Element>(s, p);
+        if constexpr (kDropMask) drop_p(p, mask_words);
         // Before the first PV (and before the first pingpong turn, so no
         // warpgroup waits for another's turn here); the V load's latency
         // hides behind the first QK^T and softmax.
@@ -781,6 +888,7 @@ struct FwdMainloop {
           wgmma_commit();
           sched_arrive();
           if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
+          load_mask(mask_words);
           wgmma_wait<1>();  // S ready (the PV may still run)
           fence_regs(s);
           release(sm.empty_k(kst.index));
@@ -788,13 +896,14 @@ struct FwdMainloop {
           if constexpr (kBlockScaled) bs.at(n, scale_log2, softcap_pre);
           score_mod(s, m0_wg, n, batch, softcap_pre, plan, sc);
           const bool rescale = softmax<false>(smx, s, scale_log2, alpha, sc);
-          if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
+          if constexpr (kDropout && !kDropMask) drop(s, bits, drop_gen, m0_wg, n, head, batch);
           wgmma_wait<0>();  // PV done: O and P are ours again
           fence_regs(o);
           fence_regs(p);
           release(sm.empty_pv(vst.index));
           vst.advance();
           acc_to_a<Element>(s, p);
+          if constexpr (kDropMask) drop_p(p, mask_words);
           if constexpr (kRescaleBeforePV) {
             alpha_pending[0] = alpha[0];
             alpha_pending[1] = alpha[1];
@@ -827,6 +936,7 @@ struct FwdMainloop {
           wgmma_commit();
           sched_arrive();
           if constexpr (kDrawEarly) draw(bits, drop_gen, m0_wg, n, head, batch);
+          load_mask(mask_words);
           wgmma_wait<0>();
           fence_regs(s);
           release(sm.empty_k(kst.index));
@@ -838,8 +948,9 @@ struct FwdMainloop {
           } else if (softmax<false>(smx, s, scale_log2, alpha, sc)) {
             rescale_rows(o, alpha);
           }
-          if constexpr (kDropout) drop(s, bits, drop_gen, m0_wg, n, head, batch);
+          if constexpr (kDropout && !kDropMask) drop(s, bits, drop_gen, m0_wg, n, head, batch);
           acc_to_a<Element>(s, p);
+          if constexpr (kDropMask) drop_p(p, mask_words);
           fence_regs(o);
           fence_regs(p);
           wait_full(sm.full_pv(vst.index), vst.phase);
