@@ -6,7 +6,7 @@ namespace jax_flash::sm90 {
 
 constexpr int kBarEpilogue = 1;  // + consumer WG index: the WG's own 128 threads
 constexpr int kBarSched = 4;     // + consumer WG index: "this WG may issue its GEMMs" (pingpong)
-constexpr int kBarOWrite = 13;
-constexpr int kBarVarlenV = 14;  // all consumer WGs (varlen): the V tail rows are zeroed   // all consumer WGs (O in the V ring): every WG is past its last PV
+constexpr int kBarOWrite = 13;   // all consumer WGs (O in the V ring): every WG is past its last PV
+constexpr int kBarVarlenV = 14;  // all consumer WGs (varlen): the V tail rows are zeroed
 
 }  // namespace jax_flash::sm90

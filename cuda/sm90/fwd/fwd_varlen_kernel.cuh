@@ -84,7 +84,8 @@ struct VarlenFwdKernel {
     const typename Epilogue::Smem esm = ss.epilogue();
     const typename Scheduler::Smem sched = ss.scheduler();
     ptx::PipeState<Mainloop::kStages> kst, vst;
-    const typename Mainloop::Consumer ml{p.mainloop, sm, wg, warp, lane, kst, vst};
+    ptx::PipeState<Mainloop::kMaskStages> mst;  // the dropout mask ring: unused (no dropout here)
+    const typename Mainloop::Consumer ml{p.mainloop, sm, wg, warp, lane, kst, vst, mst};
     ml.start();
     VarlenTile w = Scheduler::read(sched, 0u);
     for (uint32_t it = 0; w.block >= 0; ++it) {

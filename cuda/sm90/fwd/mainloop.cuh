@@ -596,6 +596,7 @@ struct FwdMainloop {
     int wg, warp, lane;
     ptx::PipeState<kStages>& kst;
     ptx::PipeState<kStages>& vst;
+    ptx::PipeState<kMaskStages>& mst;  // kDropMask: the bit-mask ring
     // kVarlen: the mask of the tile's sequence (set_sequence, once per tile).
     struct NoMask {};
     mutable std::conditional_t<kVarlen, MaskInfo, NoMask> seq_mask{};
@@ -635,7 +636,6 @@ struct FwdMainloop {
       ptx::fence_proxy_async_smem();
       ptx::named_bar_sync(kBarVarlenV, 128 * kConsumerWGs);
     }
-    ptx::PipeState<kMaskStages>& mst;  // kDropMask: the bit-mask ring
 
     // Before the first tile: the first pingpong turn is WG 0's.
     JF_DEVICE void start() const {
