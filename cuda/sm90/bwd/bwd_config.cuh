@@ -96,7 +96,13 @@ struct BwdConfig {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerRegs = 24;  // FA3 bwd: 24 / 240 with 2 consumer WGs
   static constexpr int kConsumerRegs = 240;
-  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
+  // setmaxnreg budgets must fit the CTA's launch allocation
+  // (__launch_bounds__(kThreads, 1): 65536 / kThreads rounded down to a
+  // multiple of 8 per thread, 168 x 384 here): an increase beyond what the
+  // other warps gave back waits forever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= kLaunchRegs * kThreads,
+                "setmaxnreg budgets beyond the CTA's launch allocation deadlock");
 
   static_assert(kSdpSwapAB ? (kHeadDim % 64 == 0 && kHeadDim <= 128 && kBlockN == 128 && !kPair)
                            : ((kPair ? kHeadDim == 192 && kHeadDimV == 128 : kHeadDim == 256) &&
@@ -224,7 +230,7 @@ struct BwdSoftcapExpConfig : Base {
 // mbarriers per step parity: full_drop[b] (every mask thread, after its
 // stores), empty_drop[b] (every consumer thread, after its reads). The
 // mask warps' generator needs 32 registers: the producer warpgroup's budget
-// is 32 there (exactly the register file with the consumers' 240).
+// is 32 there and the consumers' 232 (the launch allocation is 168 x 384).
 template <typename Base, bool kDropProducer_ = false>
 struct BwdDropoutConfig : Base {
   static constexpr bool kDropout = true;
@@ -232,7 +238,9 @@ struct BwdDropoutConfig : Base {
   static_assert(!kDropProducer || Base::kSdpSwapAB, "producer-drawn masks: the key split's buffers");
   static constexpr int kDropThreads = kDropProducer ? 64 : 0;  // warps 2-3 of the producer warpgroup
   static constexpr int kProducerRegs = kDropProducer ? 32 : Base::kProducerRegs;
-  static_assert(128 * (kProducerRegs + Base::kConsumerWGs * Base::kConsumerRegs) <= 65536, "register file");
+  static constexpr int kConsumerRegs = kDropProducer ? Base::kConsumerRegs - 8 : Base::kConsumerRegs;
+  static_assert(128 * (kProducerRegs + Base::kConsumerWGs * kConsumerRegs) <= Base::kLaunchRegs * Base::kThreads,
+                "setmaxnreg budgets beyond the CTA's launch allocation deadlock");
   static constexpr int kDropRowWords = Base::kBlockM + 8;
   static constexpr int kDropWGBytes = 2 * kDropRowWords * 4;
   static constexpr int kDropBytes =

@@ -37,12 +37,17 @@ struct FwdKernel {
   static constexpr int kConsumerWGs = Mainloop::kConsumerWGs;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   // Register budgets after setmaxnreg (FA3: 24/240 with 2 consumer WGs,
-  // 32/160 with 3); 128 * (producer + WGs * consumer) <= 64K. The mask
-  // warps' generator (Philox state, key, positions) needs 32: exactly the
-  // register file with two consumer WGs at 240.
+  // 32/160 with 3). They must fit the registers the CTA is launched with:
+  // __launch_bounds__(kThreads, 1) caps ptxas at 65536 / kThreads rounded
+  // down to a multiple of 8 per thread (168 x 384 = 64512 with two consumer
+  // WGs), and a setmaxnreg.inc beyond what the other warps gave back waits
+  // forever. The mask warps' generator (Philox state, key, positions) needs
+  // 32, so with two consumer WGs they get 232.
   static constexpr int kProducerRegs = kConsumerWGs == 2 && !Mainloop::kDropMask ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
-  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536, "register file");
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? (Mainloop::kDropMask ? 232 : 240) : 160;
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= kLaunchRegs * kThreads,
+                "setmaxnreg budgets beyond the CTA's launch allocation deadlock");
 
   // ---------------------------------------------------------------- shared memory
   // [mainloop tiles][epilogue tile][mainloop barriers][epilogue barriers]

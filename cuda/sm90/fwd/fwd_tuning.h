@@ -134,14 +134,16 @@ struct FwdTuning {
 //
 // head_dim is the query/key head dim (a bucket, or the first of a head-dim
 // pair), head_dim_v the value one (the bucket again, or the pair's second).
-// Dropout's keep mask drawn by the producer warpgroup into shared memory
-// (FwdTuning::dropout_producer_mask) in the production dropout kernels, or
-// by each consumer thread; the other is the ablation drop-alt. The producer:
-// the consumers' softmax is issue-bound (their own instruction stream, not
-// MUFU or the tensor pipe), the drawing costs them about 4 integer
-// instructions per element and the bit mask 1.25, on warps that are idle
-// otherwise (not yet timed on the H200: selftest_sm90 --bench dropout).
-constexpr bool kFwdDropoutProducerMask = true;
+// Dropout's keep mask drawn by each consumer thread (production) or by the
+// producer warpgroup into shared memory (FwdTuning::dropout_producer_mask,
+// the ablation drop-alt). On the H200 the producer's mask ran the hdim-64
+// dropout forward at half the speed of the one without dropout (250 vs 522
+// TF/s, B=2 T=8k: a 52 % cost, where the consumers' own draw costs 23-38 %
+// at the buckets), and with two consumer
+// WGs its register budgets (32 / 240) exceeded the CTA's launch allocation,
+// so the consumers' setmaxnreg.inc never returned (now 32 / 232, asserted in
+// fwd_kernel.cuh; not yet rerun).
+constexpr bool kFwdDropoutProducerMask = false;
 
 // A dropout configuration with its keep mask drawn by the producer
 // warpgroup or by the consumers. Drawn by the consumers, the block's Philox
