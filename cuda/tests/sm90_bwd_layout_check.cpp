@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -61,6 +62,15 @@ inline float __shfl_xor_sync(unsigned, float v, int) { return v; }
 inline int __any_sync(unsigned, int p) { return p; }
 inline void __syncwarp() {}
 inline float __fdividef(float a, float b) { return a / b; }
+// The FMA-pipe exponentials of fast_math.cuh (exp2_poly3 / exp2_poly5), as
+// host code: bit casts and the round-down add.
+inline int __float_as_int(float x) { int i; std::memcpy(&i, &x, 4); return i; }
+inline float __int_as_float(int i) { float x; std::memcpy(&x, &i, 4); return x; }
+inline float __fadd_rd(float a, float b) {
+  const double exact = double(a) + double(b);
+  const float r = float(exact);
+  return double(r) > exact ? std::nextafter(r, -INFINITY) : r;
+}
 
 #include "sm90/bwd/bwd_epilogue.cuh"
 #include "sm90/bwd/bwd_mainloop.cuh"
