@@ -12,38 +12,23 @@ only):
 
 from __future__ import annotations
 
-import pathlib
-import shutil
-import subprocess
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fp8_prepass_oracle as oracle
+from host_check import run_host_check
 from jax_flash._src.fp8 import quantize, scheme
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SRC = ROOT / "cuda" / "tests" / "fp8_prepass_check.cpp"
 
 
 def test_prepass_layout(tmp_path):
-  if not SRC.exists():
-    pytest.skip("CUDA sources not in this checkout")
-  cxx = next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
-  if cxx is None:
-    pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH")
-  exe = tmp_path / "prepass_check"
-  # -ffp-contract=off: float32 sums and products rounded one by one, as the
-  # check's two transforms are written.
-  subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror",
-                  "-ffp-contract=off", f"-I{ROOT / 'cuda' / 'include'}",
-                  f"-I{ROOT / 'cuda'}", str(SRC), "-o", str(exe)], check=True,
-                 capture_output=True, timeout=300)
-  res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-  assert res.returncode == 0, res.stdout + res.stderr
-  assert res.stdout.startswith("ok"), res.stdout
+  out = run_host_check(
+      "fp8_prepass_check", tmp_path,
+      # -ffp-contract=off: float32 sums and products rounded one by one, as
+      # the check's two transforms are written.
+      flags=("-O1", "-ffp-contract=off"))
+  assert out.startswith("ok"), out
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])

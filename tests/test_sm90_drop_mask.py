@@ -10,27 +10,10 @@ runs it (CPU only)."""
 
 from __future__ import annotations
 
-import pathlib
-import shutil
-import subprocess
-
-import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SRC = ROOT / "cuda" / "tests" / "sm90_drop_mask_check.cpp"
+from host_check import run_host_check
 
 
 def test_drop_mask_bits(tmp_path):
-  if not SRC.exists():
-    pytest.skip("CUDA sources not in this checkout")
-  cxx = next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
-  if cxx is None:
-    pytest.skip("no C++ compiler (g++, c++ or clang++) on PATH")
-  exe = tmp_path / "drop_mask_check"
-  subprocess.run([cxx, "-std=c++17", "-O2", "-Wall", "-Werror", "-Wno-unknown-pragmas",
-                  f"-I{ROOT / 'cuda' / 'include'}", f"-I{ROOT / 'cuda'}",
-                  str(SRC), "-o", str(exe)], check=True, capture_output=True,
-                 timeout=300)
-  res = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-  assert res.returncode == 0, res.stdout + res.stderr
-  assert "PASS" in res.stdout, res.stdout
+  out = run_host_check("sm90_drop_mask_check", tmp_path,
+                       flags=("-O2", "-Wno-unknown-pragmas"))
+  assert "PASS" in out, out
