@@ -126,16 +126,13 @@ cudaError_t fwd_varlen_dtype(const VarlenFwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-bool fwd_varlen_supported(const VarlenFwdParams& p) {
-  if (!fwd_call_ok(p, true)) return false;
-  if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr || p.num_seqs < 1) return false;
-  if (p.q_segment != nullptr || p.dropout.enabled()) return false;
-  if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0) return false;
+// The 16-bit forwards' head dims, dtype and operand layouts (the dense and
+// the varlen kernels): one head dim for q, k and v (its bucket, zero-padded),
+// or a head-dim pair with sm90 kernels (exact; the sm80 family serves the
+// other pairs); bf16 or fp16.
+static bool operands16_ok(const FwdParams& p) {
   if (p.head_dim_v == p.head_dim ? Sm90FwdHeadDims::bucket(p.head_dim) == 0
                                  : !Sm90FwdHeadDimPairs::contains(p.head_dim, p.head_dim_v))
-    return false;
-  // The tile bound (VarlenOrder::max_tiles) fits an int.
-  if (int64_t(p.num_heads) * p.batch * ((int64_t(p.seqlen_q) + 63) / 64 + p.num_seqs) >= (int64_t(1) << 31))
     return false;
 #ifdef JAX_FLASH_DISABLE_FP16
   if (p.dtype != DType::kBFloat16) return false;
@@ -150,6 +147,18 @@ bool fwd_varlen_supported(const VarlenFwdParams& p) {
                  p.v_batch_stride) ||
       !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
                  p.o_batch_stride))
+    return false;
+  return true;
+}
+
+bool fwd_varlen_supported(const VarlenFwdParams& p) {
+  if (!fwd_call_ok(p, true)) return false;
+  if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr || p.num_seqs < 1) return false;
+  if (p.q_segment != nullptr || p.dropout.enabled()) return false;
+  if (p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim_v % 8 != 0) return false;
+  if (!operands16_ok(p)) return false;
+  // The tile bound (VarlenOrder::max_tiles) fits an int.
+  if (int64_t(p.num_heads) * p.batch * ((int64_t(p.seqlen_q) + 63) / 64 + p.num_seqs) >= (int64_t(1) << 31))
     return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
@@ -204,25 +213,7 @@ cudaError_t run_fwd_fp8(const Fp8FwdParams& p, cudaStream_t stream) {
 bool fwd_supported(const FwdParams& p) {
   if (!fwd_call_ok(p, fwd_needs_tile_counter(p))) return false;
   if (p.head_dim <= 0 || p.head_dim % 8 != 0) return false;
-  // One head dim for q, k and v (its bucket, zero-padded), or a head-dim pair
-  // with sm90 kernels (exact); the sm80 family serves the other pairs.
-  if (p.head_dim_v == p.head_dim ? Sm90FwdHeadDims::bucket(p.head_dim) == 0
-                                 : !Sm90FwdHeadDimPairs::contains(p.head_dim, p.head_dim_v))
-    return false;
-#ifdef JAX_FLASH_DISABLE_FP16
-  if (p.dtype != DType::kBFloat16) return false;
-#else
-  if (p.dtype != DType::kBFloat16 && p.dtype != DType::kFloat16) return false;
-#endif
-  if (!tensor_ok(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_row_stride, p.q_head_stride,
-                 p.q_batch_stride) ||
-      !tensor_ok(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_row_stride, p.k_head_stride,
-                 p.k_batch_stride) ||
-      !tensor_ok(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_row_stride, p.v_head_stride,
-                 p.v_batch_stride) ||
-      !tensor_ok(p.o, p.seqlen_q, p.num_heads, p.batch, p.o_row_stride, p.o_head_stride,
-                 p.o_batch_stride))
-    return false;
+  if (!operands16_ok(p)) return false;
   const DeviceInfo dev = device_info();
   if (!dev.sm90) return false;
   return shape_compiled_and_ok(p, dev);
