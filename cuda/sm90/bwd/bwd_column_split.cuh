@@ -239,8 +239,9 @@ struct BwdColumnSplit {
       if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
         apply_mask<true>(sc, a.mask, w.batch, m0 + r0, key0, a.mask.rows_exact(w.batch, m0, kBM));
     } else {
-      if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
-        apply_mask<false>(sc, a.mask, w.batch, m0 + r0, key0, false);
+      const MaskInfo& mask = bwd_mask<Cfg>(a, w);  // varlen: the sequence's
+      if (mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
+        apply_mask<false>(sc, mask, w.batch, m0 + r0, key0, false);
     }
     // P into its own registers (see BwdKeySplit: in place, ptxas would
     // wait for the dP GEMM before writing them); in place with softcap.

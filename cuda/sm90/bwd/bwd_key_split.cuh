@@ -261,8 +261,9 @@ struct BwdKeySplit {
         apply_mask_t<true, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
                                            m0 + 2 * (lane % 4), a.mask.keys_exact(w.batch, n0 + 64 * wg, 64));
     } else {
-      if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + 64 * wg, 64))
-        apply_mask_t<false, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
+      const MaskInfo& mask = bwd_mask<Cfg>(a, w);  // varlen: the sequence's
+      if (mask.block_needs_mask_by_position(m0, kBM, n0 + 64 * wg, 64))
+        apply_mask_t<false, kMaskSegUnroll>(sc, mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
                                             m0 + 2 * (lane % 4), false);
     }
     // P^T into its own registers: ptxas holds back writes to the S^T

@@ -130,24 +130,31 @@ struct BwdMainloop {
     if (w.iters == 0) return;
     const int lane = lane_id();
     const int n0 = w.n_block * Cfg::kBlockN;
+    // Rows in the tensors: varlen tiles count from their sequence's first
+    // query / key; its LSE / delta rows are those of the packed rows.
+    int row_q0 = 0, row_k0 = 0, seqlen_q = a.mask.seqlen_q;
+    if constexpr (Cfg::kVarlen) {
+      row_q0 = bwd_varlen<Cfg>(w).seq.offset_q;
+      row_k0 = bwd_varlen<Cfg>(w).seq.offset_k;
+      seqlen_q = bwd_varlen<Cfg>(w).seq.len_q;
+    }
     if (lane == 0) {
       mbar_arrive_expect_tx(sm.full_kv(), Cfg::kKVBytes + Cfg::kVBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(&a.tm_k, sm.full_kv(), sm.k() + cb * Cfg::kBlockN * 128, cb * 64, n0, w.head_k,
+        tma_load_4d(&a.tm_k, sm.full_kv(), sm.k() + cb * Cfg::kBlockN * 128, cb * 64, row_k0 + n0, w.head_k,
                     w.batch);
 #pragma unroll
       for (int cb = 0; cb < kCBV; ++cb)
-        tma_load_4d(&a.tm_v, sm.full_kv(), sm.v() + cb * Cfg::kBlockN * 128, cb * 64, n0, w.head_k,
+        tma_load_4d(&a.tm_v, sm.full_kv(), sm.v() + cb * Cfg::kBlockN * 128, cb * 64, row_k0 + n0, w.head_k,
                     w.batch);
     }
-    const int seqlen_q = a.mask.seqlen_q;
     PipeState<Cfg::kStages> st;
     PipeState<Cfg::kStagesDo> st_do;
     BwdStepWalker walk(w, a.heads_per_kv);
     for (int it = 0; it < w.iters; ++it) {
       const int m0 = walk.mb * Cfg::kBlockM;
-      const int64_t stat = (int64_t(w.batch) * a.num_heads + walk.hq) * seqlen_q;
+      const int64_t stat = (int64_t(w.batch) * a.num_heads + walk.hq) * a.mask.seqlen_q + row_q0;
       // The step's statistics, loaded before waiting for the slot.
       float lse[kRowsPerLane], dl[kRowsPerLane];
 #pragma unroll
@@ -171,7 +178,7 @@ struct BwdMainloop {
         mbar_arrive_expect_tx(sm.full_q(s), Cfg::kQBytes);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(&a.tm_q, sm.full_q(s), sm.q(s) + cb * Cfg::kBlockM * 128, cb * 64, m0, walk.hq,
+          tma_load_4d(&a.tm_q, sm.full_q(s), sm.q(s) + cb * Cfg::kBlockM * 128, cb * 64, row_q0 + m0, walk.hq,
                       w.batch);
       } else {
         mbar_arrive(sm.full_q(s));
@@ -187,7 +194,7 @@ struct BwdMainloop {
         mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kDoBytes);
 #pragma unroll
         for (int cb = 0; cb < kCBV; ++cb)
-          tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, m0,
+          tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, row_q0 + m0,
                       walk.hq, w.batch);
       } else {
         mbar_arrive(sm.full_do(sd));
@@ -223,6 +230,37 @@ struct BwdMainloop {
     Dq::template store<kDet>(a, sm, w);
   }
 
+  // ---------------------------------------------------------------- varlen tails
+  // Cfg::kVarlen: the TMA boxes read past the sequence's end into the next
+  // tokens of the packed tensors, which may hold anything (NaN, Inf). Their
+  // scores are masked (keys) or their P is 0 (queries: LSE +inf), but 0 x NaN
+  // in the dV, dK, dQ GEMMs and in dS = P (dP - delta) would still be NaN, so
+  // both consumer WGs zero those rows in shared memory before any GEMM reads
+  // the stage (then fence.proxy.async: the wgmma reads and the next TMA
+  // writes of the stage are async-proxy accesses) and meet on a named barrier.
+  // K and V: once per CTA, when its KV block is the sequence's partial last.
+  JF_DEVICE static void zero_kv_tail(const Split& c, const BwdTile& w, int n0) {
+    const int len_k = bwd_varlen<Cfg>(w).seq.len_k;
+    if (n0 + kBlockN <= len_k) return;  // CTA-uniform
+    const int tid = 128 * c.wg + 32 * c.warp + c.lane;
+    zero_tile_rows<kBlockN, Cfg::kHeadDim / 64>(c.sm.k(), len_k - n0, tid, 256);
+    zero_tile_rows<kBlockN, Cfg::kHeadDimV / 64>(c.sm.v(), len_k - n0, tid, 256);
+    ptx::fence_proxy_async_smem();
+    ptx::named_bar_sync(kBwdBarVarlenZero, 256);
+  }
+  // Q and dO of a step whose query block is the sequence's partial last (dO
+  // waited for here, before the S GEMM; its wait in the step then passes).
+  JF_DEVICE static void zero_q_do_tail(const Split& c, const BwdTile& w, int m0, int s, int sd, uint32_t ph_do) {
+    const int len_q = bwd_varlen<Cfg>(w).seq.len_q;
+    if (m0 + kBlockM <= len_q) return;  // CTA-uniform
+    const int tid = 128 * c.wg + 32 * c.warp + c.lane;
+    zero_tile_rows<kBlockM, Cfg::kHeadDim / 64>(c.sm.q(s), len_q - m0, tid, 256);
+    bwd_wait_full(c.sm.full_do(sd), ph_do);
+    zero_tile_rows<kBlockM, Cfg::kHeadDimV / 64>(c.sm.dout(sd), len_q - m0, tid, 256);
+    ptx::fence_proxy_async_smem();
+    ptx::named_bar_sync(kBwdBarVarlenZero, 256);
+  }
+
   // ---------------------------------------------------------------- consumer warpgroups
   // Consumer warpgroup `split` (the config's work split, holding the Params,
   // the smem plan, its WG, warp and lane): dK and dV zeroed, the sweep over
@@ -249,6 +287,7 @@ struct BwdMainloop {
 
     if (w.iters > 0) {
       bwd_wait_full(sm.full_kv(), 0);
+      if constexpr (Cfg::kVarlen) zero_kv_tail(split, w, n0);
       const float scale_log2 = a.sm.scale_log2;
       float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
       if constexpr (Cfg::kSoftcapTanhExp) softcap_pre *= 2.f * kLog2e;  // tanh_exp2's argument
@@ -267,6 +306,7 @@ struct BwdMainloop {
 
         // ---- S = Q K^T, dP = dO V^T (the key split: S^T, dP^T)
         bwd_wait_full(sm.full_q(s), st.phase);
+        if constexpr (Cfg::kVarlen) zero_q_do_tail(split, w, m0, s, sd, ph_do);
         wgmma_fence();
         split.issue_s(sc, sm.q(s));
         wgmma_commit();
