@@ -161,6 +161,14 @@ struct BwdDqAccumulator {
       store_uniform<kDet>(a, sm, w);
     }
   }
+  // Queries of the tile's sequence (varlen), else of the call.
+  JF_DEVICE static int varlen_len_q(const BwdKernelArgs& a, const BwdTile& w) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.len_q;
+    } else {
+      return a.mask.seqlen_q;
+    }
+  }
   // Varlen, a staged tile that runs past the sequence's end: its first
   // `rows` rows (< kDqRows), columns below `cols`, added by 16-byte bulk
   // reductions (the 128B swizzle permutes a row's 16-byte chunks: row r's
@@ -197,11 +205,7 @@ struct BwdDqAccumulator {
     named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
     // Varlen: rows count from the sequence's first query, dq_accum rows are
     // the packed ones, and none past the sequence's end is touched.
-    int seqlen_q = a.mask.seqlen_q, row_q0 = 0;
-    if constexpr (Cfg::kVarlen) {
-      seqlen_q = bwd_varlen<Cfg>(w).seq.len_q;
-      row_q0 = bwd_varlen<Cfg>(w).seq.offset_q;
-    }
+    const int seqlen_q = varlen_len_q(a, w);
     BwdStepWalker walk(w, a.heads_per_kv);
     // Hand-offs: kDqSlices per step (hdim 256: 2, the WG's columns
     // [128 wg + 64 sl, +64), one after the other through its staging tile).
@@ -245,10 +249,10 @@ struct BwdDqAccumulator {
               for (int b = 0; b < 2; ++b)
                 if (col0 + 32 * b < a.head_dim)
                   tma_reduce_add_4d(&a.tm_dqacc, sm.dq(wg) + b * Cfg::kDqRows * 128, col0 + 32 * b,
-                                    row_q0 + row0, walk.hq, w.batch);
+                                    bwd_varlen<Cfg>(w).seq.offset_q + row0, walk.hq, w.batch);
             }
           } else if (row0 < seqlen_q && cols_in) {
-            reduce_rows(dq_bh + int64_t(row_q0 + row0) * a.dq_pitch + col0, a.dq_pitch, sm.dq(wg), seqlen_q - row0,
+            reduce_rows(dq_bh + int64_t(bwd_varlen<Cfg>(w).seq.offset_q + row0) * a.dq_pitch + col0, a.dq_pitch, sm.dq(wg), seqlen_q - row0,
                         a.head_dim - col0, lane);
           }
         } else if constexpr (kDqTensor) {

@@ -119,9 +119,48 @@ struct BwdMainloop {
     return make_bwd_tile<Cfg, kPacked>(a, c, num_n_blocks);
   }
 
+  // ---------------------------------------------------------------- rows
+  // Cfg::kVarlen: the tile's positions count from its sequence's first query
+  // / key; these give the rows of the packed tensors (else the positions).
+  JF_DEVICE static int k_row(const BwdTile& w, int n0) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.offset_k + n0;
+    } else {
+      return n0;
+    }
+  }
+  JF_DEVICE static int q_row(const BwdTile& w, int m0) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.offset_q + m0;
+    } else {
+      return m0;
+    }
+  }
+  // Queries of the tile's sequence (rows at and past it: LSE +inf, delta 0).
+  JF_DEVICE static int q_len(const BwdKernelArgs& a, const BwdTile& w) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.len_q;
+    } else {
+      return a.mask.seqlen_q;
+    }
+  }
+  // The first LSE / delta element of q head hq's rows of the tile
+  // (varlen: [batch, heads, packed rows], the sequence's first row).
+  JF_DEVICE static int64_t stat_row(const BwdKernelArgs& a, const BwdTile& w, int hq, int seqlen_q) {
+    if constexpr (Cfg::kVarlen) {
+      return (int64_t(w.batch) * a.num_heads + hq) * a.mask.seqlen_q + bwd_varlen<Cfg>(w).seq.offset_q;
+    } else {
+      return (int64_t(w.batch) * a.num_heads + hq) * seqlen_q;
+    }
+  }
+
   // ---------------------------------------------------------------- producer warp
   JF_DEVICE static void load(const BwdKernelArgs& a, const Smem& sm, const BwdTile& w) {
     using namespace ptx;
+    if constexpr (Cfg::kVarlen) {
+      load_varlen(a, sm, w);
+      return;
+    }
     constexpr int kCB = Cfg::kHeadDim / 64;       // TMA boxes per Q / K tile
     constexpr int kCBV = Cfg::kHeadDimV / 64;     // ... per V / dO tile
     // Stat rows per lane (kBlockM 80: lanes 0-15 take a third row).
@@ -130,31 +169,24 @@ struct BwdMainloop {
     if (w.iters == 0) return;
     const int lane = lane_id();
     const int n0 = w.n_block * Cfg::kBlockN;
-    // Rows in the tensors: varlen tiles count from their sequence's first
-    // query / key; its LSE / delta rows are those of the packed rows.
-    int row_q0 = 0, row_k0 = 0, seqlen_q = a.mask.seqlen_q;
-    if constexpr (Cfg::kVarlen) {
-      row_q0 = bwd_varlen<Cfg>(w).seq.offset_q;
-      row_k0 = bwd_varlen<Cfg>(w).seq.offset_k;
-      seqlen_q = bwd_varlen<Cfg>(w).seq.len_q;
-    }
     if (lane == 0) {
       mbar_arrive_expect_tx(sm.full_kv(), Cfg::kKVBytes + Cfg::kVBytes);
 #pragma unroll
       for (int cb = 0; cb < kCB; ++cb)
-        tma_load_4d(&a.tm_k, sm.full_kv(), sm.k() + cb * Cfg::kBlockN * 128, cb * 64, row_k0 + n0, w.head_k,
+        tma_load_4d(&a.tm_k, sm.full_kv(), sm.k() + cb * Cfg::kBlockN * 128, cb * 64, n0, w.head_k,
                     w.batch);
 #pragma unroll
       for (int cb = 0; cb < kCBV; ++cb)
-        tma_load_4d(&a.tm_v, sm.full_kv(), sm.v() + cb * Cfg::kBlockN * 128, cb * 64, row_k0 + n0, w.head_k,
+        tma_load_4d(&a.tm_v, sm.full_kv(), sm.v() + cb * Cfg::kBlockN * 128, cb * 64, n0, w.head_k,
                     w.batch);
     }
+    const int seqlen_q = a.mask.seqlen_q;
     PipeState<Cfg::kStages> st;
     PipeState<Cfg::kStagesDo> st_do;
     BwdStepWalker walk(w, a.heads_per_kv);
     for (int it = 0; it < w.iters; ++it) {
       const int m0 = walk.mb * Cfg::kBlockM;
-      const int64_t stat = (int64_t(w.batch) * a.num_heads + walk.hq) * a.mask.seqlen_q + row_q0;
+      const int64_t stat = (int64_t(w.batch) * a.num_heads + walk.hq) * seqlen_q;
       // The step's statistics, loaded before waiting for the slot.
       float lse[kRowsPerLane], dl[kRowsPerLane];
 #pragma unroll
@@ -178,7 +210,7 @@ struct BwdMainloop {
         mbar_arrive_expect_tx(sm.full_q(s), Cfg::kQBytes);
 #pragma unroll
         for (int cb = 0; cb < kCB; ++cb)
-          tma_load_4d(&a.tm_q, sm.full_q(s), sm.q(s) + cb * Cfg::kBlockM * 128, cb * 64, row_q0 + m0, walk.hq,
+          tma_load_4d(&a.tm_q, sm.full_q(s), sm.q(s) + cb * Cfg::kBlockM * 128, cb * 64, m0, walk.hq,
                       w.batch);
       } else {
         mbar_arrive(sm.full_q(s));
@@ -194,7 +226,90 @@ struct BwdMainloop {
         mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kDoBytes);
 #pragma unroll
         for (int cb = 0; cb < kCBV; ++cb)
-          tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, row_q0 + m0,
+          tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, m0,
+                      walk.hq, w.batch);
+      } else {
+        mbar_arrive(sm.full_do(sd));
+      }
+      __syncwarp();
+      st.advance();
+      if constexpr (!kSameStages) st_do.advance();
+      walk.advance();
+    }
+  }
+
+  // Cfg::kVarlen: load() at the sequence's rows (k_row, q_row) with its
+  // LSE / delta rows (stat_row, q_len). A function of its own: the same
+  // body with these in the dense kernels' load() changed their register
+  // numbering (their SASS must not change).
+  JF_DEVICE static void load_varlen(const BwdKernelArgs& a, const Smem& sm, const BwdTile& w) {
+    using namespace ptx;
+    constexpr int kCB = Cfg::kHeadDim / 64;       // TMA boxes per Q / K tile
+    constexpr int kCBV = Cfg::kHeadDimV / 64;     // ... per V / dO tile
+    // Stat rows per lane (kBlockM 80: lanes 0-15 take a third row).
+    constexpr int kRowsPerLane = (Cfg::kBlockM + 31) / 32;
+    constexpr bool kFullRows = Cfg::kBlockM % 32 == 0;
+    if (w.iters == 0) return;
+    const int lane = lane_id();
+    const int n0 = w.n_block * Cfg::kBlockN;
+    if (lane == 0) {
+      mbar_arrive_expect_tx(sm.full_kv(), Cfg::kKVBytes + Cfg::kVBytes);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb)
+        tma_load_4d(&a.tm_k, sm.full_kv(), sm.k() + cb * Cfg::kBlockN * 128, cb * 64, k_row(w, n0), w.head_k,
+                    w.batch);
+#pragma unroll
+      for (int cb = 0; cb < kCBV; ++cb)
+        tma_load_4d(&a.tm_v, sm.full_kv(), sm.v() + cb * Cfg::kBlockN * 128, cb * 64, k_row(w, n0), w.head_k,
+                    w.batch);
+    }
+    const int seqlen_q = q_len(a, w);
+    PipeState<Cfg::kStages> st;
+    PipeState<Cfg::kStagesDo> st_do;
+    BwdStepWalker walk(w, a.heads_per_kv);
+    for (int it = 0; it < w.iters; ++it) {
+      const int m0 = walk.mb * Cfg::kBlockM;
+      const int64_t stat = stat_row(a, w, walk.hq, seqlen_q);
+      // The step's statistics, loaded before waiting for the slot.
+      float lse[kRowsPerLane], dl[kRowsPerLane];
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i) {
+        const int row = m0 + lane + 32 * i;
+        lse[i] = INFINITY;
+        dl[i] = 0.f;
+        if ((kFullRows || lane + 32 * i < Cfg::kBlockM) && row < seqlen_q) {
+          const float l = __ldg(a.lse + stat + row);
+          lse[i] = l == -INFINITY ? INFINITY : l * kLog2e;
+          dl[i] = __ldg(a.delta + stat + row);
+        }
+      }
+      const int s = st.index;
+      // Q + LSE
+      mbar_wait(sm.empty_q(s), st.phase ^ 1u);
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i)
+        if (kFullRows || lane + 32 * i < Cfg::kBlockM) st_shared_f32(sm.lse(s) + 4 * (lane + 32 * i), lse[i]);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(sm.full_q(s), Cfg::kQBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(&a.tm_q, sm.full_q(s), sm.q(s) + cb * Cfg::kBlockM * 128, cb * 64, q_row(w, m0), walk.hq,
+                      w.batch);
+      } else {
+        mbar_arrive(sm.full_q(s));
+      }
+      // dO + delta
+      const int sd = kSameStages ? s : st_do.index;
+      const uint32_t ph_do = kSameStages ? st.phase : st_do.phase;
+      mbar_wait(sm.empty_do(sd), ph_do ^ 1u);
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i)
+        if (kFullRows || lane + 32 * i < Cfg::kBlockM) st_shared_f32(sm.delta(sd) + 4 * (lane + 32 * i), dl[i]);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kDoBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCBV; ++cb)
+          tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, q_row(w, m0),
                       walk.hq, w.batch);
       } else {
         mbar_arrive(sm.full_do(sd));

@@ -53,15 +53,6 @@ struct BwdVarlenTile : BwdTile {
   const GmemTensor* dv;
 };
 
-// The mask the tile's steps apply: the call's, or the sequence's (varlen).
-template <typename Cfg>
-JF_DEVICE const MaskInfo& bwd_mask(const BwdKernelArgs& a, const BwdTile& w) {
-  if constexpr (Cfg::kVarlen) {
-    return static_cast<const BwdVarlenTile&>(w).mask;
-  } else {
-    return a.mask;
-  }
-}
 template <typename Cfg>
 JF_DEVICE const BwdVarlenTile& bwd_varlen(const BwdTile& w) {
   static_assert(Cfg::kVarlen, "the varlen kernels' tile");
