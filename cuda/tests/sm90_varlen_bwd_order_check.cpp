@@ -63,6 +63,7 @@ int q_blocks(const VarlenSeq& s, int n, int bn, bool causal) {
 }
 
 void run(std::mt19937& rng) {
+  // Up to 3 x 70 sequences: both sides of decode_one's cached limit (128).
   const int batch = 1 + int(rng() % 3), n = 1 + int(rng() % 70);
   const int heads_per_kv = 1 << int(rng() % 3), heads_k = 1 + int(rng() % 4);
   const int tiles[3] = {128, 128, 64};  // kBlockN of hdim 64, 128, 256
@@ -104,6 +105,13 @@ void run(std::mt19937& rng) {
     const VarlenTile w = o.decode(cur, t);
     const VarlenTile w2 = o.decode(walk, t);
     CHECK(w.block == w2.block && w.head == w2.head && w.batch == w2.batch, "index %d: cursors differ", t);
+    // The kernel's one-shot decode (register-cached level ranges up to
+    // kCachedSeqs sequences, the cursor beyond) gives the same tile.
+    const VarlenTile w3 = o.decode_one(t);
+    CHECK(w3.block == w.block && w3.head == w.head && w3.batch == w.batch &&
+              w3.seq.offset_q == w.seq.offset_q && w3.seq.len_q == w.seq.len_q &&
+              w3.seq.offset_k == w.seq.offset_k && w3.seq.len_k == w.seq.len_k,
+          "index %d: decode_one differs", t);
     if (t >= total) {
       CHECK(w.block < 0, "index %d past the last tile %d decodes a tile", t, total);
       continue;

@@ -28,6 +28,14 @@
 
 #include "jax_flash/varlen_order.h"
 
+// The per-lane loops below are unrolled on the device (their arrays stay in
+// registers); g++ would warn about the pragma.
+#ifdef __CUDA_ARCH__
+#define JF_VARLEN_UNROLL _Pragma("unroll")
+#else
+#define JF_VARLEN_UNROLL
+#endif
+
 namespace jax_flash {
 
 struct VarlenBwdOrder {
@@ -68,6 +76,96 @@ struct VarlenBwdOrder {
     w.seq = VarlenSeq{s.offset_k, s.len_k, s.offset_q, s.len_q};
     if (w.block >= 0 && fwd.causal_like) w.block = (s.len_q + fwd.block_m - 1) / fwd.block_m - 1 - w.block;
     return w;
+  }
+
+  // The same tile, decoded from the top of the order in one go (every CTA of
+  // the backward decodes one index, so no cursor carries over between
+  // tiles): with at most kCachedSeqs sequences each lane keeps the level
+  // range of its sequences (g = lane + 32 i) in registers, so a level costs
+  // kCachedSeqs / 32 ballots instead of reloading the offsets (device: the
+  // whole warp). Otherwise the cursor's decode.
+  static constexpr int kCachedPerLane = 4;
+  static constexpr int kCachedSeqs = 32 * kCachedPerLane;
+  JF_HOST_DEVICE VarlenTile decode_one(int t) const {
+    if (fwd.num_sequences() > kCachedSeqs) {
+      VarlenCursor c = start();
+      return decode(c, t);
+    }
+    int lo[kCachedPerLane], nb[kCachedPerLane];
+#ifdef __CUDA_ARCH__
+    const int lane = int(threadIdx.x & 31u);
+#else
+    const int lane = 0;  // the host evaluates every sequence in active_bits
+#endif
+    int top = -1, blocks = 0;
+JF_VARLEN_UNROLL
+    for (int i = 0; i < kCachedPerLane; ++i) {
+      lo[i] = 0;
+      nb[i] = 0;
+      const int g = lane + 32 * i;
+      if (g < fwd.num_sequences()) fwd.levels(fwd.seq(g), lo[i], nb[i]);
+      if (nb[i] > 0 && lo[i] + nb[i] - 1 > top) top = lo[i] + nb[i] - 1;
+      blocks += nb[i];
+    }
+#ifdef __CUDA_ARCH__
+    top = __reduce_max_sync(0xffffffffu, top);
+    blocks = __reduce_add_sync(0xffffffffu, blocks);
+#else
+    top = fwd.top_level();
+    blocks = fwd.query_blocks();
+#endif
+    VarlenTile w;
+    w.block = -1;
+    w.head = w.batch = 0;
+    w.seq = VarlenSeq{0, 0, 0, 0};
+    const int hps = fwd.heads_per_section;
+    const int per_section = blocks * hps;
+    if (per_section <= 0 || t < 0) return w;
+    const int section = t / per_section;
+    if (section * hps >= fwd.num_heads) return w;
+    const int hs = fwd.section_heads(section);
+    int base = section * per_section, level = top;
+    for (; level >= 0; --level) {
+      int n = 0;
+JF_VARLEN_UNROLL
+      for (int i = 0; i < kCachedPerLane; ++i) n += popc32(active_bits(lo[i], nb[i], level, i));
+      if (t < base + n * hs) break;
+      base += n * hs;
+    }
+    if (level < 0) return w;
+    const int r = t - base;
+    int k = r / hs;
+    w.head = section * hps + (r - k * hs);
+JF_VARLEN_UNROLL
+    for (int i = 0; i < kCachedPerLane; ++i) {
+      const uint32_t m = active_bits(lo[i], nb[i], level, i);
+      const int n = popc32(m);
+      if (k >= 0 && k < n) {
+        const int g = 32 * i + nth_set_bit(m, k);
+        const VarlenSeq s = fwd.seq(g);
+        int l, b;
+        fwd.levels(s, l, b);
+        w.block = level - l;
+        w.batch = g / fwd.num_seqs;
+        w.seq = VarlenSeq{s.offset_k, s.len_k, s.offset_q, s.len_q};
+        if (fwd.causal_like) w.block = b - 1 - w.block;
+      }
+      k -= n;
+    }
+    return w;
+  }
+
+  // Bit j: sequence 32 i + j has a tile at `level` (device: this lane's
+  // sequence 32 i + lane has the cached range [lo, lo + nb); host: every
+  // sequence evaluated from the offsets).
+  JF_HOST_DEVICE uint32_t active_bits(int lo, int nb, int level, int i) const {
+#ifdef __CUDA_ARCH__
+    return __ballot_sync(0xffffffffu, level >= lo && level < lo + nb);
+#else
+    (void)lo;
+    (void)nb;
+    return fwd.active_mask(level, 32 * i);
+#endif
   }
 
   // An upper bound of the tile count from the shapes alone (the grid).

@@ -72,11 +72,11 @@ struct VarlenBwdKernel {
       ptx::mbar_fence_init();
       Mainloop::prefetch_descriptors(args);
     }
-    // Warp 1 decodes the CTA's tile (a ballot over the sequences) while
-    // thread 0 sets up the barriers; lane 0 publishes it before the barrier.
+    // Warp 1 decodes the CTA's tile (ballots over the sequences' level
+    // ranges, VarlenBwdOrder::decode_one) while thread 0 sets up the
+    // barriers; lane 0 publishes it before the barrier.
     if (warp == 1) {
-      VarlenCursor cur = params.order.start();
-      const VarlenTile t = params.order.decode(cur, int(blockIdx.x));
+      const VarlenTile t = params.order.decode_one(int(blockIdx.x));
       if (ptx::lane_id() == 0) {
         const int v[Cfg::kVarlenSlotInts] = {t.block, t.head, t.batch, t.seq.offset_q, t.seq.len_q,
                                              t.seq.offset_k, t.seq.len_k};
