@@ -171,9 +171,9 @@ struct BwdDqAccumulator {
   }
   // Varlen, a staged tile that runs past the sequence's end: its first
   // `rows` rows (< kDqRows), columns below `cols`, added by 16-byte bulk
-  // reductions (the 128B swizzle permutes a row's 16-byte chunks: row r's
-  // chunk c of box b is chunk c ^ (r % 8)), so no row of the next sequence
-  // is touched. dst: the tile's first row and column in dq_accum. Every lane
+  // reductions (the 128B swizzle permutes a row's 16-byte chunks: the staged
+  // boxes are the [2][kDqRows][32] fp32 layout of sw128_offset), so no row of
+  // the next sequence is touched. dst: the tile's first row and column in dq_accum. Every lane
   // takes chunks r * 16 + b * 8 + c, lane, lane + 32, ...
   JF_DEVICE static void reduce_rows(float* dst, int pitch, uint32_t tile, int rows, int cols, int lane) {
     // Not unrolled: the writer warp has 24 registers (unrolled, ptxas spilled
@@ -183,7 +183,7 @@ struct BwdDqAccumulator {
       const int r = i / 16, b = (i / 8) % 2, c = i % 8;
       if (32 * b + 4 * c < cols)
         ptx::bulk_reduce_add_f32(dst + int64_t(r) * pitch + 32 * b + 4 * c,
-                                 tile + uint32_t(b * Cfg::kDqRows * 128 + r * 128 + ((c ^ (r % 8)) << 4)), 16u);
+                                 tile + sw128_offset<Cfg::kDqRows, 4>(r, 32 * b + 4 * c), 16u);
     }
   }
 

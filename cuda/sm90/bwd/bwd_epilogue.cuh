@@ -169,8 +169,7 @@ struct BwdEpilogue {
       const int cblk = kColBlockStep * c.wg + cb;
       const int col = 64 * cblk + 8 * ch;
       if (r >= rows || col >= a.head_dim) continue;
-      const int tr = part_row + r;  // row in the tile: its swizzle phase
-      const uint32_t off = uint32_t(cblk * kBN * 128 + tr * 128) + (uint32_t(ch ^ (tr % 8)) << 4);
+      const uint32_t off = sw128_offset<kBN>(part_row + r, col);  // the staged tile's layout
       const int64_t row = vw.seq.offset_k + row0 + r;
       const GmemTensor* t[2] = {vw.dk, vw.dv};
       const uint32_t tile[2] = {sm.k(), sm.v()};
