@@ -16,8 +16,8 @@ Cases (bf16, H=16 query heads on --kv-heads KV heads, D=128, each mask of
   mixed_40_6k   40 sequences, heavier tail (sigma 2.4): 13 .. 6,000 tokens.
   mixed_23_6k   23 sequences (sigma 2.0): 375 .. 6,000 tokens.
 Every varlen case also runs jax_flash_cuda_varlen_kernel: varlen_attention
-traced with JAX_FLASH_VARLEN_KERNEL=1 (the per-sequence sm90 forward; the
-backward is the packed one), in the same process as the packed path.
+traced with JAX_FLASH_VARLEN_KERNEL=1 (the per-sequence sm90 forward and
+backward), in the same process as the packed path.
 Modes: fwd, fwd_bwd (gradient of sum(o * do) w.r.t. q, k, v).
 
 Useful FLOPs count each sequence on its own: 4 * H * D * l^2 / 2 per causal

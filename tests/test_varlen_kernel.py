@@ -7,9 +7,12 @@ GPU (H200, outputs NaN-poisoned by JAX_FLASH_POISON_OUTPUTS=1): the lowered
 program calls jax_flash_fwd_varlen (the route is checked, not assumed), and
 its results at odd lengths (docs of 1, 7, 129, 1000 tokens, empty docs,
 queries longer or shorter than keys, tokens outside every sequence) match
-the float64 reference forward and backward (the backward is the packed
-segment-id kernel's); NaN in tokens no row sees, and in another sequence's
-tokens next to a sequence's end, never reaches an output.
+the float64 reference forward and backward; the gradients come from the
+per-sequence backward (jax_flash_bwd_varlen, route checked too) where it
+serves the call (the buckets; the head-dim pair and deterministic calls
+keep the packed segment-id backward); NaN in tokens no row sees, and in
+another sequence's tokens (q, k, v and dO) next to a sequence's end, never
+reaches an output or a gradient.
 """
 
 from __future__ import annotations
@@ -115,6 +118,14 @@ def _assert_routed(q, k, v, cu_q, cu_k, kw):
   assert ffi.FWD_VARLEN in text, "the varlen kernel was not taken"
 
 
+def _assert_bwd_routed(q, k, v, cu_q, cu_k, kw):
+  def loss(q, k, v):
+    o, _ = _run(q, k, v, cu_q, cu_k, kw)
+    return o.astype(jnp.float32).sum()
+  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).as_text()
+  assert ffi.BWD_VARLEN in text, "the varlen backward was not taken"
+
+
 def _check(rng, lens, H, Hk, D, dtype, kw, *, lead=0, tail=3, grads=True,
            sinks=False):
   cu_q, cu_k = _offsets(lens[0], lead), _offsets(lens[1], lead)
@@ -138,6 +149,7 @@ def _check(rng, lens, H, Hk, D, dtype, kw, *, lead=0, tail=3, grads=True,
   assert_close_to_reference("lse", lse, ref_lse[0], base_lse[0])
   if not grads:
     return
+  _assert_bwd_routed(q, k, v, cu_q, cu_k, kw)
   got = vjp((do, jnp.zeros_like(lse)))
   ref = reference.attention_vjp(b(q), b(k), b(v), b(do), visibility=vis,
                                 sinks=s, **extra)
@@ -232,3 +244,47 @@ def test_varlen_kernel_long_tail(rng, monkeypatch):
   lens = (8, 3000, 17, 1500, 300, 40, 700, 9, 129, 250, 1, 64)
   for kw in (dict(), dict(causal=True)):
     _check(rng, (lens, lens), 4, 1, 128, jnp.bfloat16, kw, grads=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ffi.available(), reason="CUDA extension not built")
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True)], ids=str)
+def test_varlen_backward_nan_isolation(D, kw, rng, monkeypatch):
+  """The backward's loads read past a sequence's end into the next tokens
+  (Q / dO of the last partial query block, K / V of the last partial KV
+  block): NaN there (tokens outside every sequence, and a whole sequence's
+  q, k, v and dO, the one right after a sequence whose last blocks are
+  partial) must not reach the other sequences' dq, dk, dv, which match the
+  clean inputs' run; tokens outside every sequence get zero gradients."""
+  monkeypatch.setenv(KNOB, "1")
+  lens = (7, 129, 50, 1000, 1, 77)
+  cu = _offsets(lens, 4)
+  T = int(cu[-1]) + 5
+  mk = lambda *s: rng.standard_normal(s)
+  q, k, v, do = mk(T, 4, D), mk(T, 2, D), mk(T, 2, D), mk(T, 4, D)
+  bad = np.zeros(T, bool)
+  bad[:cu[0]] = bad[cu[-1]:] = True
+  bad[cu[2]:cu[3]] = True  # the 50-token doc after the 129-token one
+  clean = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do)]
+  for x in (q, k, v, do):
+    x[bad] = np.nan
+  q, k, v, do = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do))
+  _assert_bwd_routed(q, k, v, cu, cu, kw)
+
+  def grads(q, k, v, do):
+    (o, lse), vjp = jax.vjp(lambda q, k, v: _run(q, k, v, cu, cu, kw), q, k, v)
+    return [np.asarray(g, np.float32) for g in vjp((do, jnp.zeros_like(lse)))]
+
+  got, want = grads(q, k, v, do), grads(*clean)
+  keep = ~bad
+  outside = np.zeros(T, bool)
+  outside[:cu[0]] = outside[cu[-1]:] = True
+  for name, g, w in zip(("dq", "dk", "dv"), got, want):
+    assert np.isfinite(g[keep]).all(), name
+    # dQ's fp32 additions run in a timing-dependent order: equal up to the
+    # 16-bit rounding of nearly equal sums.
+    scale = float(np.abs(w[keep]).max()) + 1e-6
+    np.testing.assert_allclose(g[keep], w[keep], rtol=0, atol=2e-2 * scale,
+                               err_msg=name)
+    assert (g[outside] == 0).all(), name

@@ -300,6 +300,62 @@ ffi::Error FwdVarlenImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k
                  ", 16-byte aligned rows)");
 }
 
+// The variable-length backward (sm90 only; Python routes here only where
+// the sm90 varlen backward serves the call): the packed tensors and
+// cu_seqlens as FwdVarlenImpl's, o / dout / lse / delta of the varlen
+// forward's layout; dq_accum as BwdImpl's.
+ffi::Error BwdVarlenImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                         ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                         ffi::Buffer<ffi::F32> delta, ffi::Buffer<ffi::S32> cu_q, ffi::Buffer<ffi::S32> cu_k,
+                         ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                         ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
+                         float scale, float softcap, int32_t window_left, int32_t window_right) {
+  VarlenBwdParams p{};
+  if (auto err = CheckQkv(q, k, v, &p.dtype); err.failure()) return err;
+  FillShapes(p, q, k, v);
+  if (!IsOutputShape(q, v, o) || !IsOutputShape(q, v, dout))
+    return Invalid("o and dout must have q's shape with v's head_dim, and q's dtype");
+  if (!SameShape(q, *dq) || !SameShape(k, *dk) || !SameShape(v, *dv))
+    return Invalid("dq, dk and dv must have the shapes and dtypes of q, k and v");
+  const size_t rows = static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q;
+  if (lse.element_count() != rows || delta.element_count() != rows)
+    return Invalid("lse and delta must be [batch, heads, seqlen_q] float32");
+  const auto cq = cu_q.dimensions(), ck = cu_k.dimensions();
+  if (cq.size() != 2 || ck.size() != 2 || cq[0] != p.batch || ck[0] != p.batch || cq[1] != ck[1] || cq[1] < 2)
+    return Invalid("cu_seqlens_q and cu_seqlens_k must be int32 [batch, num_seqs + 1] with num_seqs >= 1");
+  if (auto err = FillOptions(p, scale, softcap, window_left, window_right, false, q, q); err.failure())
+    return err;
+  p.cu_seqlens_q = cu_q.typed_data();
+  p.cu_seqlens_k = cu_k.typed_data();
+  p.num_seqs = static_cast<int>(cq[1] - 1);
+  p.seqlen_q_rounded = rounded_seqlen(p.seqlen_q);
+  p.seqlen_k_rounded = rounded_seqlen(p.seqlen_k);
+  p.head_dim_rounded = rounded_head_dim(p.head_dim, p.head_dim_v);
+  const size_t dq_need = static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q_rounded * p.head_dim_rounded;
+  if (dq_accum->element_count() < dq_need)
+    return Invalid("dq_accum workspace too small: " + std::to_string(dq_accum->element_count()) + " < " +
+                   std::to_string(dq_need));
+  p.o = const_cast<void*>(o.untyped_data());
+  p.lse = const_cast<float*>(lse.typed_data());
+  p.dout = dout.untyped_data();
+  p.delta = delta.typed_data();
+  p.dq = dq->untyped_data();
+  p.dk = dk->untyped_data();
+  p.dv = dv->untyped_data();
+  p.dq_accum = dq_accum->typed_data();
+  if (dq->element_count() == 0 && dk->element_count() == 0 && dv->element_count() == 0)
+    return ffi::Error::Success();
+  Poison(p.dq, dq->size_bytes(), stream);
+  Poison(p.dk, dk->size_bytes(), stream);
+  Poison(p.dv, dv->size_bytes(), stream);
+#ifdef JAX_FLASH_HAS_SM90
+  if (sm90::bwd_varlen_supported(p)) return LaunchError(sm90::run_bwd_varlen(p, stream), "sm90 varlen backward");
+#endif
+  return Invalid("the sm90 varlen backward cannot serve this call (needs an sm_90 GPU, a build with sm90, "
+                 "bf16/fp16, head_dim a multiple of 8 up to 256 equal to v's, no dropout, not deterministic, "
+                 "16-byte aligned rows)");
+}
+
 // The tile-span pre-pass (cuda/packing/tile_spans.h): segment ids (and
 // diagonal shifts) in, the packing buffer out.
 ffi::Error PackingImpl(cudaStream_t stream, ffi::Buffer<ffi::S32> q_seg,
@@ -418,6 +474,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Attr<int32_t>("window_right")
         .Attr<bool>("has_sinks")
         .Attr<bool>("may_have_outside"),
+    {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxFlashBwdVarlen, jax_flash::BwdVarlenImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::PlatformStream<cudaStream_t>>()
+        .Arg<ffi::AnyBuffer>()  // q [batch, total_q, heads, head_dim]
+        .Arg<ffi::AnyBuffer>()  // k
+        .Arg<ffi::AnyBuffer>()  // v
+        .Arg<ffi::AnyBuffer>()  // o
+        .Arg<ffi::Buffer<ffi::F32>>()  // lse [batch, heads, total_q]
+        .Arg<ffi::AnyBuffer>()  // dout
+        .Arg<ffi::Buffer<ffi::F32>>()  // delta [batch, heads, total_q]
+        .Arg<ffi::Buffer<ffi::S32>>()  // cu_seqlens_q [batch, num_seqs + 1]
+        .Arg<ffi::Buffer<ffi::S32>>()  // cu_seqlens_k [batch, num_seqs + 1]
+        .Ret<ffi::AnyBuffer>()  // dq
+        .Ret<ffi::AnyBuffer>()  // dk
+        .Ret<ffi::AnyBuffer>()  // dv
+        .Ret<ffi::Buffer<ffi::F32>>()  // dq_accum workspace
+        .Attr<float>("scale")
+        .Attr<float>("softcap")
+        .Attr<int32_t>("window_left")
+        .Attr<int32_t>("window_right"),
     {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

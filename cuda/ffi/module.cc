@@ -13,6 +13,7 @@ XLA_FFI_Error* JaxFlashFp8Quantize(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashFwdFp8(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashPacking(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashFwdVarlen(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashBwdVarlen(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashDecode(XLA_FFI_CallFrame* call_frame);
 }
 
@@ -35,6 +36,7 @@ NB_MODULE(_jax_flash_cuda, m) {
     d["jax_flash_fwd_fp8"] = Capsule(JaxFlashFwdFp8);
     d["jax_flash_packing"] = Capsule(JaxFlashPacking);
     d["jax_flash_fwd_varlen"] = Capsule(JaxFlashFwdVarlen);
+    d["jax_flash_bwd_varlen"] = Capsule(JaxFlashBwdVarlen);
     d["jax_flash_decode"] = Capsule(JaxFlashDecode);
     return d;
   });

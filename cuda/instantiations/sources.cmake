@@ -92,6 +92,12 @@ set(JAX_FLASH_SM90_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim64_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim128_sm90.cu
   ${CMAKE_CURRENT_LIST_DIR}/bwd_dropout_fp16_hdim256_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_varlen_bf16_hdim64_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_varlen_bf16_hdim128_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_varlen_bf16_hdim256_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_varlen_fp16_hdim64_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_varlen_fp16_hdim128_sm90.cu
+  ${CMAKE_CURRENT_LIST_DIR}/bwd_varlen_fp16_hdim256_sm90.cu
 )
 # Build options (JAX_FLASH_<option>, OFF by default) that leave instantiations out,
 # as the compile definitions each family's sources honour.

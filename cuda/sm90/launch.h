@@ -39,6 +39,15 @@ bool fwd_needs_tile_counter(const FwdParams& params);
 bool fwd_varlen_supported(const VarlenFwdParams& params);
 cudaError_t run_fwd_varlen(const VarlenFwdParams& params, cudaStream_t stream);
 
+// The variable-length backward (VarlenBwdParams; jax_flash/varlen_bwd_order.h):
+// a CTA per (sequence, KV block of its own length, kv head), heaviest first,
+// loads at the sequence's offsets, dQ / dK / dV rows of that sequence only.
+// True when run_bwd_varlen can serve `params`: bwd_supported's shapes and
+// layout rules, the offsets, a bucket of Sm90BwdVarlenHeadDims, no segment
+// ids, no dropout, not deterministic, v's head dim equal to q's.
+bool bwd_varlen_supported(const VarlenBwdParams& params);
+cudaError_t run_bwd_varlen(const VarlenBwdParams& params, cudaStream_t stream);
+
 // FP8 forward (e4m3 q, k, V^T; Fp8FwdParams in params.h): true when
 // run_fwd_fp8 can serve `params`: an sm_90 GPU, head_dim 128 or 256, out_dtype
 // bf16 or fp16 (if compiled), the TMA layout rules (16-byte aligned bases,

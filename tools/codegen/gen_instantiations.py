@@ -9,7 +9,8 @@
   fwd_<dtype>_hdim<d>_sm90.cu, fwd_dropout_<dtype>_hdim<d>_sm90.cu (attention
   dropout; bwd_dropout_* likewise), fwd_varlen_<dtype>_hdim<d>_sm90.cu
   (variable-length sequences), fwd_e4m3_<dtype>_hdim<d>_sm90.cu (FP8 inputs,
-  <dtype> output), bwd_<dtype>_hdim<d>_sm90.cu;
+  <dtype> output), bwd_<dtype>_hdim<d>_sm90.cu, bwd_varlen_<dtype>_hdim<d>_sm90.cu
+  (the variable-length backward);
 - cuda/instantiations/sources.cmake: JAX_FLASH_SM80_SOURCES and
   JAX_FLASH_SM90_SOURCES (each family's dispatchers plus its instantiations,
   paths relative to that file's directory) and the build options that leave
@@ -88,6 +89,9 @@ LAUNCHERS = (
     Launcher("sm90_bwd_dropout", "SM90", "bwd", "bwd_dropout_{dtype}_hdim{hdim}_sm90.cu",
              "sm90/bwd/bwd_launch_templates.cuh", "jax_flash::sm90",
              "run_bwd_dropout_hdim<{ctype}, {hdim}>(const BwdParams&, cudaStream_t)"),
+    Launcher("sm90_bwd_varlen", "SM90", "bwd", "bwd_varlen_{dtype}_hdim{hdim}_sm90.cu",
+             "sm90/bwd/bwd_varlen_launch.cuh", "jax_flash::sm90",
+             "run_bwd_varlen_hdim<{ctype}, {hdim}>(const VarlenBwdParams&, cudaStream_t)"),
 )
 
 # Each CMake source list: its dispatchers (relative to cuda/) and a comment.
@@ -101,7 +105,8 @@ SOURCE_LISTS = {
 
 # The C++ name of each family's bucket list (kernel_table.h).
 MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIMS"
-          for family in ("sm80", "sm90_fwd", "sm90_bwd", "sm90_bwd_dropout", "sm90_fp8")}
+          for family in ("sm80", "sm90_fwd", "sm90_bwd", "sm90_bwd_dropout", "sm90_bwd_varlen",
+                         "sm90_fp8")}
 # ... and of its head-dim pairs (the families that have some).
 PAIR_MACROS = {family: f"JAX_FLASH_{family.upper()}_HEAD_DIM_PAIRS" for family in ("sm80", "sm90_fwd", "sm90_bwd")}
 

@@ -16,7 +16,8 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             set here around tracing): D = 64, 128, 256 and the 192 / 128
             pair, causal GQA and window + softcap + sinks, docs of 1, 7,
             129, 1000 tokens, an empty one, tokens outside every sequence
-            (the zeroing launch), forward + the packed backward
+            (the zeroing launches), forward + backward (the per-sequence
+            backward for the buckets, the packed one for the pair)
   decode    attention_with_kvcache, one new token: a contiguous cache with
             ragged lengths split in three (with and without sinks), and a
             paged one (shuffled pages)

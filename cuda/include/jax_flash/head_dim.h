@@ -53,6 +53,7 @@ using Sm90FwdHeadDimPairs = HeadDimPairs<JAX_FLASH_SM90_FWD_HEAD_DIM_PAIRS>;
 using Sm90BwdHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_HEAD_DIMS>;
 using Sm90BwdHeadDimPairs = HeadDimPairs<JAX_FLASH_SM90_BWD_HEAD_DIM_PAIRS>;
 using Sm90BwdDropoutHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_DROPOUT_HEAD_DIMS>;
+using Sm90BwdVarlenHeadDims = HeadDimBuckets<JAX_FLASH_SM90_BWD_VARLEN_HEAD_DIMS>;
 using Sm90Fp8HeadDims = HeadDimBuckets<JAX_FLASH_SM90_FP8_HEAD_DIMS>;
 
 // The sm80 kernels' bucket (callers check the maximum head dim first; past it

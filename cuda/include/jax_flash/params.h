@@ -159,6 +159,16 @@ struct BwdParams : FwdParams {
   int32_t* sm90_dq_semaphore = nullptr;
 };
 
+// Variable-length backward (cu_seqlens, FA3's varlen; sm90): the packed
+// tensors are one batch row of seqlen_q / seqlen_k tokens (batch rows > 1:
+// one packing each, offsets [batch, num_seqs + 1]); lse and delta
+// [batch, heads, seqlen_q] per packed row.
+struct VarlenBwdParams : BwdParams {
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int num_seqs = 0;
+};
+
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 // Size (int32 elements) of BwdParams::sm90_dq_semaphore: a semaphore per
 // (batch, q head, query block of 64 rows: the smallest kBlockM of the sm90

@@ -238,6 +238,10 @@ struct BwdColumnSplit {
     if constexpr (kPacked) {
       if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + kWN * wg, kWN))
         apply_mask<true>(sc, a.mask, w.batch, m0 + r0, key0, a.mask.rows_exact(w.batch, m0, kBM));
+    } else if constexpr (Cfg::kVarlen) {  // the sequence's own mask
+      const MaskInfo& mask = bwd_varlen<Cfg>(w).mask;
+      if (mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
+        apply_mask<false>(sc, mask, w.batch, m0 + r0, key0, false);
     } else {
       if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + kWN * wg, kWN))
         apply_mask<false>(sc, a.mask, w.batch, m0 + r0, key0, false);

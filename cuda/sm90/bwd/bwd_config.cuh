@@ -197,6 +197,8 @@ struct BwdConfig {
   // BwdSoftcapExpConfig<...> (below) 1 - 2 / (1 + e^{2y}).
   static constexpr bool kSoftcapTanhExp = false;
   static constexpr bool kDropProducer = false;
+  // Variable-length sequences: the kernels of BwdVarlenConfig<...> (below).
+  static constexpr bool kVarlen = false;
 };
 
 // Softcap's tanh in the form 1 - 2 / (1 + e^{2y}) (two MUFU ops and three
@@ -252,6 +254,22 @@ struct BwdDropoutConfig : Base {
   static_assert(kSmemBytes % 8 == 0 && kSmemAlloc <= 227 * 1024, "shared memory plan too large");
 };
 
+// A config of the variable-length (cu_seqlens) backward (bwd_varlen_kernel.cuh):
+// the base plan plus the slot through which the decoding warp hands the CTA's
+// tile (KV block, kv head, batch row and the sequence's offsets and lengths)
+// to every thread. Buckets only (the pair's column blocks and the dropout
+// masks are not wired to the per-sequence rows).
+template <typename Base>
+struct BwdVarlenConfig : Base {
+  static_assert(!Base::kPair && !Base::kDropout, "varlen: the buckets without dropout");
+  static constexpr bool kVarlen = true;
+  static constexpr int kVarlenSlotInts = 7;
+  static constexpr int kOffVarlenSlot = Base::kSmemBytes;  // 8-byte aligned
+  static constexpr int kSmemBytes = kOffVarlenSlot + 32;
+  static constexpr int kSmemAlloc = kSmemBytes + 1024;
+  static_assert(kSmemAlloc <= 227 * 1024, "shared memory plan too large");
+};
+
 template <int kHeadDim>
 struct BwdConfigFor;
 //                                        D   BM
@@ -283,6 +301,7 @@ constexpr int kBwdBarEpi = 6;      // both consumer WGs are done with K and V (2
 constexpr int kBwdBarEpiWG = 7;    // + WG: the WG's dK/dV tile is staged (128 threads)
 constexpr int kBwdBarDrop = 9;     // + WG: the WG's dropout mask of the step is drawn (key split: 128
                                    // threads; column split: the WG's arrivals + the other WG's, 256)
+constexpr int kBwdBarVarlenZero = 11;  // varlen: both consumer WGs zeroed the rows past the sequence (256)
 constexpr int kBwdDqBarThreads = 128 + 32;
 
 // The tile order and scheduler (tile_scheduler.cuh): one CTA per (KV block,
@@ -380,6 +399,14 @@ struct BwdSmem {
   // memory is at least 16-byte aligned, so base - start <= 1008); it has no
   // barriers.
   JF_DEVICE uint32_t claim_slot() const { return base + Cfg::kSmemBytes; }
+  // Cfg::kVarlen: the CTA's decoded tile (kVarlenSlotInts ints).
+  JF_DEVICE uint32_t varlen_slot(int i) const {
+    if constexpr (Cfg::kVarlen) {
+      return base + Cfg::kOffVarlenSlot + 4 * i;
+    } else {
+      return 0;
+    }
+  }
 };
 
 }  // namespace jax_flash::sm90

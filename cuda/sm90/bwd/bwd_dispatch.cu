@@ -132,6 +132,43 @@ bool bwd_supported(const BwdParams& p) {
 #endif
 
 #ifdef JAX_FLASH_DISABLE_BACKWARD
+bool bwd_varlen_supported(const VarlenBwdParams&) { return false; }
+cudaError_t run_bwd_varlen(const VarlenBwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
+#else
+bool bwd_varlen_supported(const VarlenBwdParams& p) {
+  if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr || p.num_seqs < 1) return false;
+  if (p.q_segment != nullptr || p.dropout.enabled() || p.deterministic) return false;
+  if (p.head_dim_v != p.head_dim || p.head_dim <= 0 || p.head_dim % 8 != 0) return false;
+  const int bucket = Sm90BwdVarlenHeadDims::bucket(p.head_dim);
+  if (bucket == 0) return false;
+  if (!bwd_supported(p)) return false;  // shapes, layouts, dtypes, the device
+  // The grid (VarlenBwdOrder::max_tiles) fits an int.
+  const int64_t block_n = bwd_block_n(p, bucket);
+  if (int64_t(p.num_heads_k) * p.batch * ((int64_t(p.seqlen_k) + block_n - 1) / block_n + p.num_seqs) >=
+      (int64_t(1) << 31))
+    return false;
+  const BwdTileChoice tile = bwd_default_tile(bucket, make_mask_info(p).bounded(), false);
+  return dispatch_head_dim(Sm90BwdVarlenHeadDims{}, bucket, false, [&](auto d) {
+    using Cfg = typename BwdConfigFor<decltype(d)::value>::type;
+    const int smem = tile == BwdTileChoice::kBlockM80 ? BwdVarlenConfig<BwdConfigHd128Bm80>::kSmemAlloc
+                                                      : BwdVarlenConfig<Cfg>::kSmemAlloc;
+    return smem <= device_info().smem_optin;
+  });
+}
+
+cudaError_t run_bwd_varlen(const VarlenBwdParams& p, cudaStream_t stream) {
+  if (!bwd_varlen_supported(p)) return cudaErrorNotSupported;
+  if (p.batch == 0) return cudaSuccess;
+  return dispatch_dtype(p.dtype, [&](auto e) {
+    using Element = typename decltype(e)::type;
+    return dispatch_head_dim(Sm90BwdVarlenHeadDims{}, Sm90BwdVarlenHeadDims::bucket(p.head_dim),
+                             cudaErrorNotSupported,
+                             [&](auto d) { return run_bwd_varlen_hdim<Element, decltype(d)::value>(p, stream); });
+  });
+}
+#endif
+
+#ifdef JAX_FLASH_DISABLE_BACKWARD
 cudaError_t run_bwd(const BwdParams&, cudaStream_t) { return cudaErrorNotSupported; }
 #else
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {

@@ -161,6 +161,32 @@ struct BwdDqAccumulator {
       store_uniform<kDet>(a, sm, w);
     }
   }
+  // Queries of the tile's sequence (varlen), else of the call.
+  JF_DEVICE static int varlen_len_q(const BwdKernelArgs& a, const BwdTile& w) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.len_q;
+    } else {
+      return a.mask.seqlen_q;
+    }
+  }
+  // Varlen, a staged tile that runs past the sequence's end: its first
+  // `rows` rows (< kDqRows), columns below `cols`, added by 16-byte bulk
+  // reductions (the 128B swizzle permutes a row's 16-byte chunks: the staged
+  // boxes are the [2][kDqRows][32] fp32 layout of sw128_offset), so no row of
+  // the next sequence is touched. dst: the tile's first row and column in dq_accum. Every lane
+  // takes chunks r * 16 + b * 8 + c, lane, lane + 32, ...
+  JF_DEVICE static void reduce_rows(float* dst, int pitch, uint32_t tile, int rows, int cols, int lane) {
+    // Not unrolled: the writer warp has 24 registers (unrolled, ptxas spilled
+    // the step walk's state around it in every hand-off).
+#pragma unroll 1
+    for (int i = lane; i < rows * 16; i += 32) {
+      const int r = i / 16, b = (i / 8) % 2, c = i % 8;
+      if (32 * b + 4 * c < cols)
+        ptx::bulk_reduce_add_f32(dst + int64_t(r) * pitch + 32 * b + 4 * c,
+                                 tile + sw128_offset<Cfg::kDqRows, 4>(r, 32 * b + 4 * c), 16u);
+    }
+  }
+
   // Both WGs stage the same slices (kDqSlices per step).
   template <bool kDet>
   JF_DEVICE static void store_uniform(const BwdKernelArgs& a, const BwdSmem<Cfg>& sm, const BwdTile& w) {
@@ -177,7 +203,9 @@ struct BwdDqAccumulator {
     // Both staging tiles start out empty.
     named_bar_arrive(kBwdBarDqEmpty + 0, kBwdDqBarThreads);
     named_bar_arrive(kBwdBarDqEmpty + 1, kBwdDqBarThreads);
-    const int seqlen_q = a.mask.seqlen_q;
+    // Varlen: rows count from the sequence's first query, dq_accum rows are
+    // the packed ones, and none past the sequence's end is touched.
+    const int seqlen_q = varlen_len_q(a, w);
     BwdStepWalker walk(w, a.heads_per_kv);
     // Hand-offs: kDqSlices per step (hdim 256: 2, the WG's columns
     // [128 wg + 64 sl, +64), one after the other through its staging tile).
@@ -213,7 +241,21 @@ struct BwdDqAccumulator {
         const bool cols_in = Cfg::kDqSlices == 1 || col0 < a.head_dim;
         const uint32_t bytes = uint32_t(min(Cfg::kDqCols, a.head_dim - col0)) * 4u;
         named_bar_sync(kBwdBarDqFull + wg, kBwdDqBarThreads);
-        if constexpr (kDqTensor) {
+        if constexpr (Cfg::kVarlen) {
+          static_assert(kDqTensor, "varlen: the swizzled staging layout");
+          if (row0 + Cfg::kDqRows <= seqlen_q) {
+            if (lane == 0 && cols_in) {
+#pragma unroll
+              for (int b = 0; b < 2; ++b)
+                if (col0 + 32 * b < a.head_dim)
+                  tma_reduce_add_4d(&a.tm_dqacc, sm.dq(wg) + b * Cfg::kDqRows * 128, col0 + 32 * b,
+                                    bwd_varlen<Cfg>(w).seq.offset_q + row0, walk.hq, w.batch);
+            }
+          } else if (row0 < seqlen_q && cols_in) {
+            reduce_rows(dq_bh + int64_t(bwd_varlen<Cfg>(w).seq.offset_q + row0) * a.dq_pitch + col0, a.dq_pitch, sm.dq(wg), seqlen_q - row0,
+                        a.head_dim - col0, lane);
+          }
+        } else if constexpr (kDqTensor) {
           if (lane == 0 && row0 < seqlen_q && cols_in) {  // no box entirely out of bounds
 #pragma unroll
             for (int b = 0; b < 2; ++b)

@@ -106,6 +106,10 @@ struct BwdEpilogue {
     store_kv_tile(c, dv, sm.v());
     fence_proxy_async_smem();
     named_bar_sync(kBwdBarEpiWG + c.wg, 128);
+    if constexpr (Cfg::kVarlen) {
+      store_parts_varlen(c, w, n0);
+      return;
+    }
     // Parts entirely past seqlen_k (key split) or head_dim (column split,
     // head_dim <= 192: block 3 is padding) are not stored.
     if (c.warp == 0 && c.lane == 0 && (kRowStep == 0 || n0 + kRowStep * c.wg < a.mask.seqlen_k)) {
@@ -123,6 +127,62 @@ struct BwdEpilogue {
       bulk_wait<0>();  // stores done before the CTA's shared memory goes away
     }
     __syncwarp();
+  }
+
+  // Varlen: the WG's staged part (rows from row0 = n0 + kRowStep wg of the
+  // sequence) by TMA when it lies inside the sequence; the part that runs
+  // past its end by guarded 16-byte row stores (a TMA box would overwrite
+  // the next sequence's rows), rows below len_k and columns below head_dim.
+  JF_DEVICE static void store_parts_varlen(const Split& c, const BwdTile& w, int n0) {
+    using namespace ptx;
+    const BwdKernelArgs& a = c.a;
+    const BwdSmem<Cfg>& sm = c.sm;
+    const BwdVarlenTile& vw = bwd_varlen<Cfg>(w);
+    const int part_row = kRowStep * c.wg;  // the part's first row in the tile
+    const int row0 = n0 + part_row;
+    const int rows = vw.seq.len_k - row0;  // rows of the part inside the sequence
+    if (rows <= 0) return;                 // WG-uniform
+    if (rows >= Split::kKvRows) {
+      if (c.warp == 0 && c.lane == 0) {
+#pragma unroll
+        for (int cb = 0; cb < Split::kKvCols / 64; ++cb) {
+          const int cblk = kColBlockStep * c.wg + cb;
+          if (kColBlockStep == 0 || 64 * cblk < a.head_dim) {
+            tma_store_4d(&a.tm_dk, sm.k() + cblk * kBN * 128 + part_row * 128, 64 * cblk,
+                         vw.seq.offset_k + row0, w.head_k, w.batch);
+            tma_store_4d(&a.tm_dv, sm.v() + cblk * kBN * 128 + part_row * 128, 64 * cblk,
+                         vw.seq.offset_k + row0, w.head_k, w.batch);
+          }
+        }
+        bulk_commit();
+        bulk_wait<0>();  // stores done before the CTA's shared memory goes away
+      }
+      __syncwarp();
+      return;
+    }
+    // 8 chunks of 16 bytes per row and column block; 128 threads.
+    constexpr int kChunks = Split::kKvRows * (Split::kKvCols / 64) * 8;
+    const int tid = 32 * c.warp + c.lane;
+    for (int i = tid; i < kChunks; i += 128) {
+      const int r = i / ((Split::kKvCols / 64) * 8);
+      const int cb = (i / 8) % (Split::kKvCols / 64), ch = i % 8;
+      const int cblk = kColBlockStep * c.wg + cb;
+      const int col = 64 * cblk + 8 * ch;
+      if (r >= rows || col >= a.head_dim) continue;
+      const uint32_t off = sw128_offset<kBN>(part_row + r, col);  // the staged tile's layout
+      const int64_t row = vw.seq.offset_k + row0 + r;
+      const GmemTensor* t[2] = {vw.dk, vw.dv};
+      const uint32_t tile[2] = {sm.k(), sm.v()};
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const uint4 v = ld_shared_v4_u32(tile[x] + off);
+        char* dst = static_cast<char*>(const_cast<void*>(t[x]->ptr)) +
+                    (int64_t(w.batch) * t[x]->batch_stride + row * t[x]->row_stride +
+                     int64_t(w.head_k) * t[x]->head_stride + col) *
+                        int64_t(sizeof(Element));
+        *reinterpret_cast<uint4*>(dst) = v;
+      }
+    }
   }
 
   // The head-dim pair (column split): WG wg's dK blocks [dk_block0, +dk_blocks)

@@ -22,4 +22,9 @@ cudaError_t run_bwd_hdim(const BwdParams& p, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_dropout_hdim(const BwdParams& p, cudaStream_t stream);
 
+// Variable-length sequences, per-sequence tiles: bwd_varlen_<dtype>_hdim<d>_sm90.cu
+// (bwd_varlen_launch.cuh).
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_varlen_hdim(const VarlenBwdParams& p, cudaStream_t stream);
+
 }  // namespace jax_flash::sm90

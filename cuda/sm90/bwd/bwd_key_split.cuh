@@ -260,6 +260,11 @@ struct BwdKeySplit {
       if (a.mask.block_needs_mask(w.batch, m0, kBM, n0 + 64 * wg, 64))
         apply_mask_t<true, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
                                            m0 + 2 * (lane % 4), a.mask.keys_exact(w.batch, n0 + 64 * wg, 64));
+    } else if constexpr (Cfg::kVarlen) {  // the sequence's own mask
+      const MaskInfo& mask = bwd_varlen<Cfg>(w).mask;
+      if (mask.block_needs_mask_by_position(m0, kBM, n0 + 64 * wg, 64))
+        apply_mask_t<false, kMaskSegUnroll>(sc, mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,
+                                            m0 + 2 * (lane % 4), false);
     } else {
       if (a.mask.block_needs_mask_by_position(m0, kBM, n0 + 64 * wg, 64))
         apply_mask_t<false, kMaskSegUnroll>(sc, a.mask, w.batch, n0 + 64 * wg + 16 * warp + lane / 4,

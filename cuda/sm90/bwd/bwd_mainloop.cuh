@@ -119,9 +119,48 @@ struct BwdMainloop {
     return make_bwd_tile<Cfg, kPacked>(a, c, num_n_blocks);
   }
 
+  // ---------------------------------------------------------------- rows
+  // Cfg::kVarlen: the tile's positions count from its sequence's first query
+  // / key; these give the rows of the packed tensors (else the positions).
+  JF_DEVICE static int k_row(const BwdTile& w, int n0) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.offset_k + n0;
+    } else {
+      return n0;
+    }
+  }
+  JF_DEVICE static int q_row(const BwdTile& w, int m0) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.offset_q + m0;
+    } else {
+      return m0;
+    }
+  }
+  // Queries of the tile's sequence (rows at and past it: LSE +inf, delta 0).
+  JF_DEVICE static int q_len(const BwdKernelArgs& a, const BwdTile& w) {
+    if constexpr (Cfg::kVarlen) {
+      return bwd_varlen<Cfg>(w).seq.len_q;
+    } else {
+      return a.mask.seqlen_q;
+    }
+  }
+  // The first LSE / delta element of q head hq's rows of the tile
+  // (varlen: [batch, heads, packed rows], the sequence's first row).
+  JF_DEVICE static int64_t stat_row(const BwdKernelArgs& a, const BwdTile& w, int hq, int seqlen_q) {
+    if constexpr (Cfg::kVarlen) {
+      return (int64_t(w.batch) * a.num_heads + hq) * a.mask.seqlen_q + bwd_varlen<Cfg>(w).seq.offset_q;
+    } else {
+      return (int64_t(w.batch) * a.num_heads + hq) * seqlen_q;
+    }
+  }
+
   // ---------------------------------------------------------------- producer warp
   JF_DEVICE static void load(const BwdKernelArgs& a, const Smem& sm, const BwdTile& w) {
     using namespace ptx;
+    if constexpr (Cfg::kVarlen) {
+      load_varlen(a, sm, w);
+      return;
+    }
     constexpr int kCB = Cfg::kHeadDim / 64;       // TMA boxes per Q / K tile
     constexpr int kCBV = Cfg::kHeadDimV / 64;     // ... per V / dO tile
     // Stat rows per lane (kBlockM 80: lanes 0-15 take a third row).
@@ -199,6 +238,89 @@ struct BwdMainloop {
     }
   }
 
+  // Cfg::kVarlen: load() at the sequence's rows (k_row, q_row) with its
+  // LSE / delta rows (stat_row, q_len). A function of its own: the same
+  // body with these in the dense kernels' load() changed their register
+  // numbering (their SASS must not change).
+  JF_DEVICE static void load_varlen(const BwdKernelArgs& a, const Smem& sm, const BwdTile& w) {
+    using namespace ptx;
+    constexpr int kCB = Cfg::kHeadDim / 64;       // TMA boxes per Q / K tile
+    constexpr int kCBV = Cfg::kHeadDimV / 64;     // ... per V / dO tile
+    // Stat rows per lane (kBlockM 80: lanes 0-15 take a third row).
+    constexpr int kRowsPerLane = (Cfg::kBlockM + 31) / 32;
+    constexpr bool kFullRows = Cfg::kBlockM % 32 == 0;
+    if (w.iters == 0) return;
+    const int lane = lane_id();
+    const int n0 = w.n_block * Cfg::kBlockN;
+    if (lane == 0) {
+      mbar_arrive_expect_tx(sm.full_kv(), Cfg::kKVBytes + Cfg::kVBytes);
+#pragma unroll
+      for (int cb = 0; cb < kCB; ++cb)
+        tma_load_4d(&a.tm_k, sm.full_kv(), sm.k() + cb * Cfg::kBlockN * 128, cb * 64, k_row(w, n0), w.head_k,
+                    w.batch);
+#pragma unroll
+      for (int cb = 0; cb < kCBV; ++cb)
+        tma_load_4d(&a.tm_v, sm.full_kv(), sm.v() + cb * Cfg::kBlockN * 128, cb * 64, k_row(w, n0), w.head_k,
+                    w.batch);
+    }
+    const int seqlen_q = q_len(a, w);
+    PipeState<Cfg::kStages> st;
+    PipeState<Cfg::kStagesDo> st_do;
+    BwdStepWalker walk(w, a.heads_per_kv);
+    for (int it = 0; it < w.iters; ++it) {
+      const int m0 = walk.mb * Cfg::kBlockM;
+      const int64_t stat = stat_row(a, w, walk.hq, seqlen_q);
+      // The step's statistics, loaded before waiting for the slot.
+      float lse[kRowsPerLane], dl[kRowsPerLane];
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i) {
+        const int row = m0 + lane + 32 * i;
+        lse[i] = INFINITY;
+        dl[i] = 0.f;
+        if ((kFullRows || lane + 32 * i < Cfg::kBlockM) && row < seqlen_q) {
+          const float l = __ldg(a.lse + stat + row);
+          lse[i] = l == -INFINITY ? INFINITY : l * kLog2e;
+          dl[i] = __ldg(a.delta + stat + row);
+        }
+      }
+      const int s = st.index;
+      // Q + LSE
+      mbar_wait(sm.empty_q(s), st.phase ^ 1u);
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i)
+        if (kFullRows || lane + 32 * i < Cfg::kBlockM) st_shared_f32(sm.lse(s) + 4 * (lane + 32 * i), lse[i]);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(sm.full_q(s), Cfg::kQBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCB; ++cb)
+          tma_load_4d(&a.tm_q, sm.full_q(s), sm.q(s) + cb * Cfg::kBlockM * 128, cb * 64, q_row(w, m0), walk.hq,
+                      w.batch);
+      } else {
+        mbar_arrive(sm.full_q(s));
+      }
+      // dO + delta
+      const int sd = kSameStages ? s : st_do.index;
+      const uint32_t ph_do = kSameStages ? st.phase : st_do.phase;
+      mbar_wait(sm.empty_do(sd), ph_do ^ 1u);
+#pragma unroll
+      for (int i = 0; i < kRowsPerLane; ++i)
+        if (kFullRows || lane + 32 * i < Cfg::kBlockM) st_shared_f32(sm.delta(sd) + 4 * (lane + 32 * i), dl[i]);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(sm.full_do(sd), Cfg::kDoBytes);
+#pragma unroll
+        for (int cb = 0; cb < kCBV; ++cb)
+          tma_load_4d(&a.tm_do, sm.full_do(sd), sm.dout(sd) + cb * Cfg::kBlockM * 128, cb * 64, q_row(w, m0),
+                      walk.hq, w.batch);
+      } else {
+        mbar_arrive(sm.full_do(sd));
+      }
+      __syncwarp();
+      st.advance();
+      if constexpr (!kSameStages) st_do.advance();
+      walk.advance();
+    }
+  }
+
   // ---------------------------------------------------------------- mask warps
   // Cfg::kDropProducer: mask thread j (0..kDropThreads-1), the tile's steps
   // in the consumers' order; step `it` uses the buffers of parity it & 1
@@ -221,6 +343,37 @@ struct BwdMainloop {
   // ---------------------------------------------------------------- dQ writer warp
   JF_DEVICE static void store_dq(const BwdKernelArgs& a, const Smem& sm, const BwdTile& w) {
     Dq::template store<kDet>(a, sm, w);
+  }
+
+  // ---------------------------------------------------------------- varlen tails
+  // Cfg::kVarlen: the TMA boxes read past the sequence's end into the next
+  // tokens of the packed tensors, which may hold anything (NaN, Inf). Their
+  // scores are masked (keys) or their P is 0 (queries: LSE +inf), but 0 x NaN
+  // in the dV, dK, dQ GEMMs and in dS = P (dP - delta) would still be NaN, so
+  // both consumer WGs zero those rows in shared memory before any GEMM reads
+  // the stage (then fence.proxy.async: the wgmma reads and the next TMA
+  // writes of the stage are async-proxy accesses) and meet on a named barrier.
+  // K and V: once per CTA, when its KV block is the sequence's partial last.
+  JF_DEVICE static void zero_kv_tail(const Split& c, const BwdTile& w, int n0) {
+    const int len_k = bwd_varlen<Cfg>(w).seq.len_k;
+    if (n0 + kBlockN <= len_k) return;  // CTA-uniform
+    const int tid = 128 * c.wg + 32 * c.warp + c.lane;
+    zero_tile_rows<kBlockN, Cfg::kHeadDim / 64>(c.sm.k(), len_k - n0, tid, 256);
+    zero_tile_rows<kBlockN, Cfg::kHeadDimV / 64>(c.sm.v(), len_k - n0, tid, 256);
+    ptx::fence_proxy_async_smem();
+    ptx::named_bar_sync(kBwdBarVarlenZero, 256);
+  }
+  // Q and dO of a step whose query block is the sequence's partial last (dO
+  // waited for here, before the S GEMM; its wait in the step then passes).
+  JF_DEVICE static void zero_q_do_tail(const Split& c, const BwdTile& w, int m0, int s, int sd, uint32_t ph_do) {
+    const int len_q = bwd_varlen<Cfg>(w).seq.len_q;
+    if (m0 + kBlockM <= len_q) return;  // CTA-uniform
+    const int tid = 128 * c.wg + 32 * c.warp + c.lane;
+    zero_tile_rows<kBlockM, Cfg::kHeadDim / 64>(c.sm.q(s), len_q - m0, tid, 256);
+    bwd_wait_full(c.sm.full_do(sd), ph_do);
+    zero_tile_rows<kBlockM, Cfg::kHeadDimV / 64>(c.sm.dout(sd), len_q - m0, tid, 256);
+    ptx::fence_proxy_async_smem();
+    ptx::named_bar_sync(kBwdBarVarlenZero, 256);
   }
 
   // ---------------------------------------------------------------- consumer warpgroups
@@ -249,6 +402,7 @@ struct BwdMainloop {
 
     if (w.iters > 0) {
       bwd_wait_full(sm.full_kv(), 0);
+      if constexpr (Cfg::kVarlen) zero_kv_tail(split, w, n0);
       const float scale_log2 = a.sm.scale_log2;
       float softcap_pre = kSoftcap ? a.sm.softcap_pre : 0.f;
       if constexpr (Cfg::kSoftcapTanhExp) softcap_pre *= 2.f * kLog2e;  // tanh_exp2's argument
@@ -267,6 +421,7 @@ struct BwdMainloop {
 
         // ---- S = Q K^T, dP = dO V^T (the key split: S^T, dP^T)
         bwd_wait_full(sm.full_q(s), st.phase);
+        if constexpr (Cfg::kVarlen) zero_q_do_tail(split, w, m0, s, sd, ph_do);
         wgmma_fence();
         split.issue_s(sc, sm.q(s));
         wgmma_commit();

@@ -7,7 +7,10 @@
 
 #include "bwd_config.cuh"
 #include "bwd_mask.cuh"
+#include "jax_flash/varlen_order.h"  // VarlenSeq
+#include "sm90/common/tma_desc.h"    // GmemTensor
 #include "sm90/ptx/mbarrier.cuh"
+#include "sm90/ptx/smem_ops.cuh"
 
 namespace jax_flash::sm90 {
 
@@ -35,6 +38,54 @@ JF_DEVICE BwdTile make_bwd_tile(const BwdKernelArgs& a, const TileCoord& c, int 
   }
   w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
   return w;
+}
+
+// The variable-length backward's tile (Cfg::kVarlen): positions (n_block,
+// the query blocks, the mask's rows and keys) count from the sequence's
+// start; seq places them in the packed tensors; the mask is the call's for
+// this sequence alone (its lengths, bottom-right causal / window offset);
+// dk / dv (the kernel's parameters) serve the guarded row stores at the
+// sequence's end.
+struct BwdVarlenTile : BwdTile {
+  VarlenSeq seq;
+  MaskInfo mask;
+  const GmemTensor* dk;
+  const GmemTensor* dv;
+};
+
+template <typename Cfg>
+JF_DEVICE const BwdVarlenTile& bwd_varlen(const BwdTile& w) {
+  static_assert(Cfg::kVarlen, "the varlen kernels' tile");
+  return static_cast<const BwdVarlenTile&>(w);
+}
+
+// The tile of KV block `block` of sequence `seq` (kv head, batch row).
+template <typename Cfg>
+JF_DEVICE BwdVarlenTile make_bwd_varlen_tile(const BwdKernelArgs& a, int block, int head_k, int batch,
+                                             const VarlenSeq& seq) {
+  BwdVarlenTile w;
+  w.mask = a.mask.for_sequence(seq.len_q, seq.len_k);
+  w.seq = seq;
+  w.num_n_blocks = (seq.len_k + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  w.n_block = block;
+  w.head_k = head_k;
+  w.batch = batch;
+  w.mask.BlockMath<MaskInfo>::q_block_range(block * Cfg::kBlockN, Cfg::kBlockN, Cfg::kBlockM, w.m_first, w.m_last);
+  w.iters = (w.m_last - w.m_first) * a.heads_per_kv;
+  w.dk = w.dv = nullptr;
+  return w;
+}
+
+// Rows [r0, kRows) of a 128B-swizzled [kColBlocks][kRows][128 B] tile set to
+// zero by `threads` threads (tid: this one's index): whole 128-byte rows, so
+// the swizzle (within a row) does not matter.
+template <int kRows, int kColBlocks>
+JF_DEVICE void zero_tile_rows(uint32_t tile, int r0, int tid, int threads) {
+  const int per_block = (kRows - r0) * 8;  // 16-byte chunks per column block
+  for (int i = tid; i < kColBlocks * per_block; i += threads) {
+    const int cb = i / per_block, rest = i - cb * per_block;
+    ptx::st_shared_v4_zero(tile + uint32_t(cb * kRows * 128 + (r0 + rest / 8) * 128 + (rest % 8) * 16));
+  }
 }
 
 // Walks (q head, query block) in step order.

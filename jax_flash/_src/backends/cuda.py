@@ -208,6 +208,17 @@ def _varlen_kernel_serves(spec: AttentionSpec) -> bool:
   return spec.head_dim <= kernel_table.max_head_dim("sm90_fwd")
 
 
+def _varlen_bwd_kernel_serves(spec: AttentionSpec) -> bool:
+  """Whether the sm90 varlen backward takes this call (trace time): where
+  the varlen forward does, for the buckets of its own family (v's head dim
+  equal to q's), not deterministic (its dQ order is the packed kernels')."""
+  if not _varlen_kernel_serves(spec) or spec.deterministic:
+    return False
+  if spec.v_head_dim != spec.head_dim:
+    return False
+  return spec.head_dim <= kernel_table.max_head_dim("sm90_bwd_varlen")
+
+
 def varlen_offsets(seg, num_seqs: int):
   """cu_seqlens [B, num_seqs + 1] int32 of segment ids [B, T] in the
   layout of spec.varlen_seqs (sequence s = the run of id s; negative ids,
@@ -283,8 +294,36 @@ def _forward(spec: AttentionSpec, q, k, v, q_seg, kv_seg, shifts=None,
   return o, lse
 
 
+def _backward_varlen(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
+                     kv_seg):
+  """The per-sequence sm90 backward (jax_flash_bwd_varlen): a CTA per
+  (sequence, KV block of its own length, kv head), loads at the sequence's
+  offsets, rows past its end zeroed in shared memory, so no unseen-token
+  pass over q, k, v and no tile-span pre-pass."""
+  B, T, H, D = q.shape
+  n = spec.varlen_seqs
+  cu_q = varlen_offsets(q_seg.astype(jnp.int32), n)
+  cu_k = cu_q if spec.segments_aligned else varlen_offsets(
+      kv_seg.astype(jnp.int32), n)
+  f32 = jnp.float32
+  dq_accum = (B * H * _round_up(T, 128) * dq_accum_pitch(D, v.shape[3]),)
+  out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype),
+                jax.ShapeDtypeStruct(k.shape, k.dtype),
+                jax.ShapeDtypeStruct(v.shape, v.dtype),
+                jax.ShapeDtypeStruct(dq_accum, f32))
+  dq, dk, dv, _ = ffi.call(ffi.BWD_VARLEN, out_shapes, q, k, v, o,
+                           lse.astype(f32), do, delta.astype(f32), cu_q, cu_k,
+                           scale=np.float32(spec.scale),
+                           softcap=np.float32(spec.softcap or 0.0),
+                           window_left=np.int32(spec.window_left),
+                           window_right=np.int32(spec.window_right))
+  return dq, dk, dv
+
+
 def _backward(spec: AttentionSpec, q, k, v, o, lse, do, delta, q_seg,
               kv_seg, shifts=None, dropout_key=None):
+  if _varlen_bwd_kernel_serves(spec):
+    return _backward_varlen(spec, q, k, v, o, lse, do, delta, q_seg, kv_seg)
   B, T, H, D = q.shape
   S, H_kv, Dv = k.shape[1], k.shape[2], v.shape[3]
   q, k, v = seen.zero_unseen(spec, q, k, v, q_seg, kv_seg, shifts)

@@ -29,9 +29,12 @@ FP8_FWD = "jax_flash_fwd_fp8"
 PACKING = "jax_flash_packing"
 # The sm90 forward of variable-length sequences (backends/cuda.py).
 FWD_VARLEN = "jax_flash_fwd_varlen"
+# ... and its backward (backends/cuda.py).
+BWD_VARLEN = "jax_flash_bwd_varlen"
 # The decoding kernels (decode/cuda.py).
 DECODE = "jax_flash_decode"
-TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE, FWD_VARLEN)
+TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE, FWD_VARLEN,
+           BWD_VARLEN)
 
 _FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
 

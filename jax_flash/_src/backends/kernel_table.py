@@ -42,6 +42,9 @@ HEAD_DIMS = {
     # The sm90 backward with attention dropout (every bucket; softcap with
     # dropout takes the sm80 backward).
     "sm90_bwd_dropout": (64, 128, 256),
+    # The sm90 variable-length (cu_seqlens) backward, per-sequence tiles
+    # (no dropout, no head-dim pair: the packed backward serves those).
+    "sm90_bwd_varlen": (64, 128, 256),
     # The sm90 FP8 forward (e4m3 inputs), served exactly: whole 128-byte
     # swizzle rows of e4m3, or one 64-byte row (the 64B swizzle).
     "sm90_fp8": (64, 128, 256),
