@@ -6,9 +6,11 @@ per-kernel profile of one serving step, jax_flash's decoder then Flax's:
         --print-summary none python3 tools/gpu/decode_step_profile.py
 
 Each decoder prefills, then runs a 3-token decode (2 steps) after a marker
-line (compiled and run once before).
+line (compiled and run once before). DECODERS=jax_flash (or flax) profiles one
+of them only: Flax's token-by-token prefill is thousands of kernels under ncu.
 """
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -32,7 +34,10 @@ params = jax.jit(lambda k: init(k, zeros, zeros))(jax.random.key(0))["params"]
 params = jax.tree.map(lambda x: x.astype(dtype), params)
 prompt = jax.random.randint(jax.random.key(1), (args.batch, args.prompt), 0,
                             args.vocab)
+wanted = os.environ.get("DECODERS", "jax_flash,flax").split(",")
 for name, dec in (("jax_flash", ours), ("flax", stock)):
+  if name not in wanted:
+    continue
   for marked in (False, True):
     cache = jax.block_until_ready(dec.empty_cache())
     cache, first, _ = jax.block_until_ready(dec.prefill(params, cache, prompt))
