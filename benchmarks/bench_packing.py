@@ -15,9 +15,11 @@ Cases (bf16, H=16 query heads on --kv-heads KV heads, D=128, each mask of
                 (B=1, T=16,384), and flash_mha_varlen (fa3_varlen_ms).
   mixed_40_6k   40 sequences, heavier tail (sigma 2.4): 13 .. 6,000 tokens.
   mixed_23_6k   23 sequences (sigma 2.0): 375 .. 6,000 tokens.
-Every varlen case also runs jax_flash_cuda_varlen_kernel: varlen_attention
-traced with JAX_FLASH_VARLEN_KERNEL=1 (the per-sequence sm90 forward and
-backward), in the same process as the packed path.
+Every varlen case runs varlen_attention three ways in one process:
+jax_flash_cuda_varlen (the defaults: the per-sequence sm90 forward, the packed
+backward), jax_flash_cuda_varlen_packed (JAX_FLASH_VARLEN_KERNEL=0: the packed
+segment-id kernels both ways) and jax_flash_cuda_varlen_kernel
+(JAX_FLASH_VARLEN_BWD_KERNEL=1 too: the per-sequence forward and backward).
 Modes: fwd, fwd_bwd (gradient of sum(o * do) w.r.t. q, k, v).
 
 Useful FLOPs count each sequence on its own: 4 * H * D * l^2 / 2 per causal
@@ -61,6 +63,19 @@ def mixed_lengths(n=40, total=16384, cap=4096, seed=0, floor=1, sigma=1.2):
   return [int(x) for x in lens]
 
 
+CASE_ROWS = {"packed_8x1k": 2}  # rows of the segment-id form; others 1
+
+
+def case_lengths(name):
+  """The documents' lengths of a named case."""
+  return {"packed_8x1k": lambda: [1024] * 16,
+          "mixed_40": mixed_lengths,
+          "mixed_40_6k": lambda: mixed_lengths(cap=6000, seed=2, floor=8,
+                                               sigma=2.4),
+          "mixed_23_6k": lambda: mixed_lengths(23, cap=6000, seed=3, floor=8,
+                                               sigma=2.0)}[name]()
+
+
 def useful_flops(lens, mode, causal=True):
   f = sum(4.0 * H * D * l * l / (2 if causal else 1) for l in lens)
   return f * {"fwd": 1.0, "fwd_bwd": 3.5}[mode]
@@ -76,18 +91,24 @@ def _fa3():
 
 
 @contextlib.contextmanager
-def _varlen_kernel(on: bool):
-  """JAX_FLASH_VARLEN_KERNEL while a call is traced (varlen_attention reads
-  it then and records the choice in the call's spec)."""
-  old = os.environ.get("JAX_FLASH_VARLEN_KERNEL")
-  os.environ["JAX_FLASH_VARLEN_KERNEL"] = "1" if on else "0"
+def _varlen_knobs(fwd: bool | None, bwd: bool | None):
+  """JAX_FLASH_VARLEN_KERNEL / _BWD_KERNEL while a call is traced
+  (varlen_attention reads them then); None: the default."""
+  knobs = {"JAX_FLASH_VARLEN_KERNEL": fwd, "JAX_FLASH_VARLEN_BWD_KERNEL": bwd}
+  old = {n: os.environ.get(n) for n in knobs}
+  for n, on in knobs.items():
+    if on is None:
+      os.environ.pop(n, None)
+    else:
+      os.environ[n] = "1" if on else "0"
   try:
     yield
   finally:
-    if old is None:
-      del os.environ["JAX_FLASH_VARLEN_KERNEL"]
-    else:
-      os.environ["JAX_FLASH_VARLEN_KERNEL"] = old
+    for n, value in old.items():
+      if value is None:
+        os.environ.pop(n, None)
+      else:
+        os.environ[n] = value
 
 
 def impls_for(case, lens, rows, causal=True):
@@ -99,9 +120,9 @@ def impls_for(case, lens, rows, causal=True):
   seg = np.concatenate([np.full(l, i, np.int32) for i, l in enumerate(lens)])
   seg = jnp.asarray(seg.reshape(rows, T))
 
-  def varlen(on):
+  def varlen(fwd, bwd):
     def fn(q, k, v):
-      with _varlen_kernel(on):
+      with _varlen_knobs(fwd, bwd):
         return jax_flash.varlen_attention(
             q, k, v, cu, cu, max_seqlen_q=lmax, max_seqlen_k=lmax,
             causal=causal, implementation="cuda")
@@ -110,8 +131,9 @@ def impls_for(case, lens, rows, causal=True):
       "jax_flash_cuda_segment_ids": (lambda q, k, v: jax_flash.attention(
           q, k, v, causal=causal, segment_ids=seg, implementation="cuda"),
                                      "rows"),
-      "jax_flash_cuda_varlen": (varlen(False), "packed"),
-      "jax_flash_cuda_varlen_kernel": (varlen(True), "packed"),
+      "jax_flash_cuda_varlen": (varlen(None, None), "packed"),
+      "jax_flash_cuda_varlen_packed": (varlen(False, False), "packed"),
+      "jax_flash_cuda_varlen_kernel": (varlen(True, True), "packed"),
   }
   fa3 = _fa3()
   if fa3 is not None:
@@ -231,13 +253,8 @@ def main(argv=None):
                  help=f"KV heads (GQA; {H} query heads)")
   p.add_argument("--out", type=pathlib.Path)
   a = p.parse_args(argv)
-  known = {"packed_8x1k": ("packed_8x1k", [1024] * 16, 2),
-           "mixed_40": ("mixed_40", mixed_lengths(), 1),
-           "mixed_40_6k": ("mixed_40_6k", mixed_lengths(
-               cap=6000, seed=2, floor=8, sigma=2.4), 1),
-           "mixed_23_6k": ("mixed_23_6k", mixed_lengths(
-               23, cap=6000, seed=3, floor=8, sigma=2.0), 1)}
-  cases = [known[c] for c in a.cases.split(",")]
+  cases = [(c, case_lengths(c), CASE_ROWS.get(c, 1))
+           for c in a.cases.split(",")]
   device = jax.devices()[0].device_kind
   command = "python benchmarks/bench_packing.py " + " ".join(argv or
                                                              sys.argv[1:])

@@ -1,4 +1,5 @@
-"""The per-sequence sm90 varlen forward (JAX_FLASH_VARLEN_KERNEL=1).
+"""The per-sequence sm90 varlen forward (JAX_FLASH_VARLEN_KERNEL, on by
+default) and backward (JAX_FLASH_VARLEN_BWD_KERNEL=1, off by default).
 
 CPU: the offsets the CUDA backend derives back from the ids
 (cuda.varlen_offsets) are the given ones, for any packing; the spec carries
@@ -29,6 +30,13 @@ from jax_flash._src.backends import cuda, ffi
 from reference import assert_close_to_reference
 
 KNOB = "JAX_FLASH_VARLEN_KERNEL"
+BWD_KNOB = "JAX_FLASH_VARLEN_BWD_KERNEL"
+
+
+def _both_kernels(monkeypatch):
+  """The per-sequence forward and backward, whatever the defaults."""
+  monkeypatch.setenv(KNOB, "1")
+  monkeypatch.setenv(BWD_KNOB, "1")
 
 # (query lengths, key lengths): docs of 1, 7, 129 and 1000 tokens, empty
 # ones, a doc without keys, queries longer and shorter than their keys.
@@ -75,27 +83,38 @@ def test_offsets_from_any_ids():
 
 def test_spec_marks_layout_only_with_knob(monkeypatch):
   cu = jnp.asarray(_offsets((3, 5)))
-  monkeypatch.delenv(KNOB, raising=False)
+  monkeypatch.setenv(KNOB, "0")
   assert varlen._varlen_fields(cu, cu, 8, 8) == {}
-  monkeypatch.setenv(KNOB, "1")
+  monkeypatch.delenv(KNOB)  # on by default
   assert varlen._varlen_fields(cu, cu, 8, 8) == dict(varlen_seqs=2,
                                                       varlen_outside=False)
+  monkeypatch.setenv(KNOB, "1")
   assert varlen._varlen_fields(cu, cu, 9, 8)["varlen_outside"]
   monkeypatch.setenv(KNOB, "yes")
   with pytest.raises(ValueError, match=KNOB):
     varlen._varlen_fields(cu, cu, 8, 8)
 
 
+def test_backward_knob(monkeypatch):
+  monkeypatch.delenv(BWD_KNOB, raising=False)
+  assert not ffi.varlen_bwd_kernel()  # off by default
+  monkeypatch.setenv(BWD_KNOB, "1")
+  assert ffi.varlen_bwd_kernel()
+  monkeypatch.setenv(BWD_KNOB, "on")
+  with pytest.raises(ValueError, match=BWD_KNOB):
+    ffi.varlen_bwd_kernel()
+
+
 def test_knob_on_cpu_keeps_results(monkeypatch, rng, x64):
   """On a CPU the knob changes nothing but the spec: same outputs."""
-  monkeypatch.setenv(KNOB, "1")
+  _both_kernels(monkeypatch)
   cu = _offsets((5, 0, 9))
   q = jnp.asarray(rng.standard_normal((16, 2, 16)))
   f = lambda: jax_flash.varlen_attention(
       q, q, q, jnp.asarray(cu), jnp.asarray(cu), max_seqlen_q=9,
       max_seqlen_k=9, causal=True, implementation="xla")
   on = f()
-  monkeypatch.delenv(KNOB)
+  monkeypatch.setenv(KNOB, "0")
   np.testing.assert_array_equal(np.asarray(on), np.asarray(f()))
 
 
@@ -118,16 +137,17 @@ def _assert_routed(q, k, v, cu_q, cu_k, kw):
   assert ffi.FWD_VARLEN in text, "the varlen kernel was not taken"
 
 
-def _assert_bwd_routed(q, k, v, cu_q, cu_k, kw):
+def _assert_bwd_routed(q, k, v, cu_q, cu_k, kw, taken=True):
   def loss(q, k, v):
     o, _ = _run(q, k, v, cu_q, cu_k, kw)
     return o.astype(jnp.float32).sum()
   text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).as_text()
-  assert ffi.BWD_VARLEN in text, "the varlen backward was not taken"
+  assert (ffi.BWD_VARLEN in text) == taken, (
+      "the varlen backward was " + ("not taken" if taken else "taken"))
 
 
 def _check(rng, lens, H, Hk, D, dtype, kw, *, lead=0, tail=3, grads=True,
-           sinks=False):
+           sinks=False, bwd_kernel=True):
   cu_q, cu_k = _offsets(lens[0], lead), _offsets(lens[1], lead)
   Tq, Tk = int(cu_q[-1]) + tail, int(cu_k[-1]) + tail
   mk = lambda *s: jnp.asarray(rng.standard_normal(s), dtype)
@@ -149,7 +169,7 @@ def _check(rng, lens, H, Hk, D, dtype, kw, *, lead=0, tail=3, grads=True,
   assert_close_to_reference("lse", lse, ref_lse[0], base_lse[0])
   if not grads:
     return
-  _assert_bwd_routed(q, k, v, cu_q, cu_k, kw)
+  _assert_bwd_routed(q, k, v, cu_q, cu_k, kw, taken=bwd_kernel)
   got = vjp((do, jnp.zeros_like(lse)))
   ref = reference.attention_vjp(b(q), b(k), b(v), b(do), visibility=vis,
                                 sinks=s, **extra)
@@ -165,7 +185,7 @@ def _check(rng, lens, H, Hk, D, dtype, kw, *, lead=0, tail=3, grads=True,
 @pytest.mark.parametrize("lens", [ODD, CHUNKED], ids=["odd", "chunked"])
 @pytest.mark.parametrize("outside", [False, True], ids=["covering", "outside"])
 def test_varlen_kernel(lens, D, kw, outside, rng, monkeypatch):
-  monkeypatch.setenv(KNOB, "1")
+  _both_kernels(monkeypatch)
   _check(rng, lens, 4, 2, D, jnp.bfloat16, kw,
          lead=5 if outside else 0, tail=3 if outside else 0)
 
@@ -175,7 +195,7 @@ def test_varlen_kernel(lens, D, kw, outside, rng, monkeypatch):
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True)], ids=str)
 def test_varlen_kernel_gqa_sinks_d96(dtype, kw, rng, monkeypatch):
-  monkeypatch.setenv(KNOB, "1")
+  _both_kernels(monkeypatch)
   _check(rng, ODD, 8, 1, 128, dtype, kw, sinks=True)
   _check(rng, CHUNKED, 16, 4, 96, dtype, kw)
 
@@ -184,7 +204,7 @@ def test_varlen_kernel_gqa_sinks_d96(dtype, kw, rng, monkeypatch):
 @pytest.mark.skipif(not ffi.available(), reason="CUDA extension not built")
 @pytest.mark.parametrize("kw", [dict(), dict(causal=True)], ids=str)
 def test_varlen_kernel_head_dim_pair(kw, rng, monkeypatch):
-  monkeypatch.setenv(KNOB, "1")
+  _both_kernels(monkeypatch)
   lens = ODD
   cu = _offsets(lens[0])
   T = int(cu[-1])
@@ -210,7 +230,7 @@ def test_varlen_kernel_nan_isolation(D, kw, rng, monkeypatch):
   (the one right after a sequence whose last KV block is partial, so that
   block's loads read it): every other sequence's rows are finite and
   right, the poisoned sequence's own rows aside."""
-  monkeypatch.setenv(KNOB, "1")
+  _both_kernels(monkeypatch)
   lens = (7, 129, 50, 1000, 1)
   cu = _offsets(lens, 4)
   T = int(cu[-1]) + 5
@@ -238,9 +258,20 @@ def test_varlen_kernel_nan_isolation(D, kw, rng, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ffi.available(), reason="CUDA extension not built")
+def test_varlen_defaults(rng, monkeypatch):
+  """Default knobs: the per-sequence forward, the packed backward (the
+  segment ids of the varlen layout), gradients against float64."""
+  monkeypatch.delenv(KNOB, raising=False)
+  monkeypatch.delenv(BWD_KNOB, raising=False)
+  for kw in (dict(), dict(causal=True)):
+    _check(rng, ODD, 4, 2, 128, jnp.bfloat16, kw, tail=5, bwd_kernel=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ffi.available(), reason="CUDA extension not built")
 def test_varlen_kernel_long_tail(rng, monkeypatch):
   """A long-tailed mix (8 .. 3000 tokens), causal and not, GQA."""
-  monkeypatch.setenv(KNOB, "1")
+  _both_kernels(monkeypatch)
   lens = (8, 3000, 17, 1500, 300, 40, 700, 9, 129, 250, 1, 64)
   for kw in (dict(), dict(causal=True)):
     _check(rng, (lens, lens), 4, 1, 128, jnp.bfloat16, kw, grads=False)
@@ -257,7 +288,7 @@ def test_varlen_backward_nan_isolation(D, kw, rng, monkeypatch):
   q, k, v and dO, the one right after a sequence whose last blocks are
   partial) must not reach the other sequences' dq, dk, dv, which match the
   clean inputs' run; tokens outside every sequence get zero gradients."""
-  monkeypatch.setenv(KNOB, "1")
+  _both_kernels(monkeypatch)
   lens = (7, 129, 50, 1000, 1, 77)
   cu = _offsets(lens, 4)
   T = int(cu[-1]) + 5

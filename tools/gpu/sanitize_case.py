@@ -12,7 +12,7 @@ Cases (odd sizes, GQA, so that the masked and predicated paths run):
             trace time is not meant to change within one)
   varlen    varlen_attention forward + backward: four sequences (one empty),
             causal, through the packing pre-pass
-  varlen_kernel  the per-sequence sm90 varlen forward (JAX_FLASH_VARLEN_KERNEL=1,
+  varlen_kernel  the per-sequence sm90 varlen forward and backward (both knobs on,
             set here around tracing): D = 64, 128, 256 and the 192 / 128
             pair, causal GQA and window + softcap + sinks, docs of 1, 7,
             129, 1000 tokens, an empty one, tokens outside every sequence
@@ -205,8 +205,9 @@ def varlen_kernel():
   cu = jnp.asarray(lead + np.concatenate([[0], np.cumsum(lens)]), jnp.int32)
   total, H, Hk = lead + sum(lens) + tail, 4, 2
   sinks = jnp.asarray(RNG.normal(0.5, 1.5, H), jnp.float32)
-  old = os.environ.get("JAX_FLASH_VARLEN_KERNEL")
-  os.environ["JAX_FLASH_VARLEN_KERNEL"] = "1"
+  knobs = ("JAX_FLASH_VARLEN_KERNEL", "JAX_FLASH_VARLEN_BWD_KERNEL")
+  old = {n: os.environ.get(n) for n in knobs}
+  os.environ.update({n: "1" for n in knobs})
   results = []
   try:
     for D, Dv in ((64, 64), (128, 128), (256, 256), (192, 128)):
@@ -224,10 +225,11 @@ def varlen_kernel():
         results.append((f"D={D} D_v={Dv} {sorted(kw)} lengths {lens}",
                         finite(out)))
   finally:
-    if old is None:
-      del os.environ["JAX_FLASH_VARLEN_KERNEL"]
-    else:
-      os.environ["JAX_FLASH_VARLEN_KERNEL"] = old
+    for n, value in old.items():
+      if value is None:
+        os.environ.pop(n, None)
+      else:
+        os.environ[n] = value
   return results
 
 

@@ -127,13 +127,13 @@ def _packing_arrays(cu_q, cu_k, total_q, total_k, banded):
 
 
 def _varlen_fields(cu_q, cu_k, total_q, total_k) -> dict:
-  """The spec's varlen fields: with the per-sequence kernel switched on
-  (ffi.varlen_kernel, JAX_FLASH_VARLEN_KERNEL=1) the segment ids are marked
+  """The spec's varlen fields: with the per-sequence kernel on (the
+  default; ffi.varlen_kernel, JAX_FLASH_VARLEN_KERNEL) the segment ids are marked
   as this layout of cu_q.shape[0] - 1 sequences, so that a backend may tile
   by sequence (the CUDA backend derives the offsets back from the ids on
   the device); tokens outside every sequence are ruled out when concrete
-  offsets start at 0 and end at the tensors' ends. Off: no fields, the
-  program of segment ids."""
+  offsets start at 0 and end at the tensors' ends. Off
+  (JAX_FLASH_VARLEN_KERNEL=0): no fields, the program of segment ids."""
   if not ffi.varlen_kernel():
     return {}
   outside = True

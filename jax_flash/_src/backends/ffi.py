@@ -54,17 +54,29 @@ def kernel_family() -> np.int32:
   return np.int32(_FAMILIES[name])
 
 
+def _knob(name: str, default: str) -> bool:
+  value = os.environ.get(name, default).strip() or default
+  if value not in ("0", "1"):
+    raise ValueError(f"{name} must be 0 or 1; got {value!r}")
+  return value == "1"
+
+
 def varlen_kernel() -> bool:
-  """Whether varlen_attention may take the per-sequence sm90 forward
+  """Whether varlen_attention takes the per-sequence sm90 forward
   (jax_flash_fwd_varlen) instead of the packed segment-id kernels.
 
-  JAX_FLASH_VARLEN_KERNEL=1 turns it on, read at trace time (default off:
-  the packed path), so one process can time both.
+  On by default; JAX_FLASH_VARLEN_KERNEL=0 (read at trace time) keeps the
+  packed path, so one process can time both.
   """
-  name = os.environ.get("JAX_FLASH_VARLEN_KERNEL", "0").strip()
-  if name not in ("0", "1", ""):
-    raise ValueError(f"JAX_FLASH_VARLEN_KERNEL must be 0 or 1; got {name!r}")
-  return name == "1"
+  return _knob("JAX_FLASH_VARLEN_KERNEL", "1")
+
+
+def varlen_bwd_kernel() -> bool:
+  """Whether the per-sequence sm90 backward (jax_flash_bwd_varlen) takes
+  the calls the per-sequence forward served: JAX_FLASH_VARLEN_BWD_KERNEL=1
+  (read at trace time). Off by default: the packed backward is faster on
+  the H200 today (benchmarks/NOTES.md)."""
+  return _knob("JAX_FLASH_VARLEN_BWD_KERNEL", "0")
 
 
 @functools.cache
