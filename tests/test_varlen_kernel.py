@@ -83,11 +83,12 @@ def test_offsets_from_any_ids():
 
 def test_spec_marks_layout_only_with_knob(monkeypatch):
   cu = jnp.asarray(_offsets((3, 5)))
+  monkeypatch.delenv(BWD_KNOB, raising=False)
   monkeypatch.setenv(KNOB, "0")
   assert varlen._varlen_fields(cu, cu, 8, 8) == {}
   monkeypatch.delenv(KNOB)  # on by default
-  assert varlen._varlen_fields(cu, cu, 8, 8) == dict(varlen_seqs=2,
-                                                      varlen_outside=False)
+  assert varlen._varlen_fields(cu, cu, 8, 8) == dict(
+      varlen_seqs=2, varlen_outside=False, varlen_backward=False)
   monkeypatch.setenv(KNOB, "1")
   assert varlen._varlen_fields(cu, cu, 9, 8)["varlen_outside"]
   monkeypatch.setenv(KNOB, "yes")
@@ -96,10 +97,15 @@ def test_spec_marks_layout_only_with_knob(monkeypatch):
 
 
 def test_backward_knob(monkeypatch):
+  """Read when the forward is traced and kept in the spec: custom_vjp
+  traces the backward later, outside the caller's settings."""
+  cu = jnp.asarray(_offsets((3, 5)))
   monkeypatch.delenv(BWD_KNOB, raising=False)
   assert not ffi.varlen_bwd_kernel()  # off by default
+  assert not varlen._varlen_fields(cu, cu, 8, 8)["varlen_backward"]
   monkeypatch.setenv(BWD_KNOB, "1")
   assert ffi.varlen_bwd_kernel()
+  assert varlen._varlen_fields(cu, cu, 8, 8)["varlen_backward"]
   monkeypatch.setenv(BWD_KNOB, "on")
   with pytest.raises(ValueError, match=BWD_KNOB):
     ffi.varlen_bwd_kernel()

@@ -8,7 +8,8 @@ smsp__warps_eligible.avg.per_cycle_active --print-summary none \\
         python3 tools/gpu/varlen_bwd_profile.py [packed_8x1k|mixed_40_6k] [--causal]
 
 bench_packing.py's lengths, H = 16 query heads on 4 KV heads, D = 128, bf16.
-Each jitted step runs 3 times to warm up, then once more after a marker line.
+Each jitted step runs 3 times to warm up, then once more after a marker line
+(ncu prints its reports at the end: the kernel names tell the two apart).
 """
 import os
 import pathlib
@@ -42,7 +43,7 @@ def step(bwd_kernel: bool):
         causal=causal, implementation="cuda")
     return jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32))
   f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-  f.lower(q, k, v)  # traced with the knob as set
+  jax.block_until_ready(f(q, k, v))  # traced with the knob as set
   return f
 
 

@@ -141,7 +141,8 @@ def _varlen_fields(cu_q, cu_k, total_q, total_k) -> dict:
     cq, ck = np.asarray(cu_q), np.asarray(cu_k)
     outside = not (cq[0] == 0 and cq[-1] == total_q and ck[0] == 0 and
                    ck[-1] == total_k)
-  return dict(varlen_seqs=int(cu_q.shape[0]) - 1, varlen_outside=outside)
+  return dict(varlen_seqs=int(cu_q.shape[0]) - 1, varlen_outside=outside,
+              varlen_backward=ffi.varlen_bwd_kernel())
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *,

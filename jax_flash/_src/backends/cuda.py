@@ -210,10 +210,11 @@ def _varlen_kernel_serves(spec: AttentionSpec) -> bool:
 
 def _varlen_bwd_kernel_serves(spec: AttentionSpec) -> bool:
   """Whether the sm90 varlen backward takes this call (trace time): where
-  the varlen forward does, when switched on (ffi.varlen_bwd_kernel), for
-  the buckets of its own family (v's head dim equal to q's), not
-  deterministic (its dQ order is the packed kernels')."""
-  if not ffi.varlen_bwd_kernel():
+  the varlen forward does, when switched on (spec.varlen_backward, from
+  ffi.varlen_bwd_kernel when the forward was traced), for the buckets of
+  its own family (v's head dim equal to q's), not deterministic (its dQ
+  order is the packed kernels')."""
+  if not spec.varlen_backward:
     return False
   if not _varlen_kernel_serves(spec) or spec.deterministic:
     return False

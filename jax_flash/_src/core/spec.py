@@ -138,6 +138,10 @@ class AttentionSpec:
   # With varlen_seqs: whether some token may lie outside every sequence
   # (False when the offsets are known to start at 0 and cover both tensors).
   varlen_outside: bool = True
+  # With varlen_seqs: whether the backward may tile by sequence too (the
+  # choice is made when the forward is traced: custom_vjp traces the
+  # backward later, outside the caller's context).
+  varlen_backward: bool = False
 
   @property
   def has_window(self) -> bool:
