@@ -142,3 +142,25 @@ def test_suggested_prefill_threshold(bench_decode, dense_wins_at, want):
       kernels = dense + (1.0 if (shape, T) in dense_wins_at else 0.0)
       rows.append(dict(T_new=T, decode_kernels_us=kernels, dense_us=dense))
   assert bench_decode.suggested_prefill_threshold(rows) == want
+
+
+def test_fp8_cache_accuracy_rows(monkeypatch, tmp_path):
+  """benchmarks/fp8_cache_accuracy.py on the CPU (xla path): its rows, the
+  bf16 cache near bf16 rounding, the FP8 cache's error in e4m3's range on
+  normal data, and NaN / Inf in unread slots never reaching an output (the
+  script raises then)."""
+  monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+  acc = importlib.import_module("fp8_cache_accuracy")
+  out = tmp_path / "rows.json"
+  acc.main(["--dists", "normal,outlier_channels", "--fills", "300",
+            "--t-new", "1,3", "--implementation", "xla", "--out", str(out)])
+  rows = json.loads(out.read_text())
+  assert len(rows) == 2 * 2 * 3
+  by = {(r["case"], r["cache"]): r for r in rows}
+  for t in (1, 3):
+    bf16 = by[(f"fp8_cache_accuracy_normal_s300_t{t}", "bf16")]["rel_rms"]
+    fp8 = by[(f"fp8_cache_accuracy_normal_s300_t{t}", "fp8")]["rel_rms"]
+    assert bf16 < 6e-3, bf16  # bf16 rounding of P and O
+    assert 1e-2 < fp8 < 8e-2, fp8  # e4m3: 3 mantissa bits
+  assert all(r["device"] == DEVICE and r["impl"] == "jax_flash_xla"
+             for r in rows)
