@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kAppendThreads) append_kernel(const __grid_con
   if (r == 0) p.seqlens_out[b] = held_after(p, b);
   const int64_t pos = int64_t(p.seqlens[b]) + r / row_chunks;
   if (pos < 0 || pos >= int64_t(p.max_pages) * p.page_size) return;
-  const int page = p.page_table[int64_t(b) * p.max_pages + pos / p.page_size];
+  const int page = p.page_table ? p.page_table[int64_t(b) * p.max_pages + pos / p.page_size] : b;
   if (page < 0 || page >= p.num_pages) return;
   const int64_t dst = (int64_t(page) * p.page_size + pos % p.page_size) * row_chunks + r % row_chunks;
   const int64_t src = i;  // [batch, seqlen_new, heads_k, head_dim] in chunks
@@ -55,9 +55,9 @@ bool append_supported(const AppendParams& p) {
   if (int64_t(p.max_pages) * p.page_size > (int64_t(1) << 31) - 1) return false;
   if ((append_threads(p) + kAppendThreads - 1) / kAppendThreads > (int64_t(1) << 31) - 1) return false;
   if (p.batch > 0 && (p.seqlens == nullptr || p.seqlens_out == nullptr)) return false;
+  if (p.page_table == nullptr && p.max_pages != 1) return false;  // row b = sequence b
   if (p.batch > 0 && p.seqlen_new > 0 &&
-      (p.page_table == nullptr || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.k_new) ||
-       !aligned16(p.v_new)))
+      (!aligned16(p.k) || !aligned16(p.v) || !aligned16(p.k_new) || !aligned16(p.v_new)))
     return false;
   return true;
 }

@@ -8,7 +8,8 @@
 //   k, v          [num_pages, page_size, heads_k, head_dim], written in place
 //   k_new, v_new  [batch, seqlen_new, heads_k, head_dim]
 // New token t of sequence b goes to position pos = seqlens[b] + t, i.e. page
-// page_table[b, pos / page_size], slot pos % page_size. Positions outside
+// page_table[b, pos / page_size], slot pos % page_size; without a page table
+// (a contiguous cache whose row b is sequence b, max_pages = 1) page b. Positions outside
 // [0, max_pages * page_size) and page entries outside [0, num_pages) are
 // dropped (written nowhere), as jax's scatter with mode="drop".
 //   seqlens_out[b] = clamp(seqlens[b] + seqlen_new, 0, max_pages * page_size)
@@ -26,7 +27,7 @@ struct AppendParams {
   void* v;
   const void* k_new;
   const void* v_new;
-  const int32_t* page_table;  // [batch, max_pages]
+  const int32_t* page_table;  // [batch, max_pages], or nullptr: page b (max_pages 1)
   const int32_t* seqlens;     // [batch] keys held before the new ones
   int32_t* seqlens_out;       // [batch]
   int batch, seqlen_new, num_heads_k, head_dim;

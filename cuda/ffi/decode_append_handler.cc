@@ -18,7 +18,7 @@ ffi::Error AppendImpl(cudaStream_t stream, ffi::AnyBuffer k_cache, ffi::AnyBuffe
                       ffi::AnyBuffer k_new, ffi::AnyBuffer v_new,
                       ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::S32> seqlens,
                       ffi::Result<ffi::AnyBuffer> k_out, ffi::Result<ffi::AnyBuffer> v_out,
-                      ffi::Result<ffi::Buffer<ffi::S32>> seqlens_out) {
+                      ffi::Result<ffi::Buffer<ffi::S32>> seqlens_out, bool identity_rows) {
   const auto kd = k_cache.dimensions(), nd = k_new.dimensions(), td = page_table.dimensions();
   if (kd.size() != 4 || nd.size() != 4 || td.size() != 2) {
     return Invalid("decode append: the caches must be [num_pages, page_size, heads_k, head_dim], "
@@ -33,7 +33,8 @@ ffi::Error AppendImpl(cudaStream_t stream, ffi::AnyBuffer k_cache, ffi::AnyBuffe
     return Invalid("decode append: 16-bit caches of one shape and dtype, the new keys and values "
                    "of one shape in that dtype, results shaped as the caches");
   }
-  if (nd[0] != td[0] || nd[2] != kd[2] || nd[3] != kd[3] ||
+  if ((!identity_rows && nd[0] != td[0]) || (identity_rows && kd[0] < nd[0]) ||
+      nd[2] != kd[2] || nd[3] != kd[3] ||
       seqlens.element_count() != static_cast<size_t>(nd[0]) ||
       seqlens_out->element_count() != static_cast<size_t>(nd[0])) {
     return Invalid("decode append: k_new [batch, seqlen_new, heads_k, head_dim] must match the "
@@ -55,7 +56,8 @@ ffi::Error AppendImpl(cudaStream_t stream, ffi::AnyBuffer k_cache, ffi::AnyBuffe
   p.v = v_out->untyped_data();
   p.k_new = k_new.untyped_data();
   p.v_new = v_new.untyped_data();
-  p.page_table = page_table.typed_data();
+  // identity_rows: row b of a contiguous cache is sequence b (no table read).
+  p.page_table = identity_rows ? nullptr : page_table.typed_data();
   p.seqlens = seqlens.typed_data();
   p.seqlens_out = seqlens_out->typed_data();
   p.batch = static_cast<int>(nd[0]);
@@ -64,7 +66,7 @@ ffi::Error AppendImpl(cudaStream_t stream, ffi::AnyBuffer k_cache, ffi::AnyBuffe
   p.head_dim = static_cast<int>(nd[3]);
   p.num_pages = static_cast<int>(kd[0]);
   p.page_size = static_cast<int>(kd[1]);
-  p.max_pages = static_cast<int>(td[1]);
+  p.max_pages = identity_rows ? 1 : static_cast<int>(td[1]);
   if (!decode::append_supported(p)) {
     return Invalid("decode append: not supported: cache " + ShapeStr(k_cache) + ", new " +
                    ShapeStr(k_new) + " (head_dim a multiple of 8, 16-byte aligned buffers)");
@@ -84,9 +86,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Arg<ffi::AnyBuffer>()  // v_cache
         .Arg<ffi::AnyBuffer>()  // k_new [batch, seqlen_new, heads_k, head_dim]
         .Arg<ffi::AnyBuffer>()  // v_new
-        .Arg<ffi::Buffer<ffi::S32>>()  // page_table [batch, max_pages]
+        .Arg<ffi::Buffer<ffi::S32>>()  // page_table [batch, max_pages] (identity_rows: ignored)
         .Arg<ffi::Buffer<ffi::S32>>()  // seqlens [batch], before the new tokens
         .Ret<ffi::AnyBuffer>()  // k_cache, updated (aliases the operand)
         .Ret<ffi::AnyBuffer>()  // v_cache, updated (aliases the operand)
-        .Ret<ffi::Buffer<ffi::S32>>(),  // seqlens [batch], after the new tokens
+        .Ret<ffi::Buffer<ffi::S32>>()  // seqlens [batch], after the new tokens
+        .Attr<bool>("identity_rows"),
     {xla::ffi::Traits::kCmdBufferCompatible});

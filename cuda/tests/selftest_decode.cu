@@ -63,6 +63,7 @@ struct Case {
   // lengths it writes; seqlens are the lengths after them (past the
   // capacity: the tokens there are dropped). 16-bit caches.
   bool append = false;
+  bool identity_rows = false;  // contiguous, row b = sequence b: the append reads no table
 };
 
 // Per-key e4m3 quantisation of one row of D values (descale = amax / 448,
@@ -108,7 +109,7 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
   // Page table: a random permutation of the pages (contiguous: shuffled rows).
   std::vector<int> perm(num_pages);
   std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
+  if (!c.identity_rows) std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> table(size_t(c.B) * max_pages);
   for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
 
@@ -318,7 +319,7 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
     ap.v = dv;
     ap.k_new = d_knew;
     ap.v_new = d_vnew;
-    ap.page_table = d_table;
+    ap.page_table = c.identity_rows ? nullptr : d_table;
     ap.seqlens = d_len;
     ap.seqlens_out = d_len_out;
     ap.batch = c.B;
@@ -327,7 +328,7 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
     ap.head_dim = D;
     ap.num_pages = num_pages;
     ap.page_size = ps;
-    ap.max_pages = max_pages;
+    ap.max_pages = c.identity_rows ? 1 : max_pages;
     r.launch_ok = jax_flash::decode::run_append(ap, nullptr) == cudaSuccess;
     p.seqlens = d_len_out;
   }
@@ -408,6 +409,14 @@ std::vector<Case> all_cases(bool quick) {
   cs.push_back(c);
   // The new tokens appended by the append kernel first (lengths after them;
   // 98 > 96: two of the three tokens fall past the capacity, dropped).
+  c = Case{"append T1 mha identity rows split2", 3, 1, 4, 4, 128, 0, 200, {200, 1, 57}};
+  c.append = true;
+  c.identity_rows = true;
+  cs.push_back(c);
+  c = Case{"append T4 gqa2 contiguous shuffled rows", 2, 4, 4, 2, 64, 0, 100, {100, 4}};
+  c.append = true;
+  c.wr = 0;
+  cs.push_back(c);
   c = Case{"append T1 mha contiguous split2", 3, 1, 4, 4, 128, 0, 200, {200, 1, 57}};
   c.append = true;
   c.splits = 2;
