@@ -53,6 +53,9 @@ def _append(k_cache, v_cache, k_new, v_new, page_table, seqlens):
 
 
 def use_contract(monkeypatch):
+  # Traces staged with an earlier test's contract (the ops' bodies are
+  # cached by shape) would count their calls elsewhere.
+  jax.clear_caches()
   calls = Calls()
 
   def forward(q, k_pages, v_pages, *args, scale, softcap, window_left,

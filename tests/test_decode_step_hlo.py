@@ -7,7 +7,8 @@ calls are compiled against a no-op CPU handler, cuda/tests/ffi_noop_cpu.cc,
 and never run), each layer of each step appends the new token's key and
 value with one call of the append kernel whose results alias the caches, and
 the decoding kernel reads the lengths it writes: no scatter, no index
-arithmetic, no copy of a cache-sized buffer. On the default path (xla here)
+arithmetic, no copy of a cache-sized buffer (nor of the cache index: the
+append call writes the lengths over the ones it reads). On the default path (xla here)
 the step has no copy of a cache-sized buffer either (XLA's scatter writes
 in place).
 """
@@ -121,19 +122,27 @@ def _large_copies(body: str):
 
 def test_kernel_path_appends_in_place(kernel_path, generate):
   lowered, compiled = _decode_step(generate)
-  # Per layer: one append call aliasing both caches, no scatter.
+  # Per layer: one append call aliasing both caches and, over the lengths
+  # it reads, the lengths after; no scatter.
   appends = re.findall(r"custom_call @jax_flash_decode_append\(.*", lowered)
   assert len(appends) == LAYERS
   for call in appends:
     aliases = re.findall(r"output_operand_alias<output_tuple_indices = \[(\d)\]"
                          r", operand_index = (\d)", call)
-    assert sorted(aliases) == [("0", "0"), ("1", "1")], call[:300]
+    assert sorted(aliases) == [("0", "0"), ("1", "1"), ("2", "5")], call[:300]
   assert "stablehlo.scatter" not in lowered
   body = _while_body(compiled)
   assert body.count('custom_call_target="jax_flash_decode_append"') == LAYERS
   assert body.count('custom_call_target="jax_flash_decode"') == LAYERS
   assert "scatter" not in body
   assert _large_copies(body) == []
+  # The cache index is updated in place too: no copy of it.
+  assert not re.search(rf"= s32\[{BATCH}\]\S* copy\(", body)
+  # The decoding call's page table (row b = sequence b) is a constant.
+  for call in re.findall(r'custom-call\((.*?)\), custom_call_target="jax_flash_decode"',
+                         body):
+    table = [x.strip() for x in call.split(",")][5]
+    assert re.sub(r"/\*.*?\*/", "", table).strip().startswith("%constant"), call
 
 
 def test_default_path_has_no_cache_copy(generate):

@@ -29,7 +29,7 @@ struct AppendParams {
   const void* v_new;
   const int32_t* page_table;  // [batch, max_pages], or nullptr: page b (max_pages 1)
   const int32_t* seqlens;     // [batch] keys held before the new ones
-  int32_t* seqlens_out;       // [batch]
+  int32_t* seqlens_out;       // [batch]; may be seqlens (updated in place)
   int batch, seqlen_new, num_heads_k, head_dim;
   int num_pages, page_size, max_pages;
 };

@@ -1,7 +1,7 @@
 // XLA FFI handler of the append kernel (cuda/decode/decode_append.h): the new
-// tokens' keys and values written into the caches in place (each cache
-// result aliases its operand, jax_flash/_src/decode/cuda.py) and the lengths
-// after them, for the decoding kernels that follow.
+// tokens' keys and values written into the caches in place and the lengths
+// after them, for the decoding kernels that follow, over the lengths before
+// them (each result aliases its operand, jax_flash/_src/decode/cuda.py).
 #include <cuda_runtime.h>
 
 #include "decode/decode_append.h"
@@ -71,7 +71,7 @@ ffi::Error AppendImpl(cudaStream_t stream, ffi::AnyBuffer k_cache, ffi::AnyBuffe
     return Invalid("decode append: not supported: cache " + ShapeStr(k_cache) + ", new " +
                    ShapeStr(k_new) + " (head_dim a multiple of 8, 16-byte aligned buffers)");
   }
-  Poison(p.seqlens_out, seqlens_out->size_bytes(), stream);
+  if (p.seqlens_out != p.seqlens) Poison(p.seqlens_out, seqlens_out->size_bytes(), stream);
   return LaunchError(decode::run_append(p, stream), "decode append");
 }
 

@@ -1,5 +1,6 @@
 // Self-test of the decoding kernels (cuda/decode): split-KV, pack-GQA, paged
-// and contiguous caches, learnable sinks, against a float64 reference.
+// and contiguous caches, learnable sinks, against a float64 reference; and
+// the append kernel (decode_append.h) that writes new tokens before them.
 //
 // For each case: random 16-bit Q and cache on the host, every cache slot that
 // no sequence may read (past its length, unused pages) NaN, a shuffled page
@@ -9,8 +10,7 @@
 //
 // GPU build (repository root; ~1 minute on one core):
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90,code=sm_90 \
-//     -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/decode.cu \
-//     cuda/decode/decode_bf16.cu cuda/decode/decode_fp16.cu -o selftest_decode
+//     -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/*.cu -o selftest_decode
 // On the CPU: cuda/tests/emu/build_emu.sh builds it as selftest_decode_emu.
 // Options: ./selftest_decode [filter-substring] [--quick]
 //   ./selftest_decode --bench [shape filter] [--iters N] [--rounds N]
@@ -264,6 +264,7 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
   uint8_t* d_knew = dev_alloc<uint8_t>(knew_bytes.size());
   uint8_t* d_vnew = dev_alloc<uint8_t>(vnew_bytes.size());
   int32_t* d_len_out = dev_alloc<int32_t>(c.B);
+  int32_t* const d_len_own = d_len_out;  // freed below, whatever d_len_out becomes
   if (c.append) {
     std::vector<int32_t> held(c.B);
     for (int b = 0; b < c.B; ++b) held[b] = before(b);
@@ -321,6 +322,9 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
     ap.v_new = d_vnew;
     ap.page_table = c.identity_rows ? nullptr : d_table;
     ap.seqlens = d_len;
+    // The production call updates its cache index in place: the identity-rows
+    // case writes the lengths over the ones it reads.
+    if (c.identity_rows) d_len_out = d_len;
     ap.seqlens_out = d_len_out;
     ap.batch = c.B;
     ap.seqlen_new = c.T;
@@ -362,9 +366,10 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
   }
   const double tol_o = c.fp16 ? 4e-3 : 2e-2;
   r.pass = r.launch_ok && appended && r.o <= tol_o && r.lse <= 2e-3;
+  CHECK_CUDA(cudaFree(d_len_own));
   for (void* ptr : {(void*)dq, (void*)dk, (void*)dv, (void*)d_o, (void*)d_lse, (void*)d_table,
                     (void*)d_len, (void*)d_op, (void*)d_lp, (void*)d_kdesc, (void*)d_vdesc,
-                    (void*)d_sinks, (void*)d_knew, (void*)d_vnew, (void*)d_len_out})
+                    (void*)d_sinks, (void*)d_knew, (void*)d_vnew})
     CHECK_CUDA(cudaFree(ptr));
   return r;
 }

@@ -129,9 +129,9 @@ def forward(q, k_pages, v_pages, *args, scale: float, softcap: float | None,
 def append(k_cache, v_cache, k_new, v_new, page_table, seqlens):
   """(k_cache, v_cache, lengths) from the append kernel
   (cuda/decode/decode_append.h): the new tokens [B, T_new, H_kv, D] written
-  at each sequence's seqlens[b] + t through its pages, in place: each cache
-  result aliases its operand, so a donated or loop-carried cache is never
-  copied. page_table None: a contiguous cache whose row b is sequence b
+  at each sequence's seqlens[b] + t through its pages, in place: each
+  result aliases its operand (the caches, and the lengths over seqlens), so
+  a donated or loop-carried cache or cache index is never copied. page_table None: a contiguous cache whose row b is sequence b
   (no table to compute or read). lengths: int32 [B], clamp(seqlens + T_new,
   0, capacity).
   """
@@ -144,7 +144,7 @@ def append(k_cache, v_cache, k_new, v_new, page_table, seqlens):
       (jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
        jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
        jax.ShapeDtypeStruct(seqlens.shape, jnp.int32)),
-      input_output_aliases={0: 0, 1: 1}, vmap_method="sequential")
+      input_output_aliases={0: 0, 1: 1, 5: 2}, vmap_method="sequential")
   return call(k_cache, v_cache, k_new.astype(k_cache.dtype),
               v_new.astype(v_cache.dtype), jnp.asarray(page_table, jnp.int32),
               seqlens.astype(jnp.int32), identity_rows=identity_rows)

@@ -240,7 +240,10 @@ def with_lengths(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
       seqlens = seqlens + T_new
     caches = (k_cache, v_cache)
 
-  if page_table is None:
+  if identity_rows:
+    # A constant (no kernel computes it in every call).
+    table = jnp.asarray(np.arange(B, dtype=np.int32)[:, None])
+  elif page_table is None:
     # A contiguous cache is B_cache pages of S_max keys, one per sequence.
     table = rows[:, None]
   else:
