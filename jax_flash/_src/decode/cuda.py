@@ -131,9 +131,10 @@ def append(k_cache, v_cache, k_new, v_new, page_table, seqlens):
   (cuda/decode/decode_append.h): the new tokens [B, T_new, H_kv, D] written
   at each sequence's seqlens[b] + t through its pages, in place: each
   result aliases its operand (the caches, and the lengths over seqlens), so
-  a donated or loop-carried cache or cache index is never copied. page_table None: a contiguous cache whose row b is sequence b
-  (no table to compute or read). lengths: int32 [B], clamp(seqlens + T_new,
-  0, capacity).
+  a donated or loop-carried cache or cache index is never copied.
+  page_table None: a contiguous cache whose row b is sequence b (no table
+  to compute or read). lengths: int32 [B], clamp(seqlens + T_new, 0,
+  capacity).
   """
   identity_rows = page_table is None
   if identity_rows:  # a 1-element dummy (a constant), which the kernel ignores
