@@ -29,6 +29,11 @@ import pytest
 from jax_flash._src.backends import ffi
 from jax_flash._src.decode import cuda as decode_cuda
 
+# The CPU backend's compiled HLO (a GPU's wraps the body in command
+# buffers; tools/gpu/decode_step_profile.py --hlo writes it for reading).
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu",
+                                reason="reads the CPU backend's compiled HLO")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BATCH, PROMPT, NEW, LAYERS, D_MODEL, HEADS, VOCAB = 2, 24, 4, 2, 64, 2, 64
 # One layer's key (or value) cache: [batch, prompt + new, heads, head_dim].

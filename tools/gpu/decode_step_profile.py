@@ -15,6 +15,7 @@ ncu sees only those steps' kernels, jax_flash's first, then Flax's
 (`--decoder jax_flash|flax`, or DECODERS=jax_flash / flax, profiles
 one). Without ncu it prints each
 decoder's mean time per step over --repeats timed runs.
+--hlo DIR writes each decoder's compiled decoding loop (HLO text) there.
 Any of examples/generate.py's options applies (e.g. --small).
 """
 import argparse
@@ -62,6 +63,9 @@ def profiler(start: bool):
 def main(argv):
   p = argparse.ArgumentParser(add_help=False)
   p.add_argument("--steps", type=int, default=2)
+  p.add_argument("--hlo", type=pathlib.Path,
+                 help="write each decoder's compiled decode (HLO text) into "
+                 "this folder as <decoder>_decode.hlo")
   p.add_argument("--decoder", choices=("jax_flash", "flax", "both"),
                  default=os.environ.get("DECODERS", "both"))
   own, rest = p.parse_known_args(argv)
@@ -89,6 +93,10 @@ def main(argv):
   decoders = {"jax_flash": ours, "flax": stock}
   for name in names:
     dec = decoders[name]
+    if own.hlo is not None:
+      own.hlo.mkdir(parents=True, exist_ok=True)
+      text = dec.decode.lower(params, full_cache(dec), token).compile().as_text()
+      (own.hlo / f"{name}_decode.hlo").write_text(text)
     jax.block_until_ready(dec.decode(params, full_cache(dec), token))
     times = []
     for _ in range(args.repeats):
