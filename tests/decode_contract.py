@@ -6,7 +6,11 @@ the sharding and vmap wrappers) without a GPU.
 their call by the same math on the xla backend: each sequence's pages
 gathered (e4m3 pages dequantised with their descales), attention over its
 first seqlens[b] keys, each row of the sinks [B, H] for its own sequence.
-It returns the list of num_splits of every kernel call traced.
+It returns the list of num_splits of every kernel call traced. The append
+kernel (`decode_cuda.append`, cuda/decode/decode_append.h) is replaced too:
+token t of sequence b at position seqlens[b] + t of its pages (row b
+without a table), positions outside the capacity dropped, and the lengths
+after, clamped to [0, capacity]; its calls are counted in `calls.appends`.
 """
 
 from __future__ import annotations
@@ -27,8 +31,32 @@ def _dequantize(x8, descale):
   return x8.astype(jnp.float32) * jnp.swapaxes(descale, 1, 2)[..., None]
 
 
+class Calls(list):
+  """num_splits of each decoding kernel call; `appends`: append calls."""
+  appends = 0
+
+
+def _append(k_cache, v_cache, k_new, v_new, page_table, seqlens):
+  B, T = k_new.shape[:2]
+  if page_table is None:
+    page_table = jnp.arange(B, dtype=jnp.int32)[:, None]
+  page_size = k_cache.shape[1]
+  capacity = page_table.shape[1] * page_size
+  pos = seqlens[:, None] + jnp.arange(T)[None]
+  page = page_table[jnp.arange(B)[:, None],
+                    jnp.clip(pos // page_size, 0, page_table.shape[1] - 1)]
+  page = jnp.where((pos >= 0) & (pos < capacity), page, k_cache.shape[0])
+  put = lambda c, x: c.at[page, pos % page_size].set(x.astype(c.dtype),
+                                                     mode="drop")
+  return (put(k_cache, k_new), put(v_cache, v_new),
+          jnp.clip(seqlens + T, 0, capacity).astype(jnp.int32))
+
+
 def use_contract(monkeypatch):
-  calls = []
+  # Traces staged with an earlier test's contract (the ops' bodies are
+  # cached by shape) would count their calls elsewhere.
+  jax.clear_caches()
+  calls = Calls()
 
   def forward(q, k_pages, v_pages, *args, scale, softcap, window_left,
               window_right, num_splits, sinks=None):
@@ -49,6 +77,11 @@ def use_contract(monkeypatch):
       return one(q, k, v, seqlens, None)
     return jax.vmap(one)(q, k, v, seqlens, sinks)
 
+  def append(*args):
+    calls.appends += 1
+    return _append(*args)
+
   monkeypatch.setattr(decode_cuda, "unsupported_reason", lambda *a: None)
   monkeypatch.setattr(decode_cuda, "forward", forward)
+  monkeypatch.setattr(decode_cuda, "append", append)
   return calls

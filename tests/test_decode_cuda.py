@@ -152,6 +152,82 @@ def test_appended_tokens_and_donation(rng):
       np.testing.assert_array_equal(got[table[b, p // 64], p % 64], k_new[b, t])
 
 
+def test_append_kernel_writes_in_place(rng):
+  """A cache whose row b is sequence b takes k_new / v_new from the append
+  kernel (cuda/decode/decode_append.h) under a donated jit: the new tokens
+  in their slots, every other slot as it was (NaN where nobody wrote), the
+  token past the capacity dropped, the outputs over the appended keys."""
+  B, T, H, H_kv, D, cap = 3, 2, 8, 4, 128, 200
+  seqlens = np.array([0, 77, cap - 1], np.int32)  # row 2: one token dropped
+  bf = lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64)
+  k_seq = np.full((B, cap, H_kv, D), np.nan)
+  v_seq = np.full((B, cap, H_kv, D), np.nan)
+  for b in range(B):
+    k_seq[b, :seqlens[b]] = bf(rng.standard_normal((seqlens[b], H_kv, D)))
+    v_seq[b, :seqlens[b]] = bf(rng.standard_normal((seqlens[b], H_kv, D)))
+  q = bf(rng.standard_normal((B, T, H, D)))
+  k_new = bf(rng.standard_normal((B, T, H_kv, D)))
+  v_new = bf(rng.standard_normal((B, T, H_kv, D)))
+  to = lambda x: jnp.asarray(x, jnp.bfloat16)
+  step = jax.jit(lambda q, kc, vc, s, kn, vn: jax_flash.attention_with_kvcache(
+      q, kc, vc, s, k_new=kn, v_new=vn, implementation="cuda"),
+      donate_argnums=(1, 2))
+  args = (to(q), to(k_seq), to(v_seq), jnp.asarray(seqlens), to(k_new),
+          to(v_new))
+  assert "jax_flash_decode_append" in step.lower(*args).as_text()
+  o, kc, vc = step(*args)
+  want_k, want_v = k_seq.copy(), v_seq.copy()
+  for b in range(B):
+    n = min(T, cap - seqlens[b])
+    want_k[b, seqlens[b]:seqlens[b] + n] = k_new[b, :n]
+    want_v[b, seqlens[b]:seqlens[b] + n] = v_new[b, :n]
+  np.testing.assert_array_equal(np.asarray(kc, np.float64), want_k)
+  np.testing.assert_array_equal(np.asarray(vc, np.float64), want_v)
+  lengths = np.minimum(seqlens + T, cap)
+  o64, _, ox, _ = _references((q, want_k, want_v, lengths),
+                              dict(causal=True), "bfloat16")
+  assert_close_to_reference("out", o, o64, ox)
+
+
+def test_flax_decoding_steps_on_the_kernels(rng):
+  """jff.SelfAttention(decode=True): a prompt, then single-token steps on
+  the kernels (append + decode) against the same steps on xla."""
+  import jax_flash.flax as jff
+  batch, prompt, steps, features = 4, 70, 5, 256
+  x = jnp.asarray(rng.standard_normal((batch, prompt + steps, features)),
+                  jnp.bfloat16)
+
+  def run(implementation):
+    layer = jff.SelfAttention(num_heads=4, num_kv_heads=2, causal=True,
+                              decode=True, dtype=jnp.bfloat16,
+                              implementation=implementation)
+    variables = layer.init(jax.random.key(0), x)
+    params, cache = variables["params"], variables["cache"]
+
+    @jax.jit
+    def call(cache, chunk):
+      y, upd = layer.apply({"params": params, "cache": cache}, chunk,
+                           mutable=["cache"])
+      return upd["cache"], y
+
+    cache, y = call(cache, x[:, :prompt])
+    ys = [y]
+    for t in range(prompt, prompt + steps):
+      cache, y = call(cache, x[:, t:t + 1])
+      ys.append(y)
+    return np.asarray(jnp.concatenate(ys, 1), np.float32), cache
+
+  got, got_cache = run("cuda")
+  want, want_cache = run("xla")
+  np.testing.assert_array_equal(np.asarray(got_cache["cache_index"]),
+                                np.asarray(want_cache["cache_index"]))
+  for name in ("cached_key", "cached_value"):
+    np.testing.assert_allclose(
+        np.asarray(got_cache[name], np.float32),
+        np.asarray(want_cache[name], np.float32), atol=2e-2, rtol=2e-2)
+  np.testing.assert_allclose(got, want, atol=5e-2, rtol=5e-2)
+
+
 def test_gradients_follow_the_reference_path(rng):
   """The kernels have no backward: grads come from the reference path."""
   args, extra, _ = _case(rng, B=2, T=2, H=4, H_kv=2, D=64, capacity=150,

@@ -70,7 +70,10 @@ CASES = {  # name: (paged, spec of q, spec of the caches, all-gather expected)
 def test_sharded_calls_run_locally(mesh, name, rng):
   paged, q_spec, kv_spec, gathers = CASES[name]
   q, k, v, table, seqlens = _inputs(rng, paged)
+  # A contiguous cache passes its identity table (attention_with_kvcache: a
+  # constant); a batch shard numbers its own rows.
   fn = decode_sharding.decode_call(_body, identity_rows=not paged,
+                                   rows=None if paged else B,
                                    group=H // H_KV, kv_heads=H_KV)
   with jax.default_matmul_precision("highest"):
     want = jax.jit(fn)(q, k, v, table, seqlens)

@@ -93,8 +93,13 @@ def test_long_chunk_takes_the_dense_path(layout, kw, rng, x64, monkeypatch):
   np.testing.assert_allclose(np.asarray(out), want, atol=1e-10)
   # The unrouted call (the kernel path; traced anew) gives the same.
   monkeypatch.setattr(decode_cuda, "PREFILL_MIN_TOKENS", LONG)
-  unrouted, _, _ = jax.jit(lambda *a: step(*a))(q, k_new, v_new)
+  unrouted, kc2, vc2 = jax.jit(lambda *a: step(*a))(q, k_new, v_new)
   assert len(calls) == 1
+  # A cache whose row b is sequence b takes the append kernel, the others
+  # XLA's scatter; both leave the same caches.
+  assert calls.appends == (layout == "identity")
+  np.testing.assert_array_equal(np.asarray(kc2), np.asarray(kc))
+  np.testing.assert_array_equal(np.asarray(vc2), np.asarray(vc))
   np.testing.assert_allclose(np.asarray(unrouted), np.asarray(out),
                              atol=1e-10)
 

@@ -15,6 +15,7 @@ XLA_FFI_Error* JaxFlashPacking(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashFwdVarlen(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashBwdVarlen(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* JaxFlashDecode(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* JaxFlashDecodeAppend(XLA_FFI_CallFrame* call_frame);
 }
 
 namespace nb = nanobind;
@@ -38,6 +39,7 @@ NB_MODULE(_jax_flash_cuda, m) {
     d["jax_flash_fwd_varlen"] = Capsule(JaxFlashFwdVarlen);
     d["jax_flash_bwd_varlen"] = Capsule(JaxFlashBwdVarlen);
     d["jax_flash_decode"] = Capsule(JaxFlashDecode);
+    d["jax_flash_decode_append"] = Capsule(JaxFlashDecodeAppend);
     return d;
   });
   // The split-KV policy of the decoding kernels (cuda/decode/decode_plan.h)

@@ -55,7 +55,9 @@ inline int run(const std::string& filter, int iters, int rounds, const std::vect
       {"b16_h64_s16k_t1", 16, 16384, 1, 0, 64, 8},     {"b4_kv4_s64k_t4", 4, 65536, 4, 0, 32, 4},
       {"b8_s32k_t1_paged64", 8, 32768, 1, 64, 32, 8},  {"b1_s128k_t1_paged64", 1, 131072, 1, 64, 32, 8},
       {"b8_s32k_t8_paged64", 8, 32768, 8, 64, 32, 8},  {"b16_h64_s16k_t1_paged64", 16, 16384, 1, 64, 64, 8},
-      {"b4_kv4_s64k_t4_paged64", 4, 65536, 4, 64, 32, 4}};
+      {"b4_kv4_s64k_t4_paged64", 4, 65536, 4, 64, 32, 4},
+      // One layer of examples/generate.py's decoding step (16 heads, MHA).
+      {"b8_h16kv16_s4k_t1", 8, 4096, 1, 0, 16, 16}};
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount, smem = int(prop.sharedMemPerMultiprocessor);

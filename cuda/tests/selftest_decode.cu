@@ -1,5 +1,6 @@
 // Self-test of the decoding kernels (cuda/decode): split-KV, pack-GQA, paged
-// and contiguous caches, learnable sinks, against a float64 reference.
+// and contiguous caches, learnable sinks, against a float64 reference; and
+// the append kernel (decode_append.h) that writes new tokens before them.
 //
 // For each case: random 16-bit Q and cache on the host, every cache slot that
 // no sequence may read (past its length, unused pages) NaN, a shuffled page
@@ -9,8 +10,7 @@
 //
 // GPU build (repository root; ~1 minute on one core):
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90,code=sm_90 \
-//     -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/decode.cu \
-//     cuda/decode/decode_bf16.cu cuda/decode/decode_fp16.cu -o selftest_decode
+//     -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/*.cu -o selftest_decode
 // On the CPU: cuda/tests/emu/build_emu.sh builds it as selftest_decode_emu.
 // Options: ./selftest_decode [filter-substring] [--quick]
 //   ./selftest_decode --bench [shape filter] [--iters N] [--rounds N]
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "decode/decode.h"
+#include "decode/decode_append.h"
 #include "decode/decode_plan.h"
 #include "decode_variants.cuh"
 #include "host_utils.h"
@@ -57,6 +58,12 @@ struct Case {
   // Learnable sinks: random [B, H] logits ~ N(sink_mean, 2^2) (jax_flash/sinks.h).
   bool sinks = false;
   float sink_mean = 0.f;
+  // The last T keys of each sequence arrive as k_new / v_new, written by the
+  // append kernel (decode_append.h) before the decode, which reads the
+  // lengths it writes; seqlens are the lengths after them (past the
+  // capacity: the tokens there are dropped). 16-bit caches.
+  bool append = false;
+  bool identity_rows = false;  // contiguous, row b = sequence b: the append reads no table
 };
 
 // Per-key e4m3 quantisation of one row of D values (descale = amax / 448,
@@ -102,7 +109,7 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
   // Page table: a random permutation of the pages (contiguous: shuffled rows).
   std::vector<int> perm(num_pages);
   std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
+  if (!c.identity_rows) std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> table(size_t(c.B) * max_pages);
   for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
 
@@ -127,13 +134,24 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
     const int page = table[size_t(b) * max_pages + j / ps];
     return (size_t(page) * c.Hk + hk) * ps + j % ps;
   };
+  // Appended tokens: k_new / v_new [B, T, Hk, D] (1.0 where a token is
+  // dropped: it must reach no slot), and the caches expected after the append.
+  std::vector<uint8_t> knew_bytes, vnew_bytes, k_expect, v_expect;
+  if (c.append) {
+    knew_bytes.resize(size_t(c.B) * c.T * c.Hk * D * 2);
+    for (size_t i = 0; i < knew_bytes.size(); i += 2) { knew_bytes[i] = 0x80; knew_bytes[i + 1] = 0x3F; }
+    vnew_bytes = knew_bytes;
+  }
+  auto before = [&](int b) { return c.append ? c.seqlens[b] - c.T : c.seqlens[b]; };
   std::vector<float> row(D);
   std::vector<uint8_t> q8(D);
   for (int b = 0; b < c.B; ++b)
     for (int j = 0; j < std::min(c.seqlens[b], c.capacity); ++j)
       for (int hk = 0; hk < c.Hk; ++hk)
         for (int t = 0; t < 2; ++t) {  // K, then V
-          std::vector<uint8_t>& bytes = t ? v_bytes : k_bytes;
+          const bool is_new = j >= before(b);
+          std::vector<uint8_t>& bytes =
+              is_new ? (t ? vnew_bytes : knew_bytes) : (t ? v_bytes : k_bytes);
           std::vector<double>& val = t ? vval : kval;
           const size_t at = ((size_t(b) * c.capacity + j) * c.Hk + hk) * D;
           for (int d = 0; d < D; ++d) row[d] = nd(rng) * (d == 3 ? 6.f : 1.f);  // an outlier column
@@ -148,11 +166,23 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
           } else {
             for (int d = 0; d < D; ++d) {
               const uint16_t bits = to_bits(row[d], c.fp16);
-              std::memcpy(&bytes[slot(b, j, hk, d) * 2], &bits, 2);
+              const size_t new_at = ((size_t(b) * c.T + j - before(b)) * c.Hk + hk) * D + d;
+              std::memcpy(&bytes[(is_new ? new_at : slot(b, j, hk, d)) * 2], &bits, 2);
               val[at + d] = from_bits(bits, c.fp16);
             }
           }
         }
+  if (c.append) {  // the new tokens in their slots, the rest as it was
+    k_expect = k_bytes;
+    v_expect = v_bytes;
+    for (int b = 0; b < c.B; ++b)
+      for (int j = before(b); j < std::min(c.seqlens[b], c.capacity); ++j)
+        for (int hk = 0; hk < c.Hk; ++hk) {
+          const size_t new_at = ((size_t(b) * c.T + j - before(b)) * c.Hk + hk) * D;
+          std::memcpy(&k_expect[slot(b, j, hk, 0) * 2], &knew_bytes[new_at * 2], size_t(D) * 2);
+          std::memcpy(&v_expect[slot(b, j, hk, 0) * 2], &vnew_bytes[new_at * 2], size_t(D) * 2);
+        }
+  }
   std::vector<uint16_t> q_bits(size_t(c.B) * c.T * c.H * D);
   std::vector<double> qval(q_bits.size());
   for (size_t i = 0; i < q_bits.size(); ++i) {
@@ -231,6 +261,18 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
   CHECK_CUDA(cudaMemcpy(d_vdesc, v_desc.data(), v_desc.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(d_len, c.seqlens.data(), c.B * 4, cudaMemcpyHostToDevice));
+  uint8_t* d_knew = dev_alloc<uint8_t>(knew_bytes.size());
+  uint8_t* d_vnew = dev_alloc<uint8_t>(vnew_bytes.size());
+  int32_t* d_len_out = dev_alloc<int32_t>(c.B);
+  int32_t* const d_len_own = d_len_out;  // freed below, whatever d_len_out becomes
+  if (c.append) {
+    std::vector<int32_t> held(c.B);
+    for (int b = 0; b < c.B; ++b) held[b] = before(b);
+    CHECK_CUDA(cudaMemcpy(d_len, held.data(), c.B * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_knew, knew_bytes.data(), knew_bytes.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_vnew, vnew_bytes.data(), vnew_bytes.size(), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(d_len_out, 0xFF, c.B * 4));
+  }
   CHECK_CUDA(cudaMemset(d_o, 0xFF, q_bits.size() * 2));
   CHECK_CUDA(cudaMemset(d_lse, 0xFF, ref_lse.size() * 4));
   CHECK_CUDA(cudaMemset(d_op, 0xFF, size_t(c.splits) * rows * D * 4));
@@ -271,8 +313,41 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
   p.o_partial = d_op;
   p.lse_partial = d_lp;
   Result r;
-  r.launch_ok = launch(p, nullptr) == cudaSuccess;
+  bool appended = true;
+  if (c.append) {
+    jax_flash::decode::AppendParams ap{};
+    ap.k = dk;
+    ap.v = dv;
+    ap.k_new = d_knew;
+    ap.v_new = d_vnew;
+    ap.page_table = c.identity_rows ? nullptr : d_table;
+    ap.seqlens = d_len;
+    // The production call updates its cache index in place: the identity-rows
+    // case writes the lengths over the ones it reads.
+    if (c.identity_rows) d_len_out = d_len;
+    ap.seqlens_out = d_len_out;
+    ap.batch = c.B;
+    ap.seqlen_new = c.T;
+    ap.num_heads_k = c.Hk;
+    ap.head_dim = D;
+    ap.num_pages = num_pages;
+    ap.page_size = ps;
+    ap.max_pages = c.identity_rows ? 1 : max_pages;
+    r.launch_ok = jax_flash::decode::run_append(ap, nullptr) == cudaSuccess;
+    p.seqlens = d_len_out;
+  }
+  r.launch_ok = launch(p, nullptr) == cudaSuccess && (!c.append || r.launch_ok);
   CHECK_CUDA(cudaDeviceSynchronize());
+  if (c.append) {  // the caches bit for bit, and the lengths after the append
+    std::vector<uint8_t> k_after(k_bytes.size()), v_after(v_bytes.size());
+    std::vector<int32_t> len_after(c.B);
+    CHECK_CUDA(cudaMemcpy(k_after.data(), dk, k_after.size(), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(v_after.data(), dv, v_after.size(), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(len_after.data(), d_len_out, c.B * 4, cudaMemcpyDeviceToHost));
+    appended = k_after == k_expect && v_after == v_expect;
+    for (int b = 0; b < c.B; ++b)
+      appended = appended && len_after[b] == std::max(0, std::min(c.seqlens[b], c.capacity));
+  }
   std::vector<uint16_t> o_bits(q_bits.size());
   std::vector<float> lse(ref_lse.size());
   CHECK_CUDA(cudaMemcpy(o_bits.data(), d_o, o_bits.size() * 2, cudaMemcpyDeviceToHost));
@@ -290,10 +365,11 @@ Result run_case(const Case& c, std::mt19937& rng, Launcher launch = jax_flash::d
     r.lse = std::isnan(diff) ? INFINITY : std::max(r.lse, diff);
   }
   const double tol_o = c.fp16 ? 4e-3 : 2e-2;
-  r.pass = r.launch_ok && r.o <= tol_o && r.lse <= 2e-3;
+  r.pass = r.launch_ok && appended && r.o <= tol_o && r.lse <= 2e-3;
+  CHECK_CUDA(cudaFree(d_len_own));
   for (void* ptr : {(void*)dq, (void*)dk, (void*)dv, (void*)d_o, (void*)d_lse, (void*)d_table,
                     (void*)d_len, (void*)d_op, (void*)d_lp, (void*)d_kdesc, (void*)d_vdesc,
-                    (void*)d_sinks})
+                    (void*)d_sinks, (void*)d_knew, (void*)d_vnew})
     CHECK_CUDA(cudaFree(ptr));
   return r;
 }
@@ -334,6 +410,31 @@ std::vector<Case> all_cases(bool quick) {
   c.fp16 = true;
   cs.push_back(c);
   c = Case{"hdim256 rows>16 stays 16-row tiles", 1, 6, 4, 1, 256, 32, 100, {100}};
+  c.wr = 0;
+  cs.push_back(c);
+  // The new tokens appended by the append kernel first (lengths after them;
+  // 98 > 96: two of the three tokens fall past the capacity, dropped).
+  c = Case{"append T1 mha identity rows split2", 3, 1, 4, 4, 128, 0, 200, {200, 1, 57}};
+  c.append = true;
+  c.identity_rows = true;
+  cs.push_back(c);
+  c = Case{"append T4 gqa2 contiguous shuffled rows", 2, 4, 4, 2, 64, 0, 100, {100, 4}};
+  c.append = true;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"append T1 mha contiguous split2", 3, 1, 4, 4, 128, 0, 200, {200, 1, 57}};
+  c.append = true;
+  c.splits = 2;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"append T3 gqa2 paged16 causal drop", 2, 3, 4, 2, 64, 16, 96, {98, 3}};
+  c.append = true;
+  c.wr = 0;
+  cs.push_back(c);
+  c = Case{"append T2 fp16 hdim256 paged32 split3", 2, 2, 2, 1, 256, 32, 100, {2, 77}};
+  c.append = true;
+  c.fp16 = true;
+  c.splits = 3;
   c.wr = 0;
   cs.push_back(c);
   c = Case{"fp8 cache gqa4 paged16 split3", 3, 1, 8, 2, 128, 16, 300, {0, 1, 299}};

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 import jax_flash
 from jax_flash._src.core import checks
+from jax_flash._src.decode import kvcache
 
 
 def head_sizes(*, num_heads: int, num_kv_heads: int | None,
@@ -109,14 +110,18 @@ def attend_with_cache(q, k, v, cached_key, cached_value, cache_index, *,
                                jnp.zeros((), x.dtype))
     q, k, v = zero(q), zero(k), zero(v)
     advance = jnp.clip(lengths, 0, T)
-  res = jax_flash.attention_with_kvcache(
+  out, (cached_key, cached_value), held = kvcache.with_lengths(
       q, cached_key, cached_value, cache_index,
       k_new=k.astype(cached_key.dtype), v_new=v.astype(cached_value.dtype),
       causal=causal, scale=scale, window=window, softcap=softcap,
       sinks=sinks, return_lse=return_lse, implementation=implementation)
-  index = jnp.minimum(cache_index + advance, max_len).astype(cache_index.dtype)
-  out = (res[0], res[1]) if return_lse else res[0]
-  return out, res[-2], res[-1], index
+  if lengths is None:
+    # min(index + T, max_len), as the call computed it (on the GPU the
+    # append kernel writes it with the new keys: no kernel of its own).
+    index = held
+  else:
+    index = jnp.minimum(cache_index + advance, max_len)
+  return out, cached_key, cached_value, index.astype(cache_index.dtype)
 
 
 def _check_lengths(lengths, B, T, causal):

@@ -17,8 +17,8 @@ SUMMARY=()
 if has selftest; then
   t0=$SECONDS
   nvcc -O3 -std=c++17 --expt-relaxed-constexpr --use_fast_math -gencode=arch=compute_90,code=sm_90 \
-    -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/decode.cu \
-    cuda/decode/decode_bf16.cu cuda/decode/decode_fp16.cu -o "$OUT/selftest_decode" 2>&1 | tail -5
+    -Icuda/include -Icuda cuda/tests/selftest_decode.cu cuda/decode/*.cu \
+    -o "$OUT/selftest_decode" 2>&1 | tail -5
   timeout ${SELFTEST_TIMEOUT:-300} "$OUT/selftest_decode" 2>&1 | tee "$OUT/selftest_decode.log" | tail -20
   SUMMARY+=("selftest: $(grep -E 'passed' "$OUT/selftest_decode.log" | tail -1) ($((SECONDS-t0)) s)")
 fi

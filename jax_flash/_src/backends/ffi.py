@@ -31,10 +31,12 @@ PACKING = "jax_flash_packing"
 FWD_VARLEN = "jax_flash_fwd_varlen"
 # ... and its backward (backends/cuda.py).
 BWD_VARLEN = "jax_flash_bwd_varlen"
-# The decoding kernels (decode/cuda.py).
+# The decoding kernels (decode/cuda.py), and the append of new tokens to a
+# cache before them.
 DECODE = "jax_flash_decode"
-TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE, FWD_VARLEN,
-           BWD_VARLEN)
+DECODE_APPEND = "jax_flash_decode_append"
+TARGETS = (FWD, BWD, FP8_QUANTIZE, FP8_FWD, PACKING, DECODE, DECODE_APPEND,
+           FWD_VARLEN, BWD_VARLEN)
 
 _FAMILIES = {"": 0, "auto": 0, "sm80": 80, "sm90": 90}
 

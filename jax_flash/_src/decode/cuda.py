@@ -12,6 +12,8 @@ the splits are a workspace output sized here. Learnable sinks [B, H] enter
 each row once: in the finalize of a single split, else in the combine.
 Chunks of more than PREFILL_MIN_TOKENS new tokens do not come here
 (`attention_with_kvcache` sends them to the dense forward kernels).
+`append` is the kernel that writes new tokens into a cache before them
+(decode/append.py wraps it).
 
 The kernels have no backward: `attention_with_kvcache` differentiates the
 reference path instead (a custom_vjp around this call). Under vmap the call
@@ -122,3 +124,28 @@ def forward(q, k_pages, v_pages, *args, scale: float, softcap: float | None,
                       window_right=np.int32(window_right),
                       num_splits=np.int32(splits), has_sinks=has_sinks)
   return o, lse
+
+
+def append(k_cache, v_cache, k_new, v_new, page_table, seqlens):
+  """(k_cache, v_cache, lengths) from the append kernel
+  (cuda/decode/decode_append.h): the new tokens [B, T_new, H_kv, D] written
+  at each sequence's seqlens[b] + t through its pages, in place: each
+  result aliases its operand (the caches, and the lengths over seqlens), so
+  a donated or loop-carried cache or cache index is never copied.
+  page_table None: a contiguous cache whose row b is sequence b (no table
+  to compute or read). lengths: int32 [B], clamp(seqlens + T_new, 0,
+  capacity).
+  """
+  identity_rows = page_table is None
+  if identity_rows:  # a 1-element dummy (a constant), which the kernel ignores
+    page_table = jnp.zeros((1, 1), jnp.int32)
+  ffi._load()
+  call = jax.ffi.ffi_call(
+      ffi.DECODE_APPEND,
+      (jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+       jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype),
+       jax.ShapeDtypeStruct(seqlens.shape, jnp.int32)),
+      input_output_aliases={0: 0, 1: 1, 5: 2}, vmap_method="sequential")
+  return call(k_cache, v_cache, k_new.astype(k_cache.dtype),
+              v_new.astype(v_cache.dtype), jnp.asarray(page_table, jnp.int32),
+              seqlens.astype(jnp.int32), identity_rows=identity_rows)

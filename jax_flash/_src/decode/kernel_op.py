@@ -103,6 +103,8 @@ def _call(opts, fp8, sinks, q, *operands):
         num_splits=opts.num_splits, **extra)
 
   H_kv = operands[0].shape[2]
+  # attention_with_kvcache passes identity rows' table as a constant.
   return decode_sharding.decode_call(
-      body, identity_rows=opts.identity_rows, group=q.shape[2] // H_kv,
+      body, identity_rows=opts.identity_rows, rows=q.shape[0],
+      group=q.shape[2] // H_kv,
       kv_heads=H_kv, fp8=fp8, sinks=sinks)(q, *operands)

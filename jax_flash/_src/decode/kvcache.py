@@ -31,6 +31,7 @@ import numpy as np
 from jax_flash._src.api import attention as api
 from jax_flash._src.backends.registry import Unsupported
 from jax_flash._src.core import checks
+from jax_flash._src.decode import append
 from jax_flash._src.decode import cuda as decode_cuda
 from jax_flash._src.decode import fp8_cache
 from jax_flash._src.decode import kernel_op
@@ -184,6 +185,26 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     out [B, T_new, H, D_v], then lse if return_lse, then (with k_new) the
     updated k_cache and v_cache: a tuple unless only `out` is returned.
   """
+  res, caches, _ = with_lengths(
+      q, k_cache, v_cache, cache_seqlens, k_new=k_new, v_new=v_new,
+      page_table=page_table, cache_batch_idx=cache_batch_idx, causal=causal,
+      scale=scale, window=window, softcap=softcap, sinks=sinks,
+      return_lse=return_lse, num_splits=num_splits,
+      implementation=implementation)
+  out = (res if isinstance(res, tuple) else (res,)) + caches
+  return out if len(out) > 1 else out[0]
+
+
+def with_lengths(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
+                 v_new=None, page_table=None, cache_batch_idx=None,
+                 causal: bool = True, scale=None, window=None, softcap=None,
+                 sinks=None, return_lse: bool = False, num_splits=None,
+                 implementation: str | None = None):
+  """`attention_with_kvcache` as (out or (out, lse), (k_cache, v_cache) with
+  k_new else (), lengths): lengths int32 [B] are the tokens each sequence
+  holds after the new ones, clamped to [0, capacity] (a decoding module's
+  next cache index). Where the append kernel wrote the new tokens they come
+  from it, so no other kernel computes them."""
   _check(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
          cache_batch_idx, num_splits)
   causal = checks.static_bool(causal, "causal")
@@ -197,39 +218,38 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     capacity = k_cache.shape[1]
   rows = (jnp.arange(B, dtype=jnp.int32) if cache_batch_idx is None else
           cache_batch_idx.astype(jnp.int32))
+  identity_rows = (page_table is None and cache_batch_idx is None and
+                   k_cache.shape[0] == B)
+  fp8 = isinstance(k_cache, fp8_cache.Fp8KVCache)
+  kernels = (_decoding_kernels_serve(q, k_cache, v_cache, implementation) and
+             not api.no_rows(q.shape[:3]))
 
+  lengths_known = None  # the clamped lengths, where a kernel wrote them
+  caches = ()
   if k_new is not None:
     T_new = k_new.shape[1]
-    pos = seqlens[:, None] + jnp.arange(T_new, dtype=jnp.int32)[None]  # [B, T_new]
-    if page_table is not None:
-      page = jnp.take_along_axis(page_table.astype(jnp.int32),
-                                 jnp.clip(pos // page_size, 0,
-                                          page_table.shape[1] - 1), 1)
-      page = jnp.where(pos < capacity, page, k_cache.shape[0])  # dropped
-      at = (page, pos % page_size)
+    if kernels and identity_rows and not fp8:
+      # One launch writes both caches in place and the lengths.
+      k_cache, v_cache, lengths_known = append.kernel_append(
+          k_cache, v_cache, k_new, v_new, seqlens)
+      seqlens = lengths_known
     else:
-      where = jnp.where(pos < capacity, pos, capacity)  # dropped
-      at = (jnp.broadcast_to(rows[:, None], where.shape), where)
+      at = append.slots(seqlens, T_new, k_cache.shape, page_table, rows)
+      k_cache = append.write(k_cache, at, k_new)
+      v_cache = append.write(v_cache, at, v_new)
+      seqlens = seqlens + T_new
+    caches = (k_cache, v_cache)
 
-    def write(c, x):
-      if isinstance(c, fp8_cache.Fp8KVCache):
-        return fp8_cache.write(c, *at, x)
-      return c.at[at].set(x.astype(c.dtype), mode="drop")
-
-    k_cache, v_cache = write(k_cache, k_new), write(v_cache, v_new)
-    seqlens = seqlens + T_new
-
-  if page_table is None:
+  if identity_rows:
+    # A constant (no kernel computes it in every call).
+    table = jnp.asarray(np.arange(B, dtype=np.int32)[:, None])
+  elif page_table is None:
     # A contiguous cache is B_cache pages of S_max keys, one per sequence.
     table = rows[:, None]
   else:
     table = page_table.astype(jnp.int32)
-  identity_rows = (page_table is None and cache_batch_idx is None and
-                   k_cache.shape[0] == B)
   sinks = checks.check_sinks(sinks, q.shape[2], q.dtype)
-  fp8 = isinstance(k_cache, fp8_cache.Fp8KVCache)
-  if (_decoding_kernels_serve(q, k_cache, v_cache, implementation) and
-      not api.no_rows(q.shape[:3])):
+  if kernels:
     opts = kernel_op.KernelOptions(
         scale=checks.check_scale(scale, q.shape[-1]),
         softcap=checks.check_softcap(softcap),
@@ -251,6 +271,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
     else:
       o, lse = op(q, k_cache, v_cache, *sink_rows, table, lengths)
     res = (o, lse) if return_lse else o
+    lengths = (lengths_known if lengths_known is not None else
+               jnp.clip(seqlens, 0, capacity))
   else:
     lengths = jnp.clip(seqlens, 0, capacity)
     # The reference path, and the dense forward kernels' for long chunks:
@@ -262,10 +284,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k_new=None,
                         scale=scale, window=window, softcap=softcap,
                         kv_seq_lengths=lengths, sinks=sinks,
                         return_lse=return_lse, implementation=implementation)
-  out = res if isinstance(res, tuple) else (res,)
-  if k_new is not None:
-    out = out + (k_cache, v_cache)
-  return out if len(out) > 1 else out[0]
+  return res, caches, lengths.astype(jnp.int32)
 
 
 def _decoding_kernels_serve(q, k_cache, v_cache, implementation) -> bool:

@@ -29,12 +29,14 @@ from jax_flash._src.sharding.partition import by_roles
 
 
 def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int,
-                fp8: bool = False, sinks: bool = False):
+                fp8: bool = False, sinks: bool = False, rows: int | None = None):
   """fn(q, *caches, table, seqlens, [sinks]) -> (o, lse) over shards.
 
   caches: k_pages, v_pages (and with fp8 k_descale, v_descale); sinks [B, H]
   with `sinks`. body(q, *caches, table, seqlens, [sinks]) -> (o, lse) runs on
-  local arrays; with identity_rows its table is the local arange.
+  local arrays; with identity_rows its table is the local arange: the table
+  passed in when it is that (`rows`: the caller's batch, whose arange it
+  passes, e.g. as a constant, which costs no kernel), else computed.
   """
   # A cache whose row b is sequence b shards with the batch; a pool is
   # replicated over the batch axes (any sequence may read any page).
@@ -46,7 +48,7 @@ def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int,
 
   def local(q, *args):
     caches, (table, *rest) = args[:n_caches], args[n_caches:]
-    if identity_rows:
+    if identity_rows and q.shape[0] != rows:  # a batch shard: local rows
       table = jnp.arange(q.shape[0], dtype=jnp.int32)[:, None]
     return body(q, *caches, table, *rest)
 
@@ -56,14 +58,14 @@ def partitioned(body, *, identity_rows: bool, group: int, kv_heads: int,
 
 
 def decode_call(body, *, identity_rows: bool, group: int, kv_heads: int,
-                fp8: bool = False, sinks: bool = False):
+                fp8: bool = False, sinks: bool = False, rows: int | None = None):
   """fn(q, *caches, table, seqlens, [sinks]) -> (o, lse): `partitioned`
   under a custom_vmap that folds a vmapped call into one call on the folded
   batch and page pool."""
   kw = dict(group=group, kv_heads=kv_heads, fp8=fp8, sinks=sinks)
   n_caches = 4 if fp8 else 2
   wrapped = jax.custom_batching.custom_vmap(partitioned(
-      body, identity_rows=identity_rows, **kw))
+      body, identity_rows=identity_rows, rows=rows, **kw))
 
   @wrapped.def_vmap
   def _rule(axis_size, in_batched, q, *args):
