@@ -74,6 +74,14 @@ constexpr FwdTuning pair_n112_own_o(FwdTuning t, int head_dim) {
   return t;
 }
 
+// hdim 64 on 128-row tiles (2 consumer warpgroups) instead of FA3's 192:
+// short causal sequences waste less of their last query tile (T = 512: 3
+// tiles of 192 rows hold 576, 4 of 128 hold 512) and give more CTAs.
+constexpr FwdTuning d64_two_wgs(FwdTuning t, int head_dim) {
+  if (head_dim == 64) t.consumer_wgs = 2;
+  return t;
+}
+
 // A quarter of the softmax's exponentials on the FMA pipe (exp2_poly3)
 // instead of the MUFU unit.
 constexpr FwdTuning exp2_poly4(FwdTuning t, int) {
@@ -132,6 +140,7 @@ inline constexpr FwdAblation kFwdAblations[] = {
     {"pp", "with the inter-warpgroup pingpong where the default has none (hdim 256, 192/128)",
      with_pingpong},
     {"n112", "192/128: 128 x 112 tiles, O in a tile of its own", pair_n112_own_o},
+    {"d64-wg2", "hdim 64 on 128-row tiles, 2 consumer warpgroups (the default: 192 rows, 3)", d64_two_wgs},
     {"poly4", "every 4th exponential of the softmax on the FMA pipe (exp2_poly3)", exp2_poly4},
     {"sc-branch", "softcap calls on the kernel without softcap kernels (run-time branch, rational tanh, "
      "running max)", keep, false, true},
