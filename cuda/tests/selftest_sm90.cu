@@ -597,7 +597,8 @@ static void bench(int launches, int rows, const std::string& filter, float softc
   const Shape shapes[] = {
       {128, 16, 2, 8192, false}, {128, 16, 2, 8192, true}, {64, 32, 2, 8192, false},
       {64, 32, 2, 8192, true},   {256, 8, 2, 8192, false}, {256, 8, 2, 8192, true},
-      {64, 32, 16, 1024, true},  {128, 16, 16, 1024, true}, {256, 8, 16, 1024, true},
+      {64, 32, 32, 512, true},   {64, 32, 16, 1024, true},  {128, 16, 16, 1024, true},
+      {256, 8, 16, 1024, true},
       {128, 16, 8, 2048, true},  {256, 8, 8, 2048, true},   {192, 16, 2, 8192, false, 128},
       {192, 16, 2, 8192, true, 128},
       {128, 16, 2, 8192, false, 0, 0.1f}, {128, 16, 2, 8192, true, 0, 0.1f},
