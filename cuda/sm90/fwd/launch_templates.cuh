@@ -122,7 +122,8 @@ constexpr bool fwd_has_softcap_kernels() {
 
 // The production forward of one (dtype, bucket or head-dim pair):
 // fwd_default_tuning's configuration for the call's mask; softcap calls the
-// softcap kernels serve go to them (fwd_softcap_tuning).
+// softcap kernels serve go to them (fwd_softcap_tuning), short causal calls
+// at hdim 64 to 128-row tiles (fwd_short_causal_tuning).
 template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
   const MaskInfo mi = make_mask_info(p);
@@ -136,6 +137,10 @@ cudaError_t run_fwd_hdim(const FwdParams& p, cudaStream_t stream) {
       if (causal) return launch_fwd<Element, kHeadDim, SoftcapFwdTuning<kHeadDim, true>>(p, stream);
       return launch_fwd<Element, kHeadDim, SoftcapFwdTuning<kHeadDim, false>>(p, stream);
     }
+  }
+  if constexpr (fwd_short_causal(kHeadDim, kHeadDimV, true, 0)) {
+    if (fwd_short_causal(kHeadDim, kHeadDimV, causal, p.seqlen_q))
+      return launch_fwd<Element, kHeadDim, ShortCausalFwdTuning<kHeadDim, kHeadDimV>>(p, stream);
   }
   if (causal) return launch_fwd_default<Element, kHeadDim, kHeadDimV, true, false, false>(p, stream);
   return launch_fwd_default<Element, kHeadDim, kHeadDimV, false, false, false>(p, stream);
