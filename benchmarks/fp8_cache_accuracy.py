@@ -81,13 +81,13 @@ def reference(q, k, v, lens, scale):
     n = int(lens[b]) + T
     kb = np.repeat(k[b, :n], g, axis=1)  # [n, H, D]
     vb = np.repeat(v[b, :n], g, axis=1)
-    s = np.einsum("thd,shd->hts", q[b], kb) * scale
+    s = np.einsum("thd,shd->hts", q[b], kb, optimize=True) * scale
     vis = np.arange(n)[None, :] <= (int(lens[b]) + np.arange(T))[:, None]
     s = np.where(vis[None], s, -np.inf)
     s -= s.max(-1, keepdims=True)
     p = np.exp(s)
     p /= p.sum(-1, keepdims=True)
-    out[b] = np.einsum("hts,shd->thd", p, vb)
+    out[b] = np.einsum("hts,shd->thd", p, vb, optimize=True)
   return out
 
 
