@@ -260,8 +260,8 @@ def _loss_grads(f, q, k, v, do):
                                   "window_softcap_fp16", "packed_causal",
                                   "segments_window"])
 def test_sm90_backward_mla_192v128(monkeypatch, rng, mask):
-  """DeepSeek MLA's head-dim pair (192, 128) in the sm90 backward (64 x 64
-  tiles, per-warpgroup column blocks): forced to the sm90 family (the
+  """DeepSeek MLA's head-dim pair (192, 128) in the sm90 backward (64 x 96
+  tiles, each warpgroup 48 keys, dK / dV transposed): forced to the sm90 family (the
   handler fails rather than fall back to sm80), gradients against the
   float64 reference next to the same-dtype XLA attention's, for plain, causal
   GQA, causal T > S with one kv head (rows that see no key), a window with

@@ -1,6 +1,6 @@
 // CPU-only check of the sm90 backward's shared-memory index math (no GPU, no
 // nvcc): the kernel's own address / descriptor functions (BwdKeySplit /
-// BwdColumnSplit ds_offset, pds_offset, *_desc_*, the column split's dropout
+// BwdColumnSplit ds_offset, pds_offset, BwdPairSplit t_offset, *_desc_*, the column split's dropout
 // keep-word exchange, BwdDqAccumulator offsets,
 // BwdEpilogue::kv_offset, the k-step functors, the smem
 // plan, the masks and the tile scheduler) are compiled by g++ and checked
@@ -40,6 +40,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 // ---- host shims for the device-only names the headers mention (only the
@@ -837,6 +838,191 @@ static void check_config_pair() {
   std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
 }
 
+// The pair 192 / 128 on 64 x 96 (Cfg::kDkvSwapAB, bwd_pair_split.cuh): the
+// plan; S / dP over each WG's 48 keys (rows 48 wg of K / V); P^T / dS^T
+// accumulators (64 queries x the WG's 48 keys) -> A-fragment packing ->
+// stmatrix.trans into the [key][query] tiles (every element once, no bank
+// conflicts) -> read back as dV^T's / dK^T's B (K-major, n = the WG's keys,
+// k = query) and dQ's A (MN-major, m = query, k = key); dV^T's / dK^T's A
+// (dO / Q column block cb read MN-major); dQ's B (K MN-major at
+// Cfg::dq_col0) with every dQ column made by one WG; the epilogue's dK^T /
+// dV^T blocks packed and written back transposed by the same stmatrix.trans
+// into the K / V tiles, read by each WG's TMA store boxes {64, 48}.
+template <typename Cfg>
+static void check_config_pair_swapped() {
+  using C = BwdPairSplit<__nv_bfloat16, Cfg, false, true>;
+  using Epi = BwdEpilogue<BwdMainloop<__nv_bfloat16, Cfg, false, true, false, false>>;
+  constexpr int kD = Cfg::kHeadDim, kDv = Cfg::kHeadDimV, kBM = Cfg::kBlockM, kBN = Cfg::kBlockN;
+  constexpr int kWN = C::kWN;
+  static_assert(Cfg::kPair && Cfg::kDkvSwapAB && kBM == 64 && kBN == 96, "the pair's 64 x 96 tile");
+  static_assert(std::is_same_v<typename BwdMainloop<__nv_bfloat16, Cfg, false, true, false, false>::Split, C>,
+                "the mainloop runs the pair split");
+  std::printf("config D=%d D_v=%d BM=%d BN=%d (dKV_swapAB, 48 keys per WG, dO stages %d): smem %d B "
+              "(+1 KB slack)\n",
+              kD, kDv, kBM, kBN, Cfg::kStagesDo, Cfg::kSmemBytes);
+  const int fail0 = g_fail;
+  {
+    struct R {
+      const char* n;
+      int off, bytes;
+    } rs[] = {{"K", Cfg::kOffK, Cfg::kKVBytes},
+              {"V", Cfg::kOffV, Cfg::kVBytes},
+              {"Q", Cfg::kOffQ, Cfg::kStages * Cfg::kQBytes},
+              {"dO", Cfg::kOffdO, Cfg::kStagesDo * Cfg::kDoBytes},
+              {"dS^T", Cfg::kOffdS, 2 * Cfg::kDsBytes},
+              {"P^T", Cfg::kOffP, 2 * Cfg::kDsBytes},
+              {"dQ", Cfg::kOffdQ, Cfg::kConsumerWGs * Cfg::kDqWGBytes},
+              {"LSE", Cfg::kOffLse, Cfg::kStages * Cfg::kStatBytes},
+              {"delta", Cfg::kOffDelta, Cfg::kStagesDo * Cfg::kStatBytes},
+              {"bars", Cfg::kOffBar, 8 * Cfg::kNumBars}};
+    for (size_t i = 0; i + 1 < sizeof(rs) / sizeof(rs[0]); ++i)
+      CHECK(rs[i].off + rs[i].bytes <= rs[i + 1].off, "%s overlaps %s", rs[i].n, rs[i + 1].n);
+    CHECK(Cfg::kKVBytes == kBN * kD * 2 && Cfg::kVBytes == kBN * kDv * 2 && Cfg::kQBytes == kBM * kD * 2 &&
+              Cfg::kDoBytes == kBM * kDv * 2 && Cfg::kDsBytes == kBN * 128,
+          "tile sizes");
+    CHECK(Cfg::kSmemAlloc <= 227 * 1024, "plan > 227 KB");
+    CHECK(Cfg::kOffP % 1024 == 0 && Cfg::kOffdS % 1024 == 0 && Cfg::kDsBytes % 1024 == 0,
+          "P^T / dS^T tiles not 1 KB aligned");
+    CHECK(Epi::kStoreRows == kWN, "dK / dV store boxes of %d rows, want the WG's %d keys", Epi::kStoreRows, kWN);
+  }
+
+  Smem16 sm(Cfg::kOffdQ);  // the 16-bit part of the plan
+  for (int cb = 0; cb < kD / 64; ++cb) {
+    tma_load_box16(sm, Cfg::kOffK + cb * kBN * 128, kBN, ident, kTagK, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffQ + cb * kBM * 128, kBM, ident, kTagQ, 0, 64 * cb);
+  }
+  for (int cb = 0; cb < kDv / 64; ++cb) {
+    tma_load_box16(sm, Cfg::kOffV + cb * kBN * 128, kBN, ident, kTagV, 0, 64 * cb);
+    tma_load_box16(sm, Cfg::kOffdO + cb * kBM * 128, kBM, ident, kTagDO, 0, 64 * cb);
+  }
+  std::vector<int> keys(kBN, 0), dq_cols(kD, 0);
+  for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) {
+    // ---- S = Q K_wg^T over kD, dP = dO V_wg^T over kDv
+    for (int pass = 0; pass < 2; ++pass) {
+      const int depth = pass == 0 ? kD : kDv;
+      const int ta = pass == 0 ? kTagQ : kTagDO, tb = pass == 0 ? kTagK : kTagV;
+      const int oa = pass == 0 ? Cfg::kOffQ : Cfg::kOffdO, ob = pass == 0 ? Cfg::kOffK : Cfg::kOffV;
+      for (int kk = 0; kk < depth / 16; ++kk)
+        for (int k = 0; k < 16; ++k) {
+          const uint64_t da = step_desc(C::sdp_desc_a(oa), typename C::SdpStepA{}, kk);
+          for (int m = 0; m < kBM; ++m)
+            CHECK(sm.get(kmajor_addr(da, m, k)) == ident(ta, m, 16 * kk + k), "%s A kk%d (m%d,k%d)",
+                  pass ? "dP" : "S", kk, m, k);
+          const uint64_t db = step_desc(C::sdp_desc_b(wg, ob), typename C::SdpStepB{}, kk);
+          for (int n = 0; n < kWN; ++n)
+            CHECK(sm.get(kmajor_addr(db, n, k)) == ident(tb, kWN * wg + n, 16 * kk + k), "%s B wg%d kk%d (n%d,k%d)",
+                  pass ? "dP" : "S", wg, kk, n, k);
+        }
+    }
+    for (int n = 0; n < kWN; ++n) ++keys[kWN * wg + n];
+    // ---- dV^T / dK^T column block cb: A = dO / Q MN-major (k = query, m = column 64 cb + m)
+    for (int pass = 0; pass < 2; ++pass) {
+      const int blocks = pass == 0 ? C::kVB : C::kKB, tag = pass == 0 ? kTagDO : kTagQ;
+      const int tile = pass == 0 ? Cfg::kOffdO : Cfg::kOffQ;
+      for (int cb = 0; cb < blocks; ++cb)
+        for (int kk = 0; kk < kBM / 16; ++kk) {
+          const uint64_t d = step_desc(C::dkv_desc_a(cb, tile), typename C::DkvStepA{}, kk);
+          for (int k = 0; k < 16; ++k)
+            for (int m = 0; m < 64; ++m)
+              CHECK(sm.get(mnmajor_addr(d, k, m)) == ident(tag, 16 * kk + k, 64 * cb + m),
+                    "%s A cb%d kk%d (k%d,m%d)", pass ? "dK^T" : "dV^T", cb, kk, k, m);
+        }
+    }
+    // ---- dQ slices: B = K MN-major (k = key, n = column Cfg::dq_col0(wg, sl) + n), K = 96 keys
+    for (int sl = 0; sl < Cfg::dq_slices(wg); ++sl) {
+      const int c0 = Cfg::dq_col0(wg, sl);
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t d = step_desc(C::dq_desc_b(wg, sl, Cfg::kOffK), typename C::DqStepB{}, kk);
+        for (int k = 0; k < 16; ++k)
+          for (int n = 0; n < Cfg::kDqCols; ++n)
+            CHECK(sm.get(mnmajor_addr(d, k, n)) == ident(kTagK, 16 * kk + k, c0 + n), "dQ B wg%d sl%d kk%d (k%d,n%d)",
+                  wg, sl, kk, k, n);
+      }
+      for (int n = 0; n < Cfg::kDqCols; ++n) ++dq_cols[c0 + n];
+    }
+  }
+  for (int n = 0; n < kBN; ++n) CHECK(keys[n] == 1, "key %d owned by %d WGs", n, keys[n]);
+  for (int c = 0; c < kD; ++c) CHECK(dq_cols[c] == 1, "dQ column %d made by %d WGs", c, dq_cols[c]);
+
+  // A WG's 64 x 48 accumulator (rows x its keys), packed as acc_to_a, through
+  // stmatrix.trans at C::t_offset into a [key][64] tile at `base`: stored
+  // row c of matrix i receives column c of R_i, R_i[r][c] being lane
+  // 4 r + c / 2's half c % 2. id(row, key) names each element.
+  auto store_t = [&](Smem16& img, uint32_t base, int wg, int64_t (*id)(int, int, int), int tag, int row_off,
+                     std::vector<int>& writes) {
+    constexpr int kPK = C::kPK;
+    for (int w = 0; w < 4; ++w) {
+      std::vector<int64_t> regs(32 * kPK * 4 * 2);
+      auto R = [&](int l, int k, int i, int hf) -> int64_t& { return regs[((l * kPK + k) * 4 + i) * 2 + hf]; };
+      for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int k = 0; k < kPK; ++k)
+          for (int i = 0; i < 4; ++i)
+            for (int hf = 0; hf < 2; ++hf) {
+              const int idx = 8 * k + 2 * i + hf;  // accumulator register (acc_to_a pairing)
+              const int j = idx / 4, h = (idx / 2) % 2, e = idx % 2;
+              R(l, k, i, hf) = id(tag, row_off + 16 * w + g + 8 * h, kWN * wg + 8 * j + 2 * t + e);
+            }
+      }
+      for (int k = 0; k < kPK; ++k)
+        for (int i = 0; i < 4; ++i) {
+          int chunks = 0;
+          for (int c = 0; c < 8; ++c) {
+            const uint32_t row_addr = base + C::t_offset(wg, w, 8 * i + c, k);
+            CHECK(row_addr % 16 == 0, "stmatrix.trans row address %u not 16-byte aligned", row_addr);
+            chunks |= 1 << ((row_addr / 16) % 8);
+            for (int r = 0; r < 8; ++r) img.put(row_addr + 2 * r, R(4 * r + c / 2, k, i, c % 2), writes.data());
+          }
+          CHECK(chunks == 0xFF, "stmatrix.trans wg%d warp%d k%d matrix %d: bank conflicts", wg, w, k, i);
+        }
+    }
+  };
+  // ---- P^T / dS^T: element (query, key) at [key][query]
+  {
+    const uint32_t base = Cfg::kOffdS;  // dS^T buffer 0 (the P^T buffers have the same layout)
+    std::vector<int> writes(sm.v.size(), 0);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg) store_t(sm, base, wg, ident, kTagDS, 0, writes);
+    for (uint32_t b = base; b < base + Cfg::kDsBytes; b += 2)
+      CHECK(writes[b / 2] == 1, "dS^T tile element at %u written %d times", b, writes[b / 2]);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        const uint64_t d = step_desc(C::dkv_desc_b(wg, base), typename C::DkvStepB{}, kk);
+        for (int n = 0; n < kWN; ++n)
+          for (int k = 0; k < 16; ++k)
+            CHECK(sm.get(kmajor_addr(d, n, k)) == ident(kTagDS, 16 * kk + k, kWN * wg + n),
+                  "dK^T / dV^T B (dS^T / P^T) wg%d kk%d (n%d,k%d)", wg, kk, n, k);
+      }
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t d = step_desc(C::dq_desc_a(base), typename C::DqStepA{}, kk);
+      for (int k = 0; k < 16; ++k)
+        for (int m = 0; m < kBM; ++m)
+          CHECK(sm.get(mnmajor_addr(d, k, m)) == ident(kTagDS, m, 16 * kk + k), "dQ A (dS) kk%d (k%d,m%d)", kk, k, m);
+    }
+  }
+  // ---- dK^T / dV^T blocks (rows = columns 64 cb + r, the WG's keys) -> the
+  // K / V tiles (block cb at cb * kBN * 128) -> the WG's TMA store boxes
+  // {64 columns, 48 keys} at tile + cb * kBN * 128 + 48 wg * 128.
+  for (int tensor = 0; tensor < 2; ++tensor) {
+    const int blocks = tensor == 0 ? C::kKB : C::kVB;
+    Smem16 t(kBN * blocks * 128);
+    std::vector<int> wr(t.v.size(), 0);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int cb = 0; cb < blocks; ++cb) store_t(t, uint32_t(cb * kBN * 128), wg, ident, 7, 64 * cb, wr);
+    for (size_t i = 0; i < wr.size(); ++i)
+      CHECK(wr[i] == 1, "%s tile element %zu written %d times", tensor ? "dV" : "dK", i, wr[i]);
+    for (int wg = 0; wg < Cfg::kConsumerWGs; ++wg)
+      for (int cb = 0; cb < blocks; ++cb) {
+        const uint32_t box = uint32_t(cb * kBN * 128 + kWN * wg * 128);
+        CHECK(box % 1024 == 0, "TMA store box base %u not 1 KB aligned", box);
+        for (int r = 0; r < kWN; ++r)
+          for (int cc = 0; cc < 64; ++cc)
+            CHECK(t.get(box + swz(uint32_t(r * 128 + 2 * cc))) == ident(7, 64 * cb + cc, kWN * wg + r),
+                  "%s store box wg%d cb%d (%d,%d)", tensor ? "dV" : "dK", wg, cb, r, cc);
+      }
+  }
+  std::printf("  layouts: %s\n", g_fail == fail0 ? "ok" : "FAILED");
+}
+
 // ---------------------------------------------------------------- masks
 static bool visible_ref(const MaskInfo& mi, int i, int k, const int* qs, const int* ks) {
   if (k >= mi.seqlen_k) return false;
@@ -1168,7 +1354,8 @@ int main() {
   check_config<BwdConfigHd128Bm80>();
   check_config_hd256<BwdConfigFor<256>::type>();
   check_dropout_hd256();
-  check_config_pair<BwdPairConfigFor<192, 128>::type>();
+  check_config_pair<BwdPairConfig64>();
+  check_config_pair_swapped<BwdPairConfigFor<192, 128>::type>();
   check_masks<128>();
   check_masks<64>();
   check_masks<80>();

@@ -58,7 +58,10 @@ cudaError_t launch_bucket(const BwdParams& p, cudaStream_t stream) {
 bool variant_applies(const BwdParams& p, int variant) {
   if (!bwd_supported(p)) return false;
   if (variant == kDefault) return true;
-  if (p.dtype != DType::kBFloat16 || p.head_dim_v != p.head_dim) return false;
+  if (p.dtype != DType::kBFloat16) return false;
+  // The head-dim pair 192 / 128: variant 3 is its 64 x 64 column split.
+  if (p.head_dim_v != p.head_dim)
+    return variant == kBucket && p.head_dim == 192 && p.head_dim_v == 128 && !p.dropout.enabled();
   if (variant == kDropAlt) return p.dropout.enabled() && Sm90BwdHeadDims::bucket(p.head_dim) <= 128;
   // The other variants are bucket tiles without dropout's mask (dropout and
   // the head-dim pairs: their own tile, the default, only).
@@ -79,7 +82,9 @@ cudaError_t run_variant(const BwdParams& p, int variant, cudaStream_t stream) {
     case kDefault: return run_bwd(p, stream);
     case kRowReduce: return launch_bucket<RowReduceTile>(p, stream);
     case kBlockM80: return launch<BlockM80Tile<128>>(p, stream);
-    case kBucket: return launch_bucket<BucketTile>(p, stream);
+    case kBucket:
+      return p.head_dim_v != p.head_dim ? launch<BwdTuning<BwdPairConfig64, true>>(p, stream)
+                                        : launch_bucket<BucketTile>(p, stream);
     case kSoftcapExp:
       return default_is_bm80(p) ? launch<SoftcapExpBlockM80Tile>(p, stream)
                                 : launch_bucket<SoftcapExpBucketTile>(p, stream);

@@ -19,7 +19,9 @@ enum BwdVariant : int {
   kBlockM80 = 2,   // hdim-128 bucket: kBlockM 80 with dQ_swapAB (no causal /
                    // local bound, not deterministic; the default there)
   kBucket = 3,     // the bucket's tile with tensor reductions (the default
-                   // elsewhere)
+                   // elsewhere); the head-dim pair 192 / 128: its 64 x 64
+                   // column split (BwdPairConfig64) instead of the default's
+                   // 64 x 96 dKV_swapAB tile
   kSoftcapExp = 4,  // softcap calls: the default's tile with softcap's tanh as
                     // 1 - 2 / (1 + e^{2y}) (BwdSoftcapExpConfig) instead of
                     // the rational
@@ -31,7 +33,8 @@ enum BwdVariant : int {
 
 // Whether `variant` can run the case: sm90::bwd_supported and the variant's
 // own limits. The non-default variants are built for bf16 only; variants 1-4
-// without attention dropout (4: softcap calls only), 5 with it only.
+// without attention dropout (4: softcap calls only), 5 with it only; the
+// head-dim pair runs the default and variant 3 only.
 bool variant_applies(const BwdParams& p, int variant);
 
 // Runs `variant` (cudaErrorNotSupported where it does not apply).

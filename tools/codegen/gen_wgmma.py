@@ -20,7 +20,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "cuda" / "sm90" / "ptx" / "wgmma_ops.cuh"
 
-N_LIST = (16, 32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
+N_LIST = (16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 256)
 # C++ type -> (PTX type, k of one instruction). The k must equal
 # ElementTraits<type>::kMmaK (cuda/sm90/ptx/element_traits.cuh; wgmma.cuh
 # checks it). 8-bit types have no tnspA/tnspB forms: their ss/rs keep the

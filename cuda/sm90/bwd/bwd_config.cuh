@@ -36,13 +36,17 @@
 // dQ is made in kDqSlices = 2 column slices of 64 per warpgroup (32
 // registers each), each through the warpgroup's 64 x 64 fp32 staging tile.
 //
-// Head-dim pair (kHeadDimV != kHeadDim: 192 / 128, DeepSeek MLA; the column
-// split, 64 x 64): Q, K, dQ and dK are kHeadDim wide, V, dO and dV
-// kHeadDimV; S = Q K^T has kHeadDim / 16 k-steps, dP = dO V^T kHeadDimV / 16.
-// dK, dV and dQ are 8 column blocks of 64 (3 + 2 + 3), each a 64 x 64 x 64
-// GEMM per step; the split gives each WG 4 (bwd_column_split.cuh): WG 0 dK
-// blocks 1-2, dV block 0, dQ block 0; WG 1 dK block 0, dV block 1, dQ blocks
-// 1 and 2 (kDqSlices = 2 the most per WG, dq_slices(wg) each WG's).
+// Head-dim pair (kHeadDimV != kHeadDim: 192 / 128, DeepSeek MLA): Q, K, dQ
+// and dK are kHeadDim wide, V, dO and dV kHeadDimV; S = Q K^T has
+// kHeadDim / 16 k-steps, dP = dO V^T kHeadDimV / 16. Production: 64 x 96
+// with kDkvSwapAB (bwd_pair_split.cuh BwdPairSplit: each WG owns 48 keys and
+// makes dK^T, dV^T for them; P^T and dS^T through [key][query] tiles, so
+// the P / dS buffers are kBlockN rows of 64 queries). Kept for measurements:
+// the column split on 64 x 64 (BwdPairConfig64): dK, dV and dQ are 8 column
+// blocks of 64 (3 + 2 + 3), each a 64 x 64 x 64 GEMM per step; the split
+// gives each WG 4 (bwd_column_split.cuh): WG 0 dK blocks 1-2, dV block 0, dQ
+// block 0; WG 1 dK block 0, dV block 1, dQ blocks 1 and 2. Both tiles make
+// dQ in those slices (kDqSlices = 2 the most per WG, dq_slices(wg) each WG's).
 //
 // Shared memory (all 16-bit tiles in the 128B-swizzled TMA/wgmma layout of
 // smem_layout.cuh, [cols / 64][rows][64]):
@@ -106,8 +110,13 @@ struct BwdConfig {
 
   static_assert(kSdpSwapAB ? (kHeadDim % 64 == 0 && kHeadDim <= 128 && kBlockN == 128 && !kPair)
                            : ((kPair ? kHeadDim == 192 && kHeadDimV == 128 : kHeadDim == 256) &&
-                              kBlockN == 64 && kBlockM == 64),
-                "head dim buckets: 64 and 128 (SdP_swapAB, 128 keys), 256 and the pair 192 / 128 (64 x 64)");
+                              (kBlockN == 64 || (kPair && kBlockN == 96)) && kBlockM == 64),
+                "head dim buckets: 64 and 128 (SdP_swapAB, 128 keys), 256 and the pair 192 / 128 (64 x 64; "
+                "the pair also 64 x 96, dKV_swapAB)");
+  // dKV_swapAB (the pair on 64 x 96, bwd_pair_split.cuh BwdPairSplit): each
+  // WG owns 48 keys and makes dK^T = Q^T dS, dV^T = dO^T P for them (wgmma
+  // M = the head dim, N = its 48 keys), P^T and dS^T through shared memory.
+  static constexpr bool kDkvSwapAB = !kSdpSwapAB && kBlockN == 96;
   static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128),
                 "kBlockM: 64 or 128 (80: hdim 128, dQ_swapAB)");
   // dQ_swapAB (FA3: kBlockM % 64 != 0, i.e. kBlockM = 80): each WG makes
@@ -277,14 +286,20 @@ template <> struct BwdConfigFor<64>  { using type = BwdConfig<64, 128>; };
 template <> struct BwdConfigFor<128> { using type = BwdConfig<128, 64>; };
 //                                         D   BM  BN  dO stages  SdP_swapAB
 template <> struct BwdConfigFor<256> { using type = BwdConfig<256, 64, 64, 1, false>; };
-// The head-dim pair 192 / 128 (DeepSeek MLA), the column split on 64 x 64
-// with 2 dO stages: K 24 KB, V 16 KB, Q 2 x 24 KB, dO 2 x 16 KB, P and dS
-// 2 x 8 KB each, dQ staging 2 x 16 KB, LSE / delta 2 x 256 B each: 189440 B
-// (+ barriers, 1 KB slack). FA3 runs hdim 192 on 64 x 96 with 3 consumer WGs (dKV_swapAB);
-// 64 keys keep dK / dV unswapped in the 2-WG column split of hdim 256.
+// The head-dim pair 192 / 128 (DeepSeek MLA) on FA3's tile for it
+// (hopper/flash_bwd_launch_template.h, hdim 192 with dv <= 128: 64 x 96, 2
+// consumer WGs, SdP unswapped, dKV_swapAB, dQ unswapped), 2 dO stages: K 36
+// KB, V 24 KB, Q 2 x 24 KB, dO 2 x 16 KB, P^T and dS^T 2 x 12 KB each, dQ
+// staging 2 x 16 KB, LSE / delta 2 x 256 B each: 226304 B (+ barriers, 1 KB
+// slack; of 232448). 96 keys per CTA: Q and dO are read and dQ reduced
+// once per 96 keys instead of 64; dK + dV of 96 keys x (192 + 128) columns
+// are 120 registers per consumer thread (128 keys would be 160).
 template <int kHeadDim, int kHeadDimV>
 struct BwdPairConfigFor;
-template <> struct BwdPairConfigFor<192, 128> { using type = BwdConfig<192, 64, 64, 2, false, 128>; };
+template <> struct BwdPairConfigFor<192, 128> { using type = BwdConfig<192, 64, 96, 2, false, 128>; };
+// The pair on the column split of hdim 256 (64 x 64, dK / dV unswapped;
+// 189440 B + barriers): kept for measurements (cuda/tests/sm90_bwd_tuning.h).
+using BwdPairConfig64 = BwdConfig<192, 64, 64, 2, false, 128>;
 // hdim 128 with kBlockM = 80 (FA3 hopper/flash_bwd_launch_template.h: 80 x
 // 128 with dQ_swapAB when not causal and not local, 64 x 128 otherwise), the
 // default for masks without a causal / local bound (+4% on the H200 at

@@ -28,8 +28,11 @@ struct BwdEpilogue {
   // Rows / column blocks between consecutive WGs' parts (0: the WGs share them).
   static constexpr int kRowStep = Split::kKvRows == kBN ? 0 : Split::kKvRows;
   static constexpr int kColBlockStep = Split::kKvCols == kD ? 0 : Split::kKvCols / 64;
-  static_assert(kKR == Split::kKvCols / 2 && (Cfg::kPair || kVR == kKR) && Split::kKvRows == 64,
+  static_assert(Cfg::kDkvSwapAB ||
+                    (kKR == Split::kKvCols / 2 && (Cfg::kPair || kVR == kKR) && Split::kKvRows == 64),
                 "a WG's part: 64 rows x kKvCols");
+  // Rows of the dK / dV TMA store boxes: a WG's part (dKV_swapAB: its keys).
+  static constexpr int kStoreRows = Cfg::kDkvSwapAB ? Split::kKvRows : 64;
 
   // ---------------------------------------------------------------- host -> device
   struct Arguments {
@@ -37,8 +40,8 @@ struct BwdEpilogue {
     float scale;        // softmax scale (dK is multiplied by it)
   };
   static bool to_params(const Arguments& a, BwdKernelArgs& p) {
-    if (!encode_bshd(&p.tm_dk, tma_element<Element>(), a.dk, 64) ||
-        !encode_bshd(&p.tm_dv, tma_element<Element>(), a.dv, 64))
+    if (!encode_bshd(&p.tm_dk, tma_element<Element>(), a.dk, kStoreRows) ||
+        !encode_bshd(&p.tm_dv, tma_element<Element>(), a.dv, kStoreRows))
       return false;
     p.scale = a.scale;
     p.head_dim = a.dk.head_dim;
@@ -86,7 +89,9 @@ struct BwdEpilogue {
   // Stores the part of dK (scaled here) and dV of consumer warpgroup c (its
   // work split's view); all 128 threads of the WG.
   JF_DEVICE static void store(const Split& c, const BwdTile& w, float (&dk)[kKR], const float (&dv)[kVR]) {
-    if constexpr (Cfg::kPair) {
+    if constexpr (Cfg::kDkvSwapAB) {
+      store_swapped(c, w, dk, dv);
+    } else if constexpr (Cfg::kPair) {
       store_pair(c, w, dk, dv);
     } else {
       store_parts(c, w, dk, dv);
@@ -205,6 +210,48 @@ struct BwdEpilogue {
       for (int cb = kb0; cb < kb0 + kbs; ++cb)
         tma_store_4d(&a.tm_dk, sm.k() + cb * kBN * 128, 64 * cb, n0, w.head_k, w.batch);
       tma_store_4d(&a.tm_dv, sm.v() + vb * kBN * 128, 64 * vb, n0, w.head_k, w.batch);
+      bulk_commit();
+      bulk_wait<0>();  // stores done before the CTA's shared memory goes away
+    }
+    __syncwarp();
+  }
+
+  // dKV_swapAB (BwdPairSplit): the WG's dK^T / dV^T column blocks (its
+  // keys, every column), packed and written back transposed into the K / V
+  // tiles with the split's stmatrix.trans (rows = its keys), stored by TMA
+  // boxes of its kKvRows keys; head_dim and head_dim_v exact, TMA clips the
+  // keys past seqlen_k.
+  JF_DEVICE static void store_swapped(const Split& c, const BwdTile& w, float (&dk)[kKR], const float (&dv)[kVR]) {
+    using namespace ptx;
+    const BwdKernelArgs& a = c.a;
+    const BwdSmem<Cfg>& sm = c.sm;
+    const int row0 = Split::kKvRows * c.wg;  // the WG's first key in the tile
+    const int n0 = w.n_block * kBN + row0;
+    const float scale = a.scale;
+#pragma unroll
+    for (int i = 0; i < kKR; ++i) dk[i] *= scale;
+    named_bar_sync(kBwdBarEpi, 256);  // both WGs are past their last GEMM on K and V
+#pragma unroll
+    for (int cb = 0; cb < Split::kKB; ++cb) {
+      uint32_t f[Split::kPK][4];
+      acc_to_a<Element>(Split::block(dk, cb), f);
+      c.store_t(f, sm.k() + cb * kBN * 128);
+    }
+#pragma unroll
+    for (int cb = 0; cb < Split::kVB; ++cb) {
+      uint32_t f[Split::kPK][4];
+      acc_to_a<Element>(Split::block(dv, cb), f);
+      c.store_t(f, sm.v() + cb * kBN * 128);
+    }
+    fence_proxy_async_smem();
+    named_bar_sync(kBwdBarEpiWG + c.wg, 128);
+    if (c.warp == 0 && c.lane == 0 && n0 < a.mask.seqlen_k) {  // no box entirely past seqlen_k
+#pragma unroll
+      for (int cb = 0; cb < Split::kKB; ++cb)
+        tma_store_4d(&a.tm_dk, sm.k() + cb * kBN * 128 + row0 * 128, 64 * cb, n0, w.head_k, w.batch);
+#pragma unroll
+      for (int cb = 0; cb < Split::kVB; ++cb)
+        tma_store_4d(&a.tm_dv, sm.v() + cb * kBN * 128 + row0 * 128, 64 * cb, n0, w.head_k, w.batch);
       bulk_commit();
       bulk_wait<0>();  // stores done before the CTA's shared memory goes away
     }

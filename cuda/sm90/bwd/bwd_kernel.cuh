@@ -13,18 +13,18 @@
 // interleaves the parts: the kernels' code addresses each parameter by its
 // offset in that block. The shared memory is the config's plan (BwdSmem).
 //
-// Grid: one CTA per (KV block of kBlockN keys: 128, hdim 256: 64, kv head,
-// batch), in the order of BwdTileOrder (tile_scheduler.cuh; causal: heaviest
-// KV blocks first). CTA = 384 threads:
+// Grid: one CTA per (KV block of kBlockN keys: 128, hdim 256: 64, the pair
+// 192 / 128: 96, kv head, batch), in the order of BwdTileOrder
+// (tile_scheduler.cuh; causal: heaviest KV blocks first). CTA = 384 threads:
 //   warpgroup 0 (setmaxnreg.dec 24): warp 0 = producer (TMA of K, V once and
 //     of the Q / dO ring, LSE / delta stages), warp 1 = dQ writer (bulk
 //     reduce-add of the staged dQ tiles into dq_accum), warps 2-3 idle (with
 //     producer-drawn dropout masks, BwdDropoutConfig kDropProducer, they
 //     draw them: setmaxnreg.dec 32);
 //   warpgroups 1, 2 (setmaxnreg.inc 240): consumers (hdim 64 / 128: 64 keys
-//     each; hdim 256: 128 of the 256 columns each), dK and dV in registers for
-//     the whole sweep, then the epilogue (the TMA store clips the seq and
-//     head-dim tails).
+//     each; hdim 256: 128 of the 256 columns each; the pair 192 / 128: 48 keys
+//     each, dK^T and dV^T), dK and dV in registers for the whole sweep, then
+//     the epilogue (the TMA store clips the seq and head-dim tails).
 // The sweep covers every (q head of the GQA group, visible query block), so
 // GQA sums stay in registers. dQ is accumulated with fp32 bulk reductions in
 // an order that depends on timing, except with kDet (BwdParams::deterministic):

@@ -23,7 +23,10 @@
 //   BwdKeySplit    (bwd_key_split.cuh, hdim 64 / 128): each WG owns 64 keys;
 //                  S^T, P^T, dS^T in registers, dV / dK from registers;
 //   BwdColumnSplit (bwd_column_split.cuh, hdim 256): each WG owns 128 of the
-//                  256 columns; P and dS through shared memory.
+//                  256 columns; P and dS through shared memory;
+//   BwdPairSplit   (bwd_pair_split.cuh, the pair 192 / 128 on 64 x 96): each
+//                  WG owns 48 keys, dK^T / dV^T (dKV_swapAB); P^T and dS^T
+//                  through shared memory.
 // dK and dV stay in registers for the whole sweep; the epilogue
 // (bwd_epilogue.cuh) stores them.
 #pragma once
@@ -33,6 +36,7 @@
 #include "bwd_column_split.cuh"
 #include "bwd_dq.cuh"
 #include "bwd_key_split.cuh"
+#include "bwd_pair_split.cuh"
 #include "bwd_tile.cuh"
 #include "sm90/ptx/mbarrier.cuh"
 #include "sm90/ptx/tma.cuh"
@@ -48,8 +52,10 @@ template <typename Element_, typename Cfg_, bool kSoftcap, bool kDqTensor, bool 
 struct BwdMainloop {
   using Element = Element_;
   using Cfg = Cfg_;
-  using Split = std::conditional_t<Cfg::kSdpSwapAB, BwdKeySplit<Element, Cfg, kSoftcap, kDqTensor, kPacked>,
-                                   BwdColumnSplit<Element, Cfg, kSoftcap, kDqTensor, kPacked>>;
+  using Split = std::conditional_t<
+      Cfg::kSdpSwapAB, BwdKeySplit<Element, Cfg, kSoftcap, kDqTensor, kPacked>,
+      std::conditional_t<Cfg::kDkvSwapAB, BwdPairSplit<Element, Cfg, kSoftcap, kDqTensor, kPacked>,
+                         BwdColumnSplit<Element, Cfg, kSoftcap, kDqTensor, kPacked>>>;
   using Dq = BwdDqAccumulator<Cfg, kDqTensor>;
   using Smem = BwdSmem<Cfg>;
   static constexpr int kBlockM = Cfg::kBlockM;
