@@ -252,6 +252,19 @@ ffi::Error BwdImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k,
   return LaunchBackward(p, kernel_family, stream);
 }
 
+// The varlen offsets of the forward and backward (VarlenFwdParams,
+// VarlenBwdParams): both [batch, num_seqs + 1] int32, num_seqs >= 1.
+template <typename Params>
+ffi::Error FillCuSeqlens(Params& p, ffi::Buffer<ffi::S32> cu_q, ffi::Buffer<ffi::S32> cu_k) {
+  const auto cq = cu_q.dimensions(), ck = cu_k.dimensions();
+  if (cq.size() != 2 || ck.size() != 2 || cq[0] != p.batch || ck[0] != p.batch || cq[1] != ck[1] || cq[1] < 2)
+    return Invalid("cu_seqlens_q and cu_seqlens_k must be int32 [batch, num_seqs + 1] with num_seqs >= 1");
+  p.cu_seqlens_q = cu_q.typed_data();
+  p.cu_seqlens_k = cu_k.typed_data();
+  p.num_seqs = static_cast<int>(cq[1] - 1);
+  return ffi::Error::Success();
+}
+
 // Variable-length sequences (sm90 only; Python routes here only on sm90):
 // cu_seqlens_q / _k [batch, num_seqs + 1] int32 offsets into each batch row
 // of q [batch, total_q, H, D] and k, v [batch, total_k, H_kv, D(_v)].
@@ -276,14 +289,9 @@ ffi::Error FwdVarlenImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k
   if (!IsOutputShape(q, v, *o)) return Invalid("o must have q's shape with v's head_dim, and q's dtype");
   if (lse->element_count() != static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q)
     return Invalid("lse must be [batch, heads, seqlen_q] float32");
-  const auto cq = cu_q.dimensions(), ck = cu_k.dimensions();
-  if (cq.size() != 2 || ck.size() != 2 || cq[0] != p.batch || ck[0] != p.batch || cq[1] != ck[1] || cq[1] < 2)
-    return Invalid("cu_seqlens_q and cu_seqlens_k must be int32 [batch, num_seqs + 1] with num_seqs >= 1");
+  if (auto err = FillCuSeqlens(p, cu_q, cu_k); err.failure()) return err;
   if (auto err = FillOptions(p, scale, softcap, window_left, window_right, false, q, q); err.failure())
     return err;
-  p.cu_seqlens_q = cu_q.typed_data();
-  p.cu_seqlens_k = cu_k.typed_data();
-  p.num_seqs = static_cast<int>(cq[1] - 1);
   p.varlen_outside = may_have_outside;
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
@@ -320,14 +328,9 @@ ffi::Error BwdVarlenImpl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k
   const size_t rows = static_cast<size_t>(p.batch) * p.num_heads * p.seqlen_q;
   if (lse.element_count() != rows || delta.element_count() != rows)
     return Invalid("lse and delta must be [batch, heads, seqlen_q] float32");
-  const auto cq = cu_q.dimensions(), ck = cu_k.dimensions();
-  if (cq.size() != 2 || ck.size() != 2 || cq[0] != p.batch || ck[0] != p.batch || cq[1] != ck[1] || cq[1] < 2)
-    return Invalid("cu_seqlens_q and cu_seqlens_k must be int32 [batch, num_seqs + 1] with num_seqs >= 1");
+  if (auto err = FillCuSeqlens(p, cu_q, cu_k); err.failure()) return err;
   if (auto err = FillOptions(p, scale, softcap, window_left, window_right, false, q, q); err.failure())
     return err;
-  p.cu_seqlens_q = cu_q.typed_data();
-  p.cu_seqlens_k = cu_k.typed_data();
-  p.num_seqs = static_cast<int>(cq[1] - 1);
   p.seqlen_q_rounded = rounded_seqlen(p.seqlen_q);
   p.seqlen_k_rounded = rounded_seqlen(p.seqlen_k);
   p.head_dim_rounded = rounded_head_dim(p.head_dim, p.head_dim_v);
